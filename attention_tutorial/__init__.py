@@ -1,0 +1,49 @@
+"""attention_tutorial: attention on NVIDIA GPUs with JAX, from scratch to fused kernels, measured.
+
+Shape legend used throughout: B batch, T query length, S key/value length, N query heads, K key/value heads,
+H head dimension; q (B, T, N, H), k and v (B, S, K, H).
+"""
+
+from .blockwise import blockwise_attention
+from .ceilings import measure_ceilings
+from .compiled import CompileStats, compile_stats, describe_kernels, kernels_used
+from .env import environment
+from .flops import attention_bytes, attention_flops, kv_cache_bytes
+from .fused import cudnn_why_not, dot_product_attention
+from .inputs import AttentionShape, attention_shape, make_qkv
+from .reference import naive_attention, reference_attention
+from .registry import IMPLEMENTATIONS, why_not
+from .sweep import Point, grid, run_point, run_sweep
+from .timing import Timing, summarize, time_fn
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "IMPLEMENTATIONS",
+    "AttentionShape",
+    "CompileStats",
+    "Point",
+    "Timing",
+    "__version__",
+    "attention_bytes",
+    "attention_flops",
+    "attention_shape",
+    "blockwise_attention",
+    "compile_stats",
+    "cudnn_why_not",
+    "describe_kernels",
+    "dot_product_attention",
+    "environment",
+    "grid",
+    "kernels_used",
+    "kv_cache_bytes",
+    "make_qkv",
+    "measure_ceilings",
+    "naive_attention",
+    "reference_attention",
+    "run_point",
+    "run_sweep",
+    "summarize",
+    "time_fn",
+    "why_not",
+]

@@ -1,0 +1,79 @@
+"""The environment report: which device this runs on and the versions that shape its numbers."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata as _md
+import platform as _platform
+import shutil
+import subprocess
+
+import jax
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return _md.version(dist)
+    except _md.PackageNotFoundError:
+        return None
+
+
+def cudnn_version() -> str | None:
+    """cuDNN's version as loaded by JAX (e.g. '9.19.0'), or None without a CUDA backend."""
+    try:
+        from jax._src.lib import cuda_versions  # private; None on CPU-only jaxlib
+
+        if cuda_versions is None or jax.default_backend() != "gpu":
+            return None
+        v = int(cuda_versions.cudnn_get_version())
+    except Exception:  # noqa: BLE001 - any failure means "unknown", and the report says so
+        return None
+    return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+
+
+def _nvidia_smi() -> dict:
+    if shutil.which("nvidia-smi") is None:
+        return {}
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout.splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return {}
+    name, driver, mem = (s.strip() for s in out.split(","))
+    return {"gpu_name": name, "driver": driver, "gpu_memory_mib": int(float(mem))}
+
+
+def transformer_engine_version() -> str | None:
+    """TransformerEngine's version if it is installed (read from package metadata; TE is not imported)."""
+    for dist in ("transformer_engine", "transformer-engine", "transformer_engine_jax"):
+        if (v := _version(dist)) is not None:
+            return v
+    return None
+
+
+def environment() -> dict:
+    """Devices, GPU name, driver, JAX/jaxlib, cuDNN, TransformerEngine and Python versions, and today's date."""
+    dev = jax.devices()[0]
+    smi = _nvidia_smi() if dev.platform == "gpu" else {}
+    return {
+        "backend": jax.default_backend(),
+        "devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()],
+        "gpu": dev.device_kind if dev.platform == "gpu" else None,
+        "compute_capability": getattr(dev, "compute_capability", None),
+        "driver": smi.get("driver"),
+        "gpu_memory_mib": smi.get("gpu_memory_mib"),
+        "jax": jax.__version__,
+        "jaxlib": _version("jaxlib"),
+        "jax_cuda_plugin": _version("jax-cuda13-plugin") or _version("jax-cuda12-plugin"),
+        "cudnn": cudnn_version(),
+        "transformer_engine": transformer_engine_version(),
+        "flax": _version("flax"),
+        "python": _platform.python_version(),
+        "cpu": _platform.processor() or _platform.machine(),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }

@@ -1,0 +1,185 @@
+"""FP8 on Hopper, three honest experiments (GPU only; the recorder runs them, the TE page shows them).
+
+1. ``te.autocast`` around TransformerEngine's ``DotProductAttention``: does anything become FP8? We compare the
+   outputs and list the FP8 types in the compiled HLO (none: TE's attention stays bf16 under autocast).
+2. Where autocast does act: a TE ``DenseGeneral`` GEMM, bf16 vs FP8 (E4M3 forward under the HYBRID recipe),
+   speed and error against a float32 product.
+3. Real FP8 attention: cuDNN's FP8 flash attention through JAX's **private**
+   ``jax._src.cudnn.fused_attention_stablehlo.dot_product_attention(..., use_fp8=True)`` (checked with
+   jax 0.10.2 and 0.11.2). Inputs are cast to ``float8_e4m3fn``; each tensor carries a float32 *scale* (multiply
+   before casting to FP8) and *descale* (its inverse, applied by the kernel after each FP8 matmul). The softmax
+   probabilities P are also stored in FP8 before P·V: with ``scale_s = 1`` the small probabilities fall into
+   E4M3's coarse subnormals; ``scale_s = 448`` (E4M3's largest value, since P <= 1) keeps them in range.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .compiled import compile_stats
+from .flops import attention_flops
+from .inputs import AttentionShape, make_qkv
+from .timing import time_fn
+
+E4M3_MAX = 448.0
+FP8_SHAPES = ((8, 4096), (4, 8192), (2, 16384))  # (B, T): 32k tokens each, N=16, H=128
+
+
+def rel_error(x, ref) -> float:
+    """‖x − ref‖ / ‖ref‖ in float64."""
+    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(x - ref) / np.linalg.norm(ref))
+
+
+def cudnn_fp8_attention(q, k, v, *, is_causal=False, scale_s: float = 1.0):
+    """cuDNN FP8 attention forward on bf16/f32 inputs: per-tensor scales to E4M3, FP8 out, dequantized to bf16."""
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn_attn  # private API: guarded by the caller
+
+    H = q.shape[-1]
+    amax = [jnp.max(jnp.abs(x.astype(jnp.float32))) for x in (q, k, v)]
+    scales = [E4M3_MAX / jnp.maximum(a, 1e-12) for a in amax]  # per-tensor: the largest |x| maps to 448
+    q8, k8, v8 = ((x.astype(jnp.float32) * s).astype(jnp.float8_e4m3fn) for x, s in zip((q, k, v), scales))
+    one = jnp.ones((1, 1, 1, 1), jnp.float32)
+    params = {key: one for key in cudnn_attn.fp8_params_keys}
+    params.update(
+        descale_q=one / scales[0], descale_k=one / scales[1], descale_v=one / scales[2],
+        scale_s=one * scale_s, descale_s=one / scale_s, scale_o=one * scales[2], descale_o=one / scales[2],
+    )  # fmt: skip
+    mask = cudnn_attn.MaskType.CAUSAL if is_causal else cudnn_attn.MaskType.NO_MASK
+    out8, _, _ = cudnn_attn.dot_product_attention(
+        q8, k8, v8, fp8_params=params, scale=1.0 / math.sqrt(H), mask_type=mask, use_fp8=True
+    )
+    return (out8.astype(jnp.float32) / scales[2]).astype(jnp.bfloat16)  # O was stored as O · scale_o
+
+
+def _record(impl, shape: AttentionShape, causal, t, *, flops, peak, **extra):
+    tflops = flops / (t.median_ms * 1e-3) / 1e12
+    return {
+        "impl": impl, "batch": shape.batch, "seq_q": shape.seq_q, "seq_kv": shape.seq_kv, "heads": shape.heads,
+        "kv_heads": shape.kv_heads, "head_dim": shape.head_dim, "causal": causal, "pass": "fwd", "status": "ok",
+        "median_ms": t.median_ms, "p10_ms": t.p10_ms, "p90_ms": t.p90_ms, "compile_s": t.compile_s,
+        "tflops": tflops, "pct_peak": 100 * tflops / peak if peak else None, **extra,
+    }  # fmt: skip
+
+
+def _failed(impl, shape, causal, dtype, status, reason) -> list[dict]:
+    return [{"impl": impl, "batch": shape.batch, "seq_q": shape.seq_q, "seq_kv": shape.seq_kv, "heads": shape.heads,
+             "kv_heads": shape.kv_heads, "head_dim": shape.head_dim, "dtype": dtype, "causal": causal, "pass": "fwd",
+             "status": status, "reason": reason, "median_ms": None, "p10_ms": None, "p90_ms": None, "tflops": None}]
+
+
+def _guarded(impl, shape, causal, dtype, fn) -> list[dict]:
+    """Run ``fn`` (returning records); any failure becomes one error/unsupported record instead of a crash."""
+    try:
+        return fn()
+    except Exception as err:  # noqa: BLE001 - recorded, the run goes on
+        text = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+        status = "oom" if "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower() else "error"
+        if isinstance(err, (NotImplementedError, ImportError)):
+            status = "unsupported"
+        return _failed(impl, shape, causal, dtype, status, text)
+
+
+def cudnn_fp8_records(peak=None, **timing) -> list[dict]:
+    """bf16 cuDNN vs FP8 cuDNN (scale_s = 1 and 448): time, TFLOP/s and error against a float32 reference."""
+    from .fused import dot_product_attention
+
+    recs = []
+    for B, T in FP8_SHAPES:
+        for causal in (False, True):
+            shape = AttentionShape(B, T, T, 16, 16, 128)
+
+            def run(shape=shape, causal=causal):
+                q, k, v = make_qkv(B, T, 16, 128, dtype=jnp.bfloat16, seed=T)
+                ref = jax.jit(lambda q, k, v: dot_product_attention(
+                    q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), implementation="xla",
+                    is_causal=causal))(q, k, v) if T <= 4096 else None  # fmt: skip
+                flops = attention_flops(B, T, T, 16, 128, causal=causal)
+                out = []
+                variants = [("cudnn", "bfloat16", lambda q, k, v: dot_product_attention(
+                    q, k, v, implementation="cudnn", is_causal=causal), {})]  # fmt: skip
+                for s in (1.0, E4M3_MAX):
+                    variants.append((f"cudnn_fp8_s{int(s)}", "float8_e4m3fn",
+                                     lambda q, k, v, s=s: cudnn_fp8_attention(q, k, v, is_causal=causal, scale_s=s),
+                                     {"scale_s": s}))  # fmt: skip
+                for impl, dtype, fn, extra in variants:
+                    t = time_fn(fn, q, k, v, **timing)
+                    err = rel_error(jax.jit(fn)(q, k, v), ref) if ref is not None else None
+                    kern = compile_stats(fn, q, k, v).attention_kernel
+                    out.append(_record(impl, shape, causal, t, flops=flops, peak=peak, dtype=dtype,
+                                       rel_error=err, kernel=kern, experiment="cudnn_fp8", **extra))  # fmt: skip
+                return out
+
+            recs += _guarded("cudnn_fp8", shape, causal, "float8_e4m3fn", run)
+    return recs
+
+
+def te_records(peak=None, **timing) -> list[dict]:
+    """TE attention with and without ``te.autocast`` (FP8 types in HLO, output change) and a TE DenseGeneral GEMM
+    in bf16 vs FP8."""
+    from . import te
+
+    shape = AttentionShape(8, 4096, 4096, 16, 16, 128)
+    if reason := te.why_not(shape, jnp.bfloat16, True):
+        return _failed("te_autocast", shape, True, "bfloat16", "unsupported", reason)
+
+    def attention():
+        import transformer_engine.jax as te_jax
+
+        q, k, v = make_qkv(8, 4096, 16, 128, dtype=jnp.bfloat16, seed=1)
+        flops = attention_flops(8, 4096, 4096, 16, 128, causal=True)
+        base = jax.jit(lambda q, k, v: te.te_attention(q, k, v, is_causal=True))
+        plain = base(q, k, v)
+        out = []
+        t = time_fn(base, q, k, v, **timing)
+        out.append(_record("te", shape, True, t, flops=flops, peak=peak, dtype="bfloat16", experiment="te_autocast",
+                           fp8_types_in_hlo=list(te.hlo_fp8_types(base, q, k, v)),
+                           kernel=compile_stats(base, q, k, v).attention_kernel))  # fmt: skip
+        with te_jax.autocast(enabled=True, recipe=te.delayed_scaling_recipe()):
+            fn = jax.jit(lambda q, k, v: te.te_attention(q, k, v, is_causal=True))
+            under = fn(q, k, v)
+            t = time_fn(fn, q, k, v, **timing)
+            types = list(te.hlo_fp8_types(fn, q, k, v))
+            kern = compile_stats(fn, q, k, v).attention_kernel
+        diff = float(jnp.max(jnp.abs(under.astype(jnp.float32) - plain.astype(jnp.float32))))
+        out.append(_record("te_autocast", shape, True, t, flops=flops, peak=peak, dtype="bfloat16",
+                           experiment="te_autocast", fp8_types_in_hlo=types, max_abs_diff_vs_bf16=diff,
+                           kernel=kern))  # fmt: skip
+        return out
+
+    def dense():
+        import transformer_engine.jax as te_jax
+        from transformer_engine.jax import flax as te_flax
+
+        m_b, m_t, k_in, n_out = 8, 4096, 4096, 4096
+        gemm = AttentionShape(m_b, m_t, k_in, 1, 1, n_out)
+        x = jax.random.normal(jax.random.key(0), (m_b, m_t, k_in), jnp.bfloat16)
+        flops = 2.0 * m_b * m_t * k_in * n_out
+        layer = te_flax.DenseGeneral(features=n_out, use_bias=False, dtype=jnp.bfloat16)
+        out = []
+        for impl, enabled in (("te_dense_bf16", False), ("te_dense_fp8", True)):
+            with te_jax.autocast(enabled=enabled, recipe=te.delayed_scaling_recipe() if enabled else None):
+                variables = layer.init(jax.random.key(1), x)
+                fn = jax.jit(lambda variables, x: layer.apply(variables, x, mutable=True)[0])
+                y = fn(variables, x)
+                t = time_fn(fn, variables, x, **timing)
+                types = list(te.hlo_fp8_types(fn, variables, x))
+            w = variables["params"]["kernel"].astype(jnp.float32)
+            ref = jnp.einsum("btk,kn->btn", x.astype(jnp.float32), w, precision="highest")
+            out.append(_record(impl, gemm, False, t, flops=flops, peak=peak, dtype="float8" if enabled else "bfloat16",
+                               experiment="te_dense", gemm_mkn=[m_b * m_t, k_in, n_out], fp8_types_in_hlo=types,
+                               rel_error=rel_error(y, ref)))  # fmt: skip
+        return out
+
+    return _guarded("te_autocast", shape, True, "bfloat16", attention) + _guarded(
+        "te_dense_fp8", AttentionShape(8, 4096, 4096, 1, 1, 4096), False, "bfloat16", dense
+    )
+
+
+def fp8_records(peak_tflops=None, **timing) -> list[dict]:
+    """All FP8 experiments: TE (when installed) and cuDNN FP8 attention."""
+    return te_records(peak_tflops, **timing) + cudnn_fp8_records(peak_tflops, **timing)

@@ -1,0 +1,84 @@
+"""The named benchmark grids the pages and the recorder use, each in a GPU size and a small CPU size.
+
+``points(name)`` gives the grid for the backend this runs on. The recorder (``python -m attention_tutorial
+record``) runs the GPU size of every grid on the GPU and saves the records with their provenance; the pages run
+the size that fits their build live and show the recorded GPU results beside it.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from .masks import MASK_KINDS
+from .sweep import Point, grid
+
+KIB = 1024
+
+
+def _seed_shape(gpu: bool) -> list[Point]:
+    """The seed codelab's default shape, B=4, T=128, N=8, H=64: naive, XLA f32/bf16, cuDNN bf16."""
+    base = dict(batch=4, seq_q=128, seq_kv=128, heads=8, kv_heads=8, head_dim=64)
+    return [
+        Point("naive", dtype="float32", **base),
+        Point("xla", dtype="float32", **base),
+        Point("default", dtype="float32", **base),
+        Point("naive", dtype="bfloat16", **base),
+        Point("xla", dtype="bfloat16", **base),
+        Point("default", dtype="bfloat16", **base),
+        Point("cudnn", dtype="bfloat16", **base),
+    ]
+
+
+def _grids(gpu: bool) -> dict[str, list[Point]]:
+    big = ("naive", "xla", "cudnn")
+    dt = ("bfloat16",) if gpu else ("float32",)
+    if gpu:
+        seq_long = (1 * KIB, 2 * KIB, 4 * KIB, 8 * KIB, 16 * KIB, 32 * KIB)
+        return {
+            "seed_shape": _seed_shape(gpu),
+            "seq_short": grid(big, seq_q=(64, 128, 256, 512, 1024), batch=(4,), heads=(8,), head_dim=(64,), causal=(False, True)),
+            "seq_long": grid(big, seq_q=seq_long, tokens=32 * KIB, heads=(16,), head_dim=(128,), causal=(False, True)),
+            "batch": grid(big, seq_q=(256,), batch=(1, 2, 4, 8, 16), heads=(8,), head_dim=(64,)),
+            "head_dim": grid(("xla", "cudnn"), seq_q=(4 * KIB,), batch=(4,), heads=(16,), head_dim=(32, 64, 100, 128, 256)),
+            "backward": grid(("xla", "cudnn"), seq_q=(1 * KIB, 4 * KIB, 16 * KIB), tokens=16 * KIB, heads=(16,), head_dim=(128,),
+                             causal=(False, True), passes=("fwd+bwd",)),
+            "prefill_heads": grid(("xla", "cudnn"), seq_q=(4 * KIB,), batch=(4,), heads=(32,), kv_heads=(32, 8, 1), head_dim=(128,)),
+            "decode": grid(("xla", "cudnn"), seq_q=(1,), seq_kv=(2 * KIB, 8 * KIB, 32 * KIB, 128 * KIB), batch=(16,), heads=(32,),
+                           kv_heads=(32, 8, 1), head_dim=(128,)),
+            "flash": grid(("blockwise", "pallas", "jax_pallas", "cudnn"), seq_q=(1 * KIB, 4 * KIB, 16 * KIB, 32 * KIB),
+                          tokens=32 * KIB, heads=(16,), head_dim=(64, 128), causal=(False, True)),
+            "masks": grid(("xla", "cudnn"), seq_q=(4 * KIB,), batch=(4,), heads=(16,), head_dim=(128,), causal=(False, True),
+                          masks=MASK_KINDS),
+            "te": grid(("te", "cudnn", "xla"), seq_q=(128, 512, 2 * KIB, 4 * KIB, 16 * KIB), tokens=32 * KIB, heads=(16,),
+                       head_dim=(64, 128), causal=(True,), passes=("fwd", "fwd+bwd")),
+        }
+    small = ("naive", "xla", "cudnn")
+    return {
+        "seed_shape": _seed_shape(gpu),
+        "seq_short": grid(small, seq_q=(64, 128, 256, 512), batch=(4,), heads=(8,), head_dim=(64,), dtype=dt, causal=(False, True)),
+        "seq_long": grid(small, seq_q=(256, 512, 1024, 2048), tokens=2 * KIB, heads=(4,), head_dim=(64,), dtype=dt, causal=(False, True)),
+        "batch": grid(small, seq_q=(256,), batch=(1, 2, 4, 8), heads=(8,), head_dim=(64,), dtype=dt),
+        "head_dim": grid(("xla", "cudnn"), seq_q=(512,), batch=(2,), heads=(4,), head_dim=(32, 64, 100, 128, 256), dtype=dt),
+        "backward": grid(("xla", "cudnn"), seq_q=(256, 512, 1024), tokens=1 * KIB, heads=(4,), head_dim=(64,), dtype=dt,
+                         causal=(False, True), passes=("fwd+bwd",)),
+        "prefill_heads": grid(("xla", "cudnn"), seq_q=(512,), batch=(1,), heads=(8,), kv_heads=(8, 2, 1), head_dim=(64,), dtype=dt),
+        "decode": grid(("xla", "cudnn"), seq_q=(1,), seq_kv=(1 * KIB, 4 * KIB, 16 * KIB), batch=(4,), heads=(8,), kv_heads=(8, 2, 1),
+                       head_dim=(64,), dtype=dt),
+        "flash": grid(("naive", "blockwise", "pallas", "cudnn"), seq_q=(256, 512, 1024), tokens=1 * KIB, heads=(4,), head_dim=(64,),
+                      dtype=dt, causal=(False, True)),
+        "masks": grid(("naive", "xla", "cudnn"), seq_q=(512,), batch=(2,), heads=(4,), head_dim=(64,), dtype=dt,
+                      causal=(False, True), masks=MASK_KINDS),
+        "te": grid(("te", "cudnn", "xla"), seq_q=(128, 512), tokens=1 * KIB, heads=(4,), head_dim=(64,), dtype=dt, causal=(True,)),
+    }
+
+
+GRID_NAMES = tuple(_grids(True))
+
+
+def points(name: str, *, gpu: bool | None = None) -> list[Point]:
+    """The grid called ``name`` in the size for ``gpu`` (default: whether JAX's default backend is a GPU)."""
+    gpu = jax.default_backend() == "gpu" if gpu is None else gpu
+    grids = _grids(gpu)
+    if name not in grids:
+        raise ValueError(f"unknown grid {name!r}; choose from {sorted(grids)}.")
+    return grids[name]

@@ -1,0 +1,105 @@
+"""Query, key and value inputs in the (B, T, N, H) layout, and their validation.
+
+Shape legend (the one `jax.nn.dot_product_attention` uses)::
+
+    B  batch                  T  query length          S  key/value length
+    N  query heads            K  key/value heads       H  head dimension
+
+    q: (B, T, N, H)    k: (B, S, K, H)    v: (B, S, K, H)    out: (B, T, N, H)
+
+K must divide N: each group of N // K query heads shares one key/value head (K == N is multi-head
+attention, 1 < K < N grouped-query attention, K == 1 multi-query attention).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class AttentionShape(NamedTuple):
+    """The sizes of one attention problem (see the module's shape legend)."""
+
+    batch: int  # B
+    seq_q: int  # T
+    seq_kv: int  # S
+    heads: int  # N
+    kv_heads: int  # K
+    head_dim: int  # H
+
+    @property
+    def groups(self) -> int:
+        """Query heads per key/value head, N // K."""
+        return self.heads // self.kv_heads
+
+
+def make_qkv(
+    batch: int,
+    seq_q: int,
+    heads: int,
+    head_dim: int,
+    *,
+    seq_kv: int | None = None,
+    kv_heads: int | None = None,
+    dtype=jnp.float32,
+    seed: int = 0,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Random q (B, T, N, H), k and v (B, S, K, H), standard normal, in ``dtype``.
+
+    ``seq_kv`` (S) defaults to ``seq_q`` (T); ``kv_heads`` (K) defaults to ``heads`` (N).
+    The values are never all zeros: zeros hide unwritten outputs and can time faster than real data.
+    """
+    seq_kv = seq_q if seq_kv is None else seq_kv
+    kv_heads = heads if kv_heads is None else kv_heads
+    shape = AttentionShape(batch, seq_q, seq_kv, heads, kv_heads, head_dim)
+    _check_sizes(shape)
+    if not jnp.issubdtype(jnp.dtype(dtype), jnp.floating):
+        raise ValueError(f"dtype must be a floating type (float32, bfloat16, float16); got {jnp.dtype(dtype)}.")
+    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+    q = jax.random.normal(kq, (batch, seq_q, heads, head_dim), jnp.float32).astype(dtype)
+    k = jax.random.normal(kk, (batch, seq_kv, kv_heads, head_dim), jnp.float32).astype(dtype)
+    v = jax.random.normal(kv, (batch, seq_kv, kv_heads, head_dim), jnp.float32).astype(dtype)
+    return q, k, v
+
+
+def attention_shape(q, k, v) -> AttentionShape:
+    """Validate q, k, v and return their sizes; raise ``ValueError`` naming the fix otherwise."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if np.ndim(x) != 4:
+            raise ValueError(
+                f"{name} must have rank 4 (B, T|S, N|K, H); got shape {np.shape(x)}. "
+                "Add a batch axis with x[None] or a head axis with x[:, :, None, :]."
+            )
+        dt = jnp.result_type(x)
+        if not jnp.issubdtype(dt, jnp.floating):
+            raise ValueError(f"{name} must be floating point; got {dt}. Cast it, e.g. {name}.astype(jnp.bfloat16).")
+    B, T, N, H = np.shape(q)
+    Bk, S, K, Hk = np.shape(k)
+    if np.shape(v) != np.shape(k):
+        raise ValueError(f"k and v must have the same shape (B, S, K, H); got k {np.shape(k)} and v {np.shape(v)}.")
+    if Bk != B:
+        raise ValueError(f"q and k/v must have the same batch size; got q {np.shape(q)} and k {np.shape(k)}.")
+    if Hk != H:
+        raise ValueError(
+            f"q and k/v must have the same head_dim (last axis); got q {np.shape(q)} and k {np.shape(k)}."
+        )
+    shape = AttentionShape(B, T, S, N, K, H)
+    _check_sizes(shape)
+    dtypes = {jnp.result_type(x) for x in (q, k, v)}
+    if len(dtypes) != 1:
+        raise ValueError(f"q, k and v must share one dtype; got {sorted(str(d) for d in dtypes)}. Cast them alike.")
+    return shape
+
+
+def _check_sizes(shape: AttentionShape) -> None:
+    if min(shape) <= 0:
+        empty = [f for f, n in zip(shape._fields, shape) if n <= 0]
+        raise ValueError(f"every dimension must be at least 1; got {dict(zip(shape._fields, shape))} ({empty} empty).")
+    if shape.heads % shape.kv_heads:
+        raise ValueError(
+            f"heads N={shape.heads} must be a multiple of kv_heads K={shape.kv_heads} "
+            f"(each kv head serves N // K query heads); choose K among the divisors of {shape.heads}."
+        )

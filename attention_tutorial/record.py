@@ -1,0 +1,83 @@
+"""The recorder: run every named grid on the GPU and write the reference result file the pages show.
+
+``python -m attention_tutorial record`` (or ``nox -s record``) measures the ceilings, then each grid of
+:mod:`attention_tutorial.grids` in its GPU size, and writes ``docs/results/<gpu>.json`` after every grid, so an
+interrupted run keeps what it measured. Records of grids not re-run are kept from the existing file.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import jax
+
+from . import results
+from .ceilings import measure_ceilings
+from .env import environment
+from .grids import GRID_NAMES, points
+from .sweep import run_sweep
+
+
+def provenance(env: dict, ceilings: dict, command: str) -> dict:
+    """The result file's provenance block from an environment report and the measured ceilings."""
+    return {
+        "gpu": env["gpu"],
+        "driver": env["driver"],
+        "jax": env["jax"],
+        "jaxlib": env["jaxlib"],
+        "cudnn": env["cudnn"],
+        "transformer_engine": env["transformer_engine"],
+        "python": env["python"],
+        "created": env["created"],
+        "command": command,
+        **ceilings,
+        "environment": env,
+    }
+
+
+def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: float = 1.0, progress=True,
+           extras=("fp8",), command: str | None = None) -> Path:  # fmt: skip
+    """Measure ``grid_names`` (and the ``extras`` experiments) on this GPU and write the result file."""
+    if jax.default_backend() != "gpu":
+        raise RuntimeError(
+            "record measures the reference results on a GPU; this machine runs JAX on "
+            f"{jax.default_backend().upper()}. Use `bench` for live numbers here."
+        )
+    env = environment()
+    out = Path(out or results.RESULTS_DIR / f"{results.slug(env['gpu'])}.json")
+    command = command or "python -m attention_tutorial record " + " ".join(sys.argv[2:])
+    ceilings = measure_ceilings()
+    prov = provenance(env, ceilings, command)
+    print(f"ceilings: {ceilings['matmul_bf16_tflops']:.0f} TFLOP/s bf16 matmul, "
+          f"{ceilings['copy_gbps']:.0f} GB/s copy, {ceilings['read_gbps']:.0f} GB/s read", flush=True)  # fmt: skip
+    for name in grid_names:
+        t0 = time.perf_counter()
+        recs = run_sweep(points(name, gpu=True), peak_tflops=ceilings["matmul_bf16_tflops"], progress=progress,
+                         repeats=repeats, max_seconds=max_seconds)  # fmt: skip
+        _tag(recs, name, ceilings)
+        prov["grids"] = {name: {"created": environment()["created"], "seconds": round(time.perf_counter() - t0, 1)}}
+        results.save(out, prov, recs)
+        ok = sum(r["status"] == "ok" for r in recs)
+        print(f"{name}: {ok}/{len(recs)} ok in {time.perf_counter() - t0:.0f} s", flush=True)
+    for extra in extras:
+        t0 = time.perf_counter()
+        if extra == "fp8":
+            from .fp8 import fp8_records
+
+            recs = fp8_records(peak_tflops=ceilings["matmul_bf16_tflops"], repeats=repeats, max_seconds=max_seconds)
+        else:
+            raise ValueError(f"unknown extra experiment {extra!r}")
+        _tag(recs, extra, ceilings)
+        prov["grids"] = {extra: {"created": environment()["created"], "seconds": round(time.perf_counter() - t0, 1)}}
+        results.save(out, prov, recs)
+        print(f"{extra}: {len(recs)} records in {time.perf_counter() - t0:.0f} s", flush=True)
+    return out
+
+
+def _tag(recs, grid_name, ceilings):
+    for r in recs:
+        r["grid"] = grid_name
+        if r.get("gbps") is not None:
+            r["pct_read"] = 100 * r["gbps"] / ceilings["read_gbps"]

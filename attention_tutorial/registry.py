@@ -1,0 +1,86 @@
+"""Every attention implementation by name, with the reason it cannot run a given problem here (or None).
+
+Each entry is called as ``fn(q, k, v, is_causal=...)`` on (B, T, N, H) / (B, S, K, H) arrays; the sweep, the CLI
+and the pages all go through this table, so a new implementation appears everywhere once it is added here.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax.numpy as jnp
+
+from .fused import cudnn_why_not, dot_product_attention
+from .inputs import AttentionShape
+from .masks import MASK_KINDS
+from .reference import naive_attention
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One attention implementation: a label for tables, the callable, and its 'why not here' check."""
+
+    name: str
+    label: str
+    fn: Callable
+    why_not: Callable[[AttentionShape, object, bool], str | None]
+    masks: tuple[str, ...] = ("none",)
+
+
+def _always(shape, dtype, causal):
+    return None
+
+
+def _cudnn(shape, dtype, causal):
+    return cudnn_why_not(shape, dtype)
+
+
+def _lazy(module: str, attr: str):
+    """Import ``attention_tutorial.<module>.<attr>`` at call time (optional backends stay optional)."""
+
+    def call(*args, **kwargs):
+        import importlib
+
+        return getattr(importlib.import_module(f"attention_tutorial.{module}"), attr)(*args, **kwargs)
+
+    return call
+
+
+def _lazy_check(module: str, attr: str):
+    def check(shape, dtype, causal):
+        import importlib
+
+        return getattr(importlib.import_module(f"attention_tutorial.{module}"), attr)(shape, dtype, causal)
+
+    return check
+
+
+IMPLEMENTATIONS: dict[str, Implementation] = {
+    impl.name: impl
+    for impl in (
+        Implementation("naive", "naive (from scratch)", naive_attention, _always, MASK_KINDS),
+        Implementation("xla", "XLA", functools.partial(dot_product_attention, implementation="xla"), _always, MASK_KINDS),
+        Implementation("default", "jax.nn default", functools.partial(dot_product_attention, implementation=None), _always,
+                       MASK_KINDS),
+        Implementation("cudnn", "cuDNN", functools.partial(dot_product_attention, implementation="cudnn"), _cudnn, MASK_KINDS),
+        Implementation("blockwise", "blockwise JAX (online softmax)", _lazy("blockwise", "blockwise_attention"), _always),
+        Implementation("pallas", "our Pallas kernel", _lazy("pallas_flash", "flash_attention"), _lazy_check("pallas_flash", "why_not")),
+        Implementation("jax_pallas", "JAX's Pallas (Triton) kernel", _lazy("pallas_flash", "jax_bundled_mha"), _lazy_check("pallas_flash", "bundled_why_not")),
+        Implementation("te", "TransformerEngine", _lazy("te", "te_attention"), _lazy_check("te", "why_not")),
+    )
+}
+
+
+def get(name: str) -> Implementation:
+    """The implementation called ``name``; ``ValueError`` lists the known names otherwise."""
+    try:
+        return IMPLEMENTATIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown implementation {name!r}; choose from {sorted(IMPLEMENTATIONS)}.") from None
+
+
+def why_not(name: str, shape: AttentionShape, dtype, causal: bool = False) -> str | None:
+    """Why ``name`` cannot run ``shape``/``dtype``/``causal`` here, or None if it can."""
+    return get(name).why_not(shape, jnp.dtype(dtype), causal)

@@ -1,0 +1,77 @@
+"""NVIDIA TransformerEngine attention behind the package's call shape, imported lazily and guarded.
+
+``te_attention(q, k, v, is_causal=...)`` runs ``transformer_engine.jax.flax.DotProductAttention`` on the same
+(B, T, N, H) / (B, S, K, H) arrays as every other implementation here: ``te_config`` maps our arguments onto
+TE's (N -> ``num_attention_heads``, K -> ``num_gqa_groups``, causal -> ``attn_mask_type``, the bshd layout,
+batch first). Without TE (any CPU build, or a GPU without the ``te`` extra) ``why_not`` says so and nothing
+imports it.
+
+FP8, honestly (see the TransformerEngine page): under ``te.autocast`` only TE's GEMM layers (``DenseGeneral``
+and friends) compute in FP8; ``DotProductAttention`` stays in bf16. ``hlo_fp8_types`` shows it from the
+compiled program. Real FP8 attention is cuDNN's, reached through a private JAX function (:mod:`.fp8`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import jax
+import jax.numpy as jnp
+
+from .inputs import AttentionShape, attention_shape
+
+INSTALL_HINT = "pip install 'attention-tutorial[te]' on a CUDA GPU builder (README: 'TransformerEngine')"
+
+
+def te_config(shape: AttentionShape, causal: bool) -> dict:
+    """TE ``DotProductAttention`` arguments for our shape: (B, T, N, H) batch-first, N heads, K GQA groups."""
+    return {
+        "head_dim": shape.head_dim,
+        "num_attention_heads": shape.heads,
+        "num_gqa_groups": shape.kv_heads,
+        "attn_mask_type": "causal" if causal else "no_mask",
+        "qkv_layout": "bshd_bshd_bshd",
+        "transpose_batch_sequence": False,
+        "scale_factor": 1.0 / math.sqrt(shape.head_dim),
+        "attention_dropout": 0.0,
+    }
+
+
+def installed() -> bool:
+    """Whether the TransformerEngine JAX package can be found (without importing it)."""
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
+    """Why TE attention cannot run here, or None."""
+    if jax.default_backend() != "gpu":
+        return f"TransformerEngine needs an NVIDIA GPU; this build runs on {jax.default_backend().upper()}."
+    if not installed():
+        return f"TransformerEngine is not installed here ({INSTALL_HINT})."
+    if jnp.dtype(dtype).name not in ("bfloat16", "float16"):
+        return f"TE fused attention takes bfloat16/float16, not {jnp.dtype(dtype).name}."
+    return None
+
+
+def te_attention(q, k, v, *, is_causal: bool = False) -> jax.Array:
+    """TransformerEngine's fused ``DotProductAttention``: q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H)."""
+    from transformer_engine.jax import flax as te_flax
+
+    module = te_flax.DotProductAttention(**te_config(attention_shape(q, k, v), is_causal))
+    return module.apply({}, q, k, v, deterministic=True)
+
+
+def hlo_fp8_types(fn, *args) -> tuple[str, ...]:
+    """The FP8 element types (f8e4m3fn, f8e5m2, ...) that appear in ``fn``'s compiled HLO: empty means no FP8."""
+    import re
+
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    return tuple(sorted(set(re.findall(r"\bf8e\w+", text))))
+
+
+def delayed_scaling_recipe():
+    """The seed's recipe: HYBRID (E4M3 forward, E5M2 gradients), amax history 1024, scale from its max."""
+    from transformer_engine.common.recipe import DelayedScaling, Format
+
+    return DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=1024, amax_compute_algo="max")

@@ -1,0 +1,78 @@
+"""The jax.nn.dot_product_attention wrapper: XLA everywhere, cuDNN on the GPU."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attention_tutorial.compiled import kernels_used
+from attention_tutorial.fused import cudnn_why_not, dot_product_attention
+from attention_tutorial.inputs import AttentionShape, make_qkv
+from attention_tutorial.reference import reference_attention
+
+
+@given(
+    b=st.integers(1, 2), t=st.integers(1, 33), s=st.integers(1, 33), k=st.sampled_from([1, 2]),
+    g=st.sampled_from([1, 2, 4]), h=st.sampled_from([8, 16]), causal=st.booleans(),
+    impl=st.sampled_from([None, "xla"]), seed=st.integers(0, 999),
+)  # fmt: skip
+def test_xla_matches_float64_reference(b, t, s, k, g, h, causal, impl, seed):
+    q, kk, v = make_qkv(b, t, k * g, h, seq_kv=s, kv_heads=k, seed=seed)
+    out = dot_product_attention(q, kk, v, implementation=impl, is_causal=causal)
+    np.testing.assert_allclose(out, reference_attention(q, kk, v, is_causal=causal), atol=2e-5, rtol=2e-5)
+
+
+def test_xla_bf16_close_to_reference():
+    q, k, v = make_qkv(2, 128, 8, 64, dtype=jnp.bfloat16)
+    out = dot_product_attention(q, k, v, implementation="xla")
+    np.testing.assert_allclose(np.asarray(out, np.float32), reference_attention(q, k, v), atol=1e-2, rtol=1e-2)
+
+
+def test_wrapper_validates_before_jax():
+    q, k, v = make_qkv(1, 8, 6, 16)
+    with pytest.raises(ValueError, match="multiple of kv_heads"):
+        dot_product_attention(q, k[:, :, :4], v[:, :, :4])
+    with pytest.raises(ValueError, match="implementation must be"):
+        dot_product_attention(q, k, v, implementation="flash")
+
+
+def test_cudnn_on_cpu_says_why_and_names_the_fix():
+    q, k, v = make_qkv(1, 8, 2, 16, dtype=jnp.bfloat16)
+    if jax.default_backend() == "gpu":
+        pytest.skip("this checks the CPU message")
+    reason = cudnn_why_not(AttentionShape(1, 8, 8, 2, 2, 16), jnp.bfloat16)
+    assert "NVIDIA GPU" in reason and "CPU" in reason
+    with pytest.raises(ValueError, match="needs an NVIDIA GPU"):
+        dot_product_attention(q, k, v, implementation="cudnn")
+
+
+def test_default_and_xla_use_no_cudnn_kernel_on_cpu():
+    if jax.default_backend() == "gpu":
+        pytest.skip("on a GPU the default may pick cuDNN")
+    q, k, v = make_qkv(1, 64, 2, 32, dtype=jnp.bfloat16)
+    for impl in (None, "xla"):
+        kernels = kernels_used(lambda q, k, v, impl=impl: dot_product_attention(q, k, v, implementation=impl), q, k, v)
+        assert not any(t.startswith("__cudnn$fmha") for t in kernels)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_cudnn_matches_reference_and_runs_the_fused_kernel(causal, dtype):
+    q, k, v = make_qkv(2, 256, 8, 64, kv_heads=2, dtype=dtype, seed=11)
+    fn = lambda q, k, v: dot_product_attention(q, k, v, implementation="cudnn", is_causal=causal)  # noqa: E731
+    out = fn(q, k, v)
+    np.testing.assert_allclose(np.asarray(out, np.float32), reference_attention(q, k, v, is_causal=causal),
+                               atol=1e-2, rtol=1e-2)  # fmt: skip
+    assert any(t.startswith("__cudnn$fmha") for t in kernels_used(fn, q, k, v))
+
+
+@pytest.mark.gpu
+def test_cudnn_rejects_float32_and_odd_head_dim_with_the_fix():
+    assert "bfloat16" in cudnn_why_not(AttentionShape(1, 8, 8, 2, 2, 64), jnp.float32)
+    assert "multiple of 8" in cudnn_why_not(AttentionShape(1, 8, 8, 2, 2, 100), jnp.bfloat16)
+    q, k, v = make_qkv(1, 8, 2, 64)
+    with pytest.raises(ValueError, match="astype"):
+        dot_product_attention(q, k, v, implementation="cudnn")

@@ -1,0 +1,33 @@
+import matplotlib
+
+matplotlib.use("Agg")
+
+from attention_tutorial.plotting import markdown_table, plot_records  # noqa: E402
+
+RECS = [
+    {"impl": "xla", "seq_q": 64, "status": "ok", "tflops": 1.0, "median_ms": 2.0, "p10_ms": 1.5, "p90_ms": 2.5, "causal": False},
+    {"impl": "xla", "seq_q": 128, "status": "ok", "tflops": 2.0, "median_ms": 3.0, "p10_ms": 2.5, "p90_ms": 3.5, "causal": False},
+    {"impl": "cudnn", "seq_q": 64, "status": "unsupported", "reason": "needs a GPU | really", "tflops": None, "causal": False},
+]
+
+
+def test_markdown_table_formats_and_explains_failures():
+    text = markdown_table(RECS, ["impl", "seq_q", "tflops", "reason"])
+    lines = text.splitlines()
+    assert lines[0] == "| implementation | T | TFLOP/s | why not |"
+    assert len(lines) == 2 + 3
+    assert "| XLA | 64 | 1 | – |" in text
+    assert "*unsupported*" in lines[4] and "needs a GPU \\| really" in lines[4]
+
+
+def test_plot_one_line_per_series_and_a_peak_line():
+    fig = plot_records(RECS, y="tflops", hline=10.0, hline_label="peak")
+    ax = fig.axes[0]
+    assert len(ax.lines) == 2  # xla (cudnn has no ok point) + the peak
+    assert list(ax.lines[0].get_xdata()) == [64, 128]
+    assert ax.get_ylabel() == "TFLOP/s"
+
+
+def test_ms_plot_draws_the_spread_band():
+    fig = plot_records(RECS, y="median_ms")
+    assert len(fig.axes[0].collections) == 1

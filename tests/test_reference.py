@@ -1,0 +1,126 @@
+"""The naive JAX attention against the independent float64 NumPy reference."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attention_tutorial.inputs import make_qkv
+from attention_tutorial.reference import naive_attention, reference_attention
+
+TOL = {"float32": 2e-5, "bfloat16": 2e-2}
+
+
+@st.composite
+def problems(draw):
+    k = draw(st.sampled_from([1, 2, 4]))
+    return {
+        "batch": draw(st.integers(1, 3)),
+        "seq_q": draw(st.integers(1, 40)),
+        "seq_kv": draw(st.integers(1, 40)),
+        "kv_heads": k,
+        "heads": k * draw(st.sampled_from([1, 2, 3])),
+        "head_dim": draw(st.sampled_from([4, 8, 16, 32])),
+        "causal": draw(st.booleans()),
+        "seed": draw(st.integers(0, 2**16)),
+    }
+
+
+@given(problems())
+def test_naive_matches_float64_reference(p):
+    q, k, v = make_qkv(p["batch"], p["seq_q"], p["heads"], p["head_dim"], seq_kv=p["seq_kv"], kv_heads=p["kv_heads"],
+                       seed=p["seed"])  # fmt: skip
+    out = naive_attention(q, k, v, is_causal=p["causal"])
+    ref = reference_attention(q, k, v, is_causal=p["causal"])
+    assert out.shape == q.shape and out.dtype == q.dtype
+    np.testing.assert_allclose(out, ref, atol=TOL["float32"], rtol=TOL["float32"])
+
+
+def test_naive_bf16_within_bf16_tolerance():
+    q, k, v = make_qkv(2, 64, 4, 32, kv_heads=2, dtype=jnp.bfloat16)
+    out = naive_attention(q, k, v, is_causal=True)
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(out, np.float32), reference_attention(q, k, v, is_causal=True),
+                               atol=TOL["bfloat16"], rtol=TOL["bfloat16"])  # fmt: skip
+
+
+def test_reference_against_a_hand_computed_case():
+    # one query, two keys: scores [0, 1]/sqrt(1) -> weights softmax([0, 1]) -> mix of v
+    q = np.array([[[[1.0]]]])
+    k = np.array([[[[0.0]], [[1.0]]]])
+    v = np.array([[[[10.0]], [[20.0]]]])
+    w1 = np.exp(1) / (1 + np.exp(1))
+    np.testing.assert_allclose(reference_attention(q, k, v), [[[[10 * (1 - w1) + 20 * w1]]]], rtol=1e-12)
+    np.testing.assert_allclose(naive_attention(jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32),
+                                               jnp.asarray(v, jnp.float32)), [[[[10 * (1 - w1) + 20 * w1]]]], rtol=1e-6)  # fmt: skip
+
+
+def test_causal_first_position_sees_only_itself_and_last_sees_all():
+    q, k, v = make_qkv(1, 16, 2, 8, seed=4)
+    out = np.asarray(naive_attention(q, k, v, is_causal=True))
+    full = np.asarray(naive_attention(q, k, v))
+    np.testing.assert_allclose(out[:, 0], np.asarray(v)[:, 0], rtol=1e-6)  # one key -> weight 1
+    np.testing.assert_allclose(out[:, -1], full[:, -1], rtol=1e-6)  # the last query sees every key anyway
+
+
+def test_causal_aligns_top_left_when_t_differs_from_s():
+    q, k, v = make_qkv(1, 4, 1, 8, seq_kv=8, seed=2)
+    out = np.asarray(naive_attention(q, k, v, is_causal=True))
+    # top-left: query 0 sees key 0 only (bottom-right would let it see keys 0..4)
+    np.testing.assert_allclose(out[0, 0, 0], np.asarray(v)[0, 0, 0], rtol=1e-6)
+
+
+def test_gqa_equals_mha_with_repeated_kv_heads():
+    q, k, v = make_qkv(2, 12, 8, 16, kv_heads=2, seed=9)
+    rep = lambda x: jnp.repeat(x, 4, axis=2)  # noqa: E731 - kv head j serves query heads 4j..4j+3
+    np.testing.assert_allclose(naive_attention(q, k, v), naive_attention(q, rep(k), rep(v)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(reference_attention(q, k, v), reference_attention(q, rep(k), rep(v)), rtol=1e-12)
+
+
+def test_boolean_mask_matches_reference_and_excludes_keys():
+    q, k, v = make_qkv(2, 10, 2, 8, seq_kv=12, seed=1)
+    mask = np.random.default_rng(0).random((2, 1, 10, 12)) > 0.3
+    mask[..., 0] = True  # every row keeps a key
+    np.testing.assert_allclose(naive_attention(q, k, v, mask=mask), reference_attention(q, k, v, mask=mask),
+                               atol=2e-5, rtol=2e-5)  # fmt: skip
+    # changing a masked-out value leaves the output unchanged
+    v2 = np.array(v)
+    v2[0, 11] += 100.0
+    keep = ~mask[0, 0, :, 11]
+    a = np.asarray(naive_attention(q, k, v, mask=mask))[0, keep]
+    b = np.asarray(naive_attention(q, k, jnp.asarray(v2), mask=mask))[0, keep]
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_fully_masked_rows_give_zeros_not_nan():
+    q, k, v = make_qkv(1, 4, 2, 8)
+    mask = np.ones((1, 1, 4, 4), bool)
+    mask[..., 2, :] = False  # query 2 may see nothing
+    out = np.asarray(naive_attention(q, k, v, mask=mask))
+    assert np.isfinite(out).all()
+    np.testing.assert_array_equal(out[0, 2], 0.0)
+    np.testing.assert_array_equal(reference_attention(q, k, v, mask=mask)[0, 2], 0.0)
+
+
+def test_scale_and_bias():
+    q, k, v = make_qkv(1, 6, 2, 8, seed=5)
+    bias = np.random.default_rng(1).normal(size=(1, 2, 6, 6))
+    np.testing.assert_allclose(naive_attention(q, k, v, scale=0.3, bias=bias),
+                               reference_attention(q, k, v, scale=0.3, bias=bias), atol=2e-5, rtol=2e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("window", [0, 2, (3, 0), (1, 4)])
+def test_local_window(window):
+    q, k, v = make_qkv(1, 12, 2, 8, seed=6)
+    np.testing.assert_allclose(naive_attention(q, k, v, local_window_size=window),
+                               reference_attention(q, k, v, local_window_size=window), atol=2e-5, rtol=2e-5)  # fmt: skip
+
+
+def test_padding_lengths():
+    q, k, v = make_qkv(3, 8, 2, 8, seed=7)
+    ql, kl = np.array([8, 5, 1]), np.array([8, 3, 6])
+    out = naive_attention(q, k, v, query_seq_lengths=ql, key_value_seq_lengths=kl)
+    ref = reference_attention(q, k, v, query_seq_lengths=ql, key_value_seq_lengths=kl)
+    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)
+    np.testing.assert_array_equal(np.asarray(out)[1, 5:], 0.0)  # padded queries: zeros

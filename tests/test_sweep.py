@@ -1,0 +1,73 @@
+import jax.numpy as jnp
+import pytest
+
+from attention_tutorial import registry
+from attention_tutorial.flops import attention_flops
+from attention_tutorial.sweep import Point, grid, run_point, run_sweep
+
+
+def test_grid_is_the_cartesian_product():
+    pts = grid(("xla", "naive"), seq_q=(64, 128), heads=(4,), head_dim=(32, 64), causal=(False, True))
+    assert len(pts) == 2 * 2 * 2 * 2
+    assert {p.seq_kv == p.seq_q and p.kv_heads == p.heads for p in pts} == {True}
+
+
+def test_grid_tokens_fix_batch_times_length():
+    pts = grid(("xla",), seq_q=(256, 1024, 4096), tokens=2048)
+    assert [(p.batch, p.seq_q) for p in pts] == [(8, 256), (2, 1024), (1, 4096)]
+
+
+def test_grid_rejects_unknown_pass():
+    with pytest.raises(ValueError, match="pass"):
+        grid(("xla",), seq_q=(8,), passes=("bwd",))
+
+
+def test_ok_record_fields_and_tflops_from_the_flop_model():
+    p = Point("xla", 2, 64, 64, 4, 2, 32, "float32", causal=True)
+    rec = run_point(p, peak_tflops=1.0, repeats=5)
+    assert rec["status"] == "ok" and rec["pass"] == "fwd" and rec["mask"] == "none"
+    assert rec["p10_ms"] <= rec["median_ms"] <= rec["p90_ms"]
+    flops = attention_flops(2, 64, 64, 4, 32, causal=True)
+    assert rec["tflops"] == pytest.approx(flops / (rec["median_ms"] * 1e-3) / 1e12)
+    assert rec["pct_peak"] == pytest.approx(100 * rec["tflops"])
+    assert rec["temp_bytes"] > 0 and rec["compile_s"] > 0 and rec["kernel"].startswith("XLA")
+
+
+def test_forward_backward_point_runs():
+    rec = run_point(Point("xla", 1, 32, 32, 2, 2, 16, "float32", pass_="fwd+bwd"), repeats=5)
+    assert rec["status"] == "ok" and rec["pass"] == "fwd+bwd"
+
+
+def test_mask_point_runs_and_unsupported_mask_is_recorded():
+    assert run_point(Point("xla", 2, 32, 32, 2, 2, 16, "float32", mask="padding"), repeats=5)["status"] == "ok"
+    rec = run_point(Point("blockwise", 2, 32, 32, 2, 2, 16, "float32", mask="bias"), repeats=5)
+    assert rec["status"] == "unsupported" and "bias" in rec["reason"]
+
+
+def _fake(name, exc):
+    def fn(q, k, v, **kwargs):
+        raise exc
+
+    return registry.Implementation(name, name, fn, lambda s, d, c: None)
+
+
+def test_oom_unsupported_and_errors_are_recorded_and_the_sweep_goes_on(monkeypatch):
+    fakes = {
+        "fake_oom": _fake("fake_oom", RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 64.00GiB")),
+        "fake_unsupported": _fake("fake_unsupported", NotImplementedError("Q must be fp16/bf16, got float32")),
+        "fake_error": _fake("fake_error", ZeroDivisionError("boom")),
+    }
+    monkeypatch.setattr(registry, "IMPLEMENTATIONS", {**registry.IMPLEMENTATIONS, **fakes})
+    pts = [Point(n, 1, 16, 16, 2, 2, 8, "float32") for n in ("fake_oom", "xla", "fake_unsupported", "fake_error", "cudnn")]
+    recs = run_sweep(pts, repeats=3)
+    assert [r["status"] for r in recs[:4]] == ["oom", "ok", "unsupported", "error"]
+    assert "RESOURCE_EXHAUSTED" in recs[0]["reason"] and "boom" in recs[3]["reason"]
+    assert recs[4]["status"] in ("unsupported", "ok")  # cuDNN: unsupported on CPU, with its reason
+    if recs[4]["status"] == "unsupported":
+        assert "GPU" in recs[4]["reason"]
+
+
+def test_why_not_in_registry():
+    assert registry.why_not("xla", Point("xla", 1, 8, 8, 1, 1, 8).shape, jnp.float32) is None
+    with pytest.raises(ValueError, match="unknown implementation"):
+        registry.get("flash3")

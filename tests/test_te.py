@@ -1,0 +1,39 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attention_tutorial import te
+from attention_tutorial.inputs import AttentionShape, make_qkv
+from attention_tutorial.reference import reference_attention
+
+
+def test_argument_mapping():
+    cfg = te.te_config(AttentionShape(2, 128, 128, 32, 8, 128), causal=True)
+    assert cfg["num_attention_heads"] == 32 and cfg["num_gqa_groups"] == 8 and cfg["head_dim"] == 128
+    assert cfg["attn_mask_type"] == "causal" and cfg["qkv_layout"] == "bshd_bshd_bshd"
+    assert cfg["transpose_batch_sequence"] is False
+    assert cfg["scale_factor"] == pytest.approx(128**-0.5)
+    assert te.te_config(AttentionShape(1, 8, 8, 4, 4, 64), causal=False)["attn_mask_type"] == "no_mask"
+
+
+def test_without_gpu_or_te_it_says_why():
+    reason = te.why_not(AttentionShape(1, 8, 8, 1, 1, 64), jnp.bfloat16, True)
+    if jax.default_backend() != "gpu":
+        assert "GPU" in reason
+    elif not te.installed():
+        assert "not installed" in reason and "[te]" in reason
+    else:
+        assert reason is None
+
+
+@pytest.mark.te
+@pytest.mark.parametrize("causal", [False, True])
+def test_te_matches_reference_and_runs_te_kernel(causal):
+    from attention_tutorial.compiled import kernels_used
+
+    q, k, v = make_qkv(2, 512, 8, 128, kv_heads=2, dtype=jnp.bfloat16, seed=2)
+    fn = lambda q, k, v: te.te_attention(q, k, v, is_causal=causal)  # noqa: E731
+    out = np.asarray(jax.jit(fn)(q, k, v), np.float32)
+    np.testing.assert_allclose(out, reference_attention(q, k, v, is_causal=causal), atol=1e-2, rtol=1e-2)
+    assert any(t.startswith("te_fused_attn") for t in kernels_used(fn, q, k, v))
