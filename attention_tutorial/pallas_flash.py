@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
+from contextlib import contextmanager
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +32,15 @@ from jax.experimental import pallas as pl
 from .inputs import AttentionShape, attention_shape
 
 LOG2E = math.log2(math.e)
+
+
+@contextmanager
+def _triton_lowering():
+    """JAX 0.11 deprecates Pallas's Triton lowering (in favour of Mosaic GPU) with a DeprecationWarning at trace
+    time; the pages explain it once, so the warning is silenced here rather than repeated in every output."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning)
+        yield
 
 
 def _kernel(q_ref, k_ref, v_ref, o_ref, *, causal, block_q, block_k, seq_kv, scale):
@@ -90,7 +101,7 @@ def flash_attention(q, k, v, *, is_causal: bool = False, scale: float | None = N
 
         warps = num_warps or (4 if H <= 64 else 8)
         params["compiler_params"] = plgpu.CompilerParams(num_warps=warps, num_stages=num_stages)
-    return pl.pallas_call(
+    call = pl.pallas_call(
         kernel,
         grid=(T // bq, B, N),
         in_specs=[
@@ -103,7 +114,9 @@ def flash_attention(q, k, v, *, is_causal: bool = False, scale: float | None = N
         interpret=interpret,
         name="our_flash_forward",
         **params,
-    )(q, k, v)
+    )
+    with _triton_lowering():
+        return call(q, k, v)
 
 
 def why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
@@ -133,7 +146,8 @@ def jax_bundled_mha(q, k, v, *, is_causal: bool = False):
     B, T, S, N, K, H = attention_shape(q, k, v)
     if K != N:
         k, v = jnp.repeat(k, N // K, axis=2), jnp.repeat(v, N // K, axis=2)
-    return attention.mha(q, k, v, None, sm_scale=1.0 / math.sqrt(H), causal=is_causal)
+    with _triton_lowering():
+        return attention.mha(q, k, v, None, sm_scale=1.0 / math.sqrt(H), causal=is_causal)
 
 
 def bundled_why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:

@@ -7,7 +7,8 @@ The method (``time_fn``):
 3. **Pipelined samples.** JAX dispatches asynchronously: the host queues work and the device runs it in order.
    One sample runs ``inner`` calls back to back and waits (``block_until_ready``) on the last; the sample's
    time over ``inner`` is the device's time per call, with the host's dispatch hidden behind the device work.
-   ``inner`` grows until a sample lasts at least ``min_sample_ms``, so tiny problems are not lost in timer noise.
+   ``inner`` grows until a sample lasts at least ``min_sample_ms`` (and is at least ``min_inner``), so neither
+   timer noise nor the one launch-and-wait latency per sample (tens of µs) weighs on a millisecond kernel.
 4. **Many repeats, robust statistics.** ``repeats`` samples; we report the median and the 10th/90th percentiles.
 5. **Dispatch apart.** ``single_call_ms`` times one call with a wait after it (what a Python loop that waits
    each step sees); ``single_call_ms - median_ms`` is the host's per-call overhead, which dominates tiny problems.
@@ -57,7 +58,8 @@ def time_fn(
     *args,
     repeats: int = 30,
     warmup: int = 3,
-    min_sample_ms: float = 2.0,
+    min_sample_ms: float = 20.0,
+    min_inner: int = 3,
     max_seconds: float = 10.0,
     clock=time.perf_counter,
 ) -> Timing:
@@ -65,8 +67,8 @@ def time_fn(
 
     ``max_seconds`` caps the timed part: a slow problem gets fewer repeats (at least 5), never a shorter sample.
     """
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"need repeats >= 1 and warmup >= 0; got repeats={repeats}, warmup={warmup}.")
+    if repeats < 1 or warmup < 0 or min_inner < 1:
+        raise ValueError(f"need repeats >= 1, warmup >= 0, min_inner >= 1; got {repeats}, {warmup}, {min_inner}.")
     t0 = clock()
     compiled = jax.jit(fn).lower(*args).compile()
     compile_s = clock() - t0
@@ -83,7 +85,7 @@ def time_fn(
     single_ms = summarize(single)[0]
 
     # Grow `inner` until one pipelined sample is long enough to time reliably.
-    inner = max(1, int(np.ceil(min_sample_ms / max(single_ms, 1e-3))))
+    inner = max(min_inner, int(np.ceil(min_sample_ms / max(single_ms, 1e-3))))
     while True:
         sample_ms = _sample(compiled, args, inner, clock)
         if sample_ms >= min_sample_ms or inner >= 1 << 16:

@@ -27,7 +27,7 @@ def _sleepy(ms):
 
 
 def test_time_fn_measures_a_known_duration():
-    t = time_fn(_sleepy(5.0), jnp.ones(4), repeats=8, warmup=1, min_sample_ms=1.0)
+    t = time_fn(_sleepy(5.0), jnp.ones(4), repeats=8, warmup=1, min_sample_ms=1.0, min_inner=1)
     assert 4.8 <= t.median_ms <= 15.0
     assert t.p10_ms <= t.median_ms <= t.p90_ms
     assert t.repeats == 8 and t.inner == 1
@@ -42,8 +42,13 @@ def test_tiny_work_grows_inner_until_a_sample_is_long_enough():
 
 
 def test_max_seconds_caps_repeats_but_keeps_five():
-    t = time_fn(_sleepy(20.0), jnp.ones(2), repeats=100, warmup=1, max_seconds=0.05)
+    t = time_fn(_sleepy(20.0), jnp.ones(2), repeats=100, warmup=1, max_seconds=0.05, min_inner=1)
     assert t.repeats == 5
+
+
+def test_min_inner_pipelines_several_calls_per_sample():
+    t = time_fn(_sleepy(5.0), jnp.ones(2), repeats=3, warmup=1, min_sample_ms=1.0, min_inner=3)
+    assert t.inner == 3 and 4.8 <= t.median_ms <= 15.0
 
 
 def test_as_dict_includes_dispatch():
@@ -55,3 +60,5 @@ def test_as_dict_includes_dispatch():
 def test_rejects_bad_counts():
     with pytest.raises(ValueError, match="repeats"):
         time_fn(lambda x: x, np.ones(1), repeats=0)
+    with pytest.raises(ValueError, match="min_inner"):
+        time_fn(lambda x: x, np.ones(1), min_inner=0)

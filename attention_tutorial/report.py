@@ -1,0 +1,83 @@
+"""What the pages use to show results: the live run of this build beside the recorded GPU reference.
+
+Every benchmark section of the site calls ``show_live`` (runs a named grid here, now) and ``show_recorded``
+(reads ``docs/results/<gpu>.json``, written by the recorder on the GPU), and each output is labelled with the
+hardware, versions and date it came from. No number is typed into a page.
+"""
+
+from __future__ import annotations
+
+import jax
+import matplotlib.pyplot as plt
+
+from . import results
+from .env import environment
+from .grids import points
+from .plotting import markdown_table, plot_records
+from .sweep import run_sweep
+
+REFERENCE_GPU = "nvidia-h200"
+
+
+def live_label() -> str:
+    """One line naming this build's device and versions."""
+    env = environment()
+    device = env["gpu"] or f"CPU ({env['cpu']})"
+    cudnn = f", cuDNN {env['cudnn']}" if env["cudnn"] else ""
+    return f"**Live, this build:** {device}, JAX {env['jax']}{cudnn}, {env['created'][:10]}"
+
+
+def timing_options() -> dict:
+    """Repeats and time caps for live page runs: full on a GPU, brief on a CPU build."""
+    if jax.default_backend() == "gpu":
+        return {"repeats": 15, "max_seconds": 0.5}
+    return {"repeats": 5, "max_seconds": 0.3, "min_sample_ms": 5.0}
+
+
+def run_live(grid_name: str, **where) -> list[dict]:
+    """Run the grid ``grid_name`` (its size for this backend), keeping points that match ``where``."""
+    pts = [p for p in points(grid_name) if all(getattr(p, k) == v for k, v in where.items())]
+    return run_sweep(pts, **timing_options())
+
+
+def reference(grid_name: str | None = None, **where):
+    """(records, provenance) of the recorded reference, filtered; (None, None) when no file is committed."""
+    data = results.recorded(REFERENCE_GPU)
+    if data is None:
+        return None, None
+    recs = data["records"] if grid_name is None else results.select(data["records"], grid=grid_name)
+    return results.select(recs, **where), data["provenance"]
+
+
+def _show(records, columns, plot, title):
+    from IPython.display import Markdown, display
+
+    display(Markdown(markdown_table(records, columns)))
+    if plot:
+        fig = plot_records(records, title=title, **plot)
+        display(fig)
+        plt.close(fig)
+
+
+def show_live(records, columns, *, plot=None, title="") -> None:
+    """Display live records (table, then the plot ``plot`` describes), under the live label."""
+    from IPython.display import Markdown, display
+
+    display(Markdown(live_label()))
+    _show(records, columns, plot, f"{title} — live, {environment()['gpu'] or 'CPU'}")
+
+
+def show_recorded(grid_name, columns, *, plot=None, title="", peak_line=False, **where) -> list[dict]:
+    """Display the recorded reference for ``grid_name`` under a label naming its GPU, versions and date."""
+    from IPython.display import Markdown, display
+
+    recs, prov = reference(grid_name, **where)
+    if recs is None:
+        display(Markdown("*No recorded GPU results are committed yet (`python -m attention_tutorial record`).*"))
+        return []
+    display(Markdown(f"**Recorded on the GPU:** {results.describe(prov)}."))
+    if plot and peak_line:
+        plot = {**plot, "hline": prov["matmul_bf16_tflops"] if plot.get("y") == "tflops" else 100.0,
+                "hline_label": "bf16 matmul peak (measured in that run)"}  # fmt: skip
+    _show(recs, columns, plot, f"{title} — recorded, {prov['gpu']}")
+    return recs
