@@ -37,7 +37,7 @@ def docs(session: nox.Session) -> None:
     if "--clean" in session.posargs:
         shutil.rmtree(ROOT / "docs" / "_build", ignore_errors=True)
     session.run(
-        "sphinx-build", "-W", "--keep-going", "-n", "-b", "html", "docs", str(HTML),
+        "python", "-m", "sphinx", "-W", "--keep-going", "-b", "html", "docs", str(HTML),
         env={"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")},
     )  # fmt: skip
     session.log(f"site: {HTML / 'index.html'}")

@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--progress", action="store_true", help="show a progress bar")
 
     r = sub.add_parser("record", help="on a GPU: run the pages' grids and write docs/results/<gpu>.json")
-    r.add_argument("--grids", nargs="+", default=list(GRID_NAMES), choices=GRID_NAMES)
+    r.add_argument("--grids", nargs="*", default=list(GRID_NAMES), choices=GRID_NAMES)
     r.add_argument("--extras", nargs="*", default=["fp8"], choices=["fp8"])
     r.add_argument("--out", help="result file (default: docs/results/<gpu>.json)")
     r.add_argument("--repeats", type=int, default=20)

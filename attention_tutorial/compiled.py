@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import jax
 
@@ -32,6 +32,7 @@ class CompileStats:
     compile_s: float
     temp_bytes: int | None
     kernels: tuple[str, ...]
+    compiled: object = field(default=None, repr=False, compare=False)  # the executable, to run without recompiling
 
     @property
     def attention_kernel(self) -> str:
@@ -48,7 +49,7 @@ def compile_stats(fn, *args) -> CompileStats:
         temp = int(compiled.memory_analysis().temp_size_in_bytes)
     except (AttributeError, NotImplementedError, TypeError):  # some backends don't report it
         temp = None
-    return CompileStats(seconds, temp, kernels_in_hlo(compiled.as_text()))
+    return CompileStats(seconds, temp, kernels_in_hlo(compiled.as_text()), compiled)
 
 
 def kernels_used(fn, *args) -> tuple[str, ...]:

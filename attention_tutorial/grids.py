@@ -75,10 +75,28 @@ def _grids(gpu: bool) -> dict[str, list[Point]]:
 GRID_NAMES = tuple(_grids(True))
 
 
-def points(name: str, *, gpu: bool | None = None) -> list[Point]:
-    """The grid called ``name`` in the size for ``gpu`` (default: whether JAX's default backend is a GPU)."""
+# What a GPU build of the site runs live (the recorder runs the whole grid): enough to show each trend, small
+# enough that the whole site builds on the GPU in a few minutes.
+LIVE_ON_GPU = {
+    "seq_short": {"seq_q": (64, 256, 1024)},
+    "seq_long": {"seq_q": (1 * KIB, 4 * KIB, 16 * KIB)},
+    "batch": {"batch": (1, 4, 16)},
+    "backward": {"seq_q": (1 * KIB, 16 * KIB)},
+    "decode": {"seq_kv": (8 * KIB, 128 * KIB), "impl": ("cudnn",)},
+    "flash": {"seq_q": (4 * KIB, 16 * KIB), "head_dim": (128,)},
+    "masks": {"causal": (True,)},
+    "te": {"seq_q": (512, 4 * KIB), "head_dim": (128,)},
+}
+
+
+def points(name: str, *, gpu: bool | None = None, live: bool = False) -> list[Point]:
+    """The grid called ``name`` in the size for ``gpu`` (default: whether JAX's default backend is a GPU).
+
+    ``live`` on a GPU keeps the subset a GPU build of the site runs (``LIVE_ON_GPU``).
+    """
     gpu = jax.default_backend() == "gpu" if gpu is None else gpu
     grids = _grids(gpu)
     if name not in grids:
         raise ValueError(f"unknown grid {name!r}; choose from {sorted(grids)}.")
-    return grids[name]
+    keep = LIVE_ON_GPU.get(name, {}) if (gpu and live) else {}
+    return [p for p in grids[name] if all(getattr(p, k) in v for k, v in keep.items())]

@@ -30,13 +30,13 @@ def live_label() -> str:
 def timing_options() -> dict:
     """Repeats and time caps for live page runs: full on a GPU, brief on a CPU build."""
     if jax.default_backend() == "gpu":
-        return {"repeats": 15, "max_seconds": 0.5}
+        return {"repeats": 10, "max_seconds": 0.3}
     return {"repeats": 5, "max_seconds": 0.3, "min_sample_ms": 5.0}
 
 
 def run_live(grid_name: str, **where) -> list[dict]:
-    """Run the grid ``grid_name`` (its size for this backend), keeping points that match ``where``."""
-    pts = [p for p in points(grid_name) if all(getattr(p, k) == v for k, v in where.items())]
+    """Run the grid ``grid_name`` (its live size for this backend), keeping points that match ``where``."""
+    pts = [p for p in points(grid_name, live=True) if all(getattr(p, k) == v for k, v in where.items())]
     return run_sweep(pts, **timing_options())
 
 

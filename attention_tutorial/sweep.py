@@ -106,7 +106,7 @@ def run_point(point: Point, *, peak_tflops: float | None = None, seed: int = 0, 
         if _exceeds_memory(stats.temp_bytes, args):
             return {**rec, "status": "oom", "reason": f"needs {stats.temp_bytes / 2**30:.1f} GiB of temporaries",
                     "temp_bytes": stats.temp_bytes}  # fmt: skip
-        t = time_fn(fn, *args, **timing)
+        t = time_fn(fn, *args, compiled=stats.compiled, **timing)
     except Exception as err:  # noqa: BLE001 - the sweep records every failure and goes on
         return {**rec, **_failure(err)}
     finally:

@@ -62,16 +62,20 @@ def time_fn(
     min_inner: int = 3,
     max_seconds: float = 10.0,
     clock=time.perf_counter,
+    compiled=None,
 ) -> Timing:
     """Time ``fn(*args)`` (jitted here) as described in this module's docstring.
 
     ``max_seconds`` caps the timed part: a slow problem gets fewer repeats (at least 5), never a shorter sample.
+    ``compiled`` (an executable of ``fn`` for these arguments) skips the compilation; ``compile_s`` is then 0.
     """
     if repeats < 1 or warmup < 0 or min_inner < 1:
         raise ValueError(f"need repeats >= 1, warmup >= 0, min_inner >= 1; got {repeats}, {warmup}, {min_inner}.")
-    t0 = clock()
-    compiled = jax.jit(fn).lower(*args).compile()
-    compile_s = clock() - t0
+    compile_s = 0.0
+    if compiled is None:
+        t0 = clock()
+        compiled = jax.jit(fn).lower(*args).compile()
+        compile_s = clock() - t0
 
     for _ in range(max(warmup, 1)):
         jax.block_until_ready(compiled(*args))

@@ -22,3 +22,11 @@ def test_gpu_sequence_sweep_reaches_32k_and_the_seed_shape_is_the_seed_shape():
 def test_unknown_grid():
     with pytest.raises(ValueError, match="unknown grid"):
         points("nope")
+
+
+def test_live_gpu_subset_is_a_nonempty_subset():
+    for name in GRID_NAMES:
+        full, live = points(name, gpu=True), points(name, gpu=True, live=True)
+        assert live and set(live) <= set(full), name
+    assert len(points("flash", gpu=True, live=True)) < len(points("flash", gpu=True))
+    assert points("seq_long", gpu=False, live=True) == points("seq_long", gpu=False)

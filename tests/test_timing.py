@@ -62,3 +62,10 @@ def test_rejects_bad_counts():
         time_fn(lambda x: x, np.ones(1), repeats=0)
     with pytest.raises(ValueError, match="min_inner"):
         time_fn(lambda x: x, np.ones(1), min_inner=0)
+
+
+def test_precompiled_executable_is_used_and_compile_time_is_zero():
+    x = jnp.ones(4)
+    compiled = jax.jit(lambda x: x * 3).lower(x).compile()
+    t = time_fn(lambda x: x * 3, x, repeats=3, compiled=compiled)
+    assert t.compile_s == 0.0 and t.median_ms > 0

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# What the project runs on the lent GPU machine (no network; see scripts/te-device.md and README).
+#   bash scripts/gpu.sh tests            GPU-marked tests (and TE ones, when TE is installed)
+#   bash scripts/gpu.sh tune             our Pallas kernel's block sizes against cuDNN
+#   bash scripts/gpu.sh record GRID...   the recorder for these grids (+ "fp8"), merging into /tmp/results
+#   bash scripts/gpu.sh docs             the whole site, built live on the GPU from carried wheels (.whl)
+# Results accumulate in /tmp/results while the machine stays up, and are copied to $OUT after each step.
+set -uo pipefail
+export TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
+[ -f /tmp/site/te_env.sh ] && . /tmp/site/te_env.sh
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/results docs/results
+RES=docs/results/nvidia-h200.json
+[ -f /tmp/results/nvidia-h200.json ] && cp /tmp/results/nvidia-h200.json "$RES"
+step=$1; shift
+case "$step" in
+  tests)
+    python3 -m pytest -q -m "gpu or te" -p no:cacheprovider tests 2>&1 | tail -25 ;;
+  tune)
+    python3 scripts/tune_pallas.py "$OUT/pallas_tuning.json" 2>&1 | tail -40 ;;
+  record)
+    extras=(); grids=()
+    for g in "$@"; do if [ "$g" = fp8 ]; then extras+=(fp8); else grids+=("$g"); fi; done
+    args=(--grids "${grids[@]}")
+    if [ ${#extras[@]} -gt 0 ]; then args+=(--extras "${extras[@]}"); else args+=(--extras); fi
+    [ ${#grids[@]} -eq 0 ] && args=(--grids --extras fp8)
+    python3 -m attention_tutorial record "${args[@]}" 2>&1 | grep -v "it/s\]\|s/pt\]" | tail -30
+    cp "$RES" /tmp/results/ && cp "$RES" "$OUT/" ;;
+  docs)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/docsite .whl/*.whl
+    export PYTHONPATH=/tmp/docsite${PYTHONPATH:+:$PYTHONPATH}
+    start=$(date +%s)
+    python3 -m nox -s docs --no-venv --no-install > "$OUT/docs-build.log" 2>&1; rc=$?
+    echo "docs build rc=$rc in $(( $(date +%s) - start )) s" | tee -a "$OUT/docs-build.log"
+    tail -15 "$OUT/docs-build.log"
+    tar czf "$OUT/site-gpu.tgz" -C docs/_build html ;;
+  *) echo "unknown step $step"; exit 2 ;;
+esac
