@@ -39,7 +39,8 @@ def _triton_lowering():
     """JAX 0.11 deprecates Pallas's Triton lowering (in favour of Mosaic GPU) with a DeprecationWarning at trace
     time; the pages explain it once, so the warning is silenced here rather than repeated in every output."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning)
+        for message in ("The Pallas Triton backend is deprecated", "jax.experimental.pallas.ops.gpu.attention is deprecated"):
+            warnings.filterwarnings("ignore", message=message, category=DeprecationWarning)
         yield
 
 
@@ -97,7 +98,8 @@ def flash_attention(q, k, v, *, is_causal: bool = False, scale: float | None = N
     kernel = functools.partial(_kernel, causal=is_causal, block_q=bq, block_k=bk, seq_kv=S, scale=scale)
     params = {}
     if not interpret:
-        from jax.experimental.pallas import triton as plgpu
+        with _triton_lowering():
+            from jax.experimental.pallas import triton as plgpu
 
         warps = num_warps or (4 if H <= 64 else 8)
         params["compiler_params"] = plgpu.CompilerParams(num_warps=warps, num_stages=num_stages)
@@ -141,12 +143,12 @@ def jax_bundled_mha(q, k, v, *, is_causal: bool = False):
 
     It has no GQA: k/v heads are repeated to N first. Its default softmax scale is 1.0, so we pass 1/sqrt(H).
     """
-    from jax.experimental.pallas.ops.gpu import attention
-
     B, T, S, N, K, H = attention_shape(q, k, v)
     if K != N:
         k, v = jnp.repeat(k, N // K, axis=2), jnp.repeat(v, N // K, axis=2)
     with _triton_lowering():
+        from jax.experimental.pallas.ops.gpu import attention
+
         return attention.mha(q, k, v, None, sm_scale=1.0 / math.sqrt(H), causal=is_causal)
 
 
