@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from contextlib import contextmanager
 
 import jax
 import jax.numpy as jnp
@@ -34,14 +33,12 @@ from .inputs import AttentionShape, attention_shape
 LOG2E = math.log2(math.e)
 
 
-@contextmanager
-def _triton_lowering():
-    """JAX 0.11 deprecates Pallas's Triton lowering (in favour of Mosaic GPU) with a DeprecationWarning at trace
-    time; the pages explain it once, so the warning is silenced here rather than repeated in every output."""
-    with warnings.catch_warnings():
-        for message in ("The Pallas Triton backend is deprecated", "jax.experimental.pallas.ops.gpu.attention is deprecated"):
-            warnings.filterwarnings("ignore", message=message, category=DeprecationWarning)
-        yield
+# JAX 0.11 deprecates Pallas's Triton lowering (for Mosaic GPU) and its bundled Triton attention, warning when a
+# kernel is lowered. This module chooses that lowering on purpose and the page says so once, so the warnings are
+# filtered here instead of repeated in every output.
+_DEPRECATIONS = ("The Pallas Triton backend is deprecated", "jax.experimental.pallas.ops.gpu.attention is deprecated")
+for _message in _DEPRECATIONS:
+    warnings.filterwarnings("ignore", message=_message, category=DeprecationWarning)
 
 
 def _kernel(q_ref, k_ref, v_ref, o_ref, *, causal, block_q, block_k, seq_kv, scale):
@@ -98,8 +95,7 @@ def flash_attention(q, k, v, *, is_causal: bool = False, scale: float | None = N
     kernel = functools.partial(_kernel, causal=is_causal, block_q=bq, block_k=bk, seq_kv=S, scale=scale)
     params = {}
     if not interpret:
-        with _triton_lowering():
-            from jax.experimental.pallas import triton as plgpu
+        from jax.experimental.pallas import triton as plgpu
 
         warps = num_warps or (4 if H <= 64 else 8)
         params["compiler_params"] = plgpu.CompilerParams(num_warps=warps, num_stages=num_stages)
@@ -117,8 +113,7 @@ def flash_attention(q, k, v, *, is_causal: bool = False, scale: float | None = N
         name="our_flash_forward",
         **params,
     )
-    with _triton_lowering():
-        return call(q, k, v)
+    return call(q, k, v)
 
 
 def why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
@@ -146,10 +141,9 @@ def jax_bundled_mha(q, k, v, *, is_causal: bool = False):
     B, T, S, N, K, H = attention_shape(q, k, v)
     if K != N:
         k, v = jnp.repeat(k, N // K, axis=2), jnp.repeat(v, N // K, axis=2)
-    with _triton_lowering():
-        from jax.experimental.pallas.ops.gpu import attention
+    from jax.experimental.pallas.ops.gpu import attention
 
-        return attention.mha(q, k, v, None, sm_scale=1.0 / math.sqrt(H), causal=is_causal)
+    return attention.mha(q, k, v, None, sm_scale=1.0 / math.sqrt(H), causal=is_causal)
 
 
 def bundled_why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
