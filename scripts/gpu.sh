@@ -6,7 +6,7 @@
 #   bash scripts/gpu.sh docs             the whole site, built live on the GPU from carried wheels (.whl)
 # Results accumulate in /tmp/results while the machine stays up, and are copied to $OUT after each step.
 set -uo pipefail
-export TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
+export TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 [ -f /tmp/site/te_env.sh ] && . /tmp/site/te_env.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/results docs/results
 RES=docs/results/nvidia-h200.json
