@@ -77,8 +77,12 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, *, causal, block_q, block_k, seq_kv, sca
     o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
 
 
-def flash_attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, block_q: int = 128,
-                    block_k: int = 64, num_warps: int | None = None, num_stages: int = 3,
+# Tuned on the H200 (scripts/tune_pallas.py, eight configurations, B=8, T=4096, N=16): (block_q, block_k, warps)
+TUNED = {64: (128, 64, 4), 128: (128, 128, 8)}
+
+
+def flash_attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, block_q: int | None = None,
+                    block_k: int | None = None, num_warps: int | None = None, num_stages: int = 3,
                     interpret: bool | None = None) -> jax.Array:  # fmt: skip
     """Our Pallas FlashAttention forward: q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H).
 
@@ -86,7 +90,8 @@ def flash_attention(q, k, v, *, is_causal: bool = False, scale: float | None = N
     masks align top-left. ``interpret`` (default: when not on a GPU) runs Pallas's interpreter instead.
     """
     B, T, S, N, K, H = attention_shape(q, k, v)
-    bq, bk = min(block_q, T), min(block_k, S)
+    tuned_q, tuned_k, tuned_warps = TUNED.get(H, (128, 64, 4 if H <= 64 else 8))
+    bq, bk = min(block_q or tuned_q, T), min(block_k or tuned_k, S)
     if T % bq or S % bk:
         raise ValueError(f"T={T} and S={S} must be multiples of block_q={bq} and block_k={bk}; pad or pick blocks.")
     scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
@@ -97,7 +102,7 @@ def flash_attention(q, k, v, *, is_causal: bool = False, scale: float | None = N
     if not interpret:
         from jax.experimental.pallas import triton as plgpu
 
-        warps = num_warps or (4 if H <= 64 else 8)
+        warps = num_warps or tuned_warps
         params["compiler_params"] = plgpu.CompilerParams(num_warps=warps, num_stages=num_stages)
     call = pl.pallas_call(
         kernel,
@@ -120,7 +125,7 @@ def why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
     """Why our kernel cannot run this problem here (it times only on a GPU), or None."""
     if jax.default_backend() != "gpu":
         return "our Pallas kernel is timed on a GPU only (on a CPU it runs in Pallas's slow interpreter, for tests)."
-    return _block_why_not(shape, dtype, 128, 64)
+    return _block_why_not(shape, dtype, *TUNED.get(shape.head_dim, (128, 64, 0))[:2])
 
 
 def _block_why_not(shape, dtype, bq, bk):
