@@ -85,7 +85,7 @@ def grid(
 
 def run_point(point: Point, *, peak_tflops: float | None = None, seed: int = 0, **timing) -> dict:
     """Measure one point; never raises for OOM, unsupported or failing points: they become records."""
-    rec = point.as_record()
+    rec = {**point.as_record(), "median_ms": None, "p10_ms": None, "p90_ms": None, "tflops": None}
     impl = registry.get(point.impl)
     reason = impl.why_not(point.shape, jnp.dtype(point.dtype), point.causal)
     if not reason and point.mask not in impl.masks:
