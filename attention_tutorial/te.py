@@ -54,9 +54,20 @@ def why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
     return None
 
 
+def import_te():
+    """Import ``transformer_engine.jax``, quietly: TE warns at import when PyTorch is installed without TE's
+    PyTorch extension (the GPU image has PyTorch); that warning is about PyTorch, not about us."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected a PyTorch installation", category=RuntimeWarning)
+        import transformer_engine.jax as te_jax
+    return te_jax
+
+
 def te_attention(q, k, v, *, is_causal: bool = False) -> jax.Array:
     """TransformerEngine's fused ``DotProductAttention``: q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H)."""
-    from transformer_engine.jax import flax as te_flax
+    te_flax = import_te().flax
 
     module = te_flax.DotProductAttention(**te_config(attention_shape(q, k, v), is_causal))
     return module.apply({}, q, k, v, deterministic=True)
