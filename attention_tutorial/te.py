@@ -56,11 +56,13 @@ def why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
 
 def import_te():
     """Import ``transformer_engine.jax``, quietly: TE warns at import when PyTorch is installed without TE's
-    PyTorch extension (the GPU image has PyTorch); that warning is about PyTorch, not about us."""
+    PyTorch extension (the GPU image has PyTorch), and TE 2.20 uses a jax API that jax 0.11 deprecates; both
+    warnings are about TE's packaging, not about this code."""
     import warnings
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Detected a PyTorch installation", category=RuntimeWarning)
+        warnings.filterwarnings("ignore", message="jax.interpreters.pxla.thread_resources", category=DeprecationWarning)
         import transformer_engine.jax as te_jax
     return te_jax
 
