@@ -69,10 +69,13 @@ def import_te():
 
 def te_attention(q, k, v, *, is_causal: bool = False) -> jax.Array:
     """TransformerEngine's fused ``DotProductAttention``: q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H)."""
-    te_flax = import_te().flax
+    import warnings
 
+    te_flax = import_te().flax
     module = te_flax.DotProductAttention(**te_config(attention_shape(q, k, v), is_causal))
-    return module.apply({}, q, k, v, deterministic=True)
+    with warnings.catch_warnings():  # TE 2.20's module itself calls fused_attn the deprecated way when unmasked
+        warnings.filterwarnings("ignore", message="Pass mask to fused_attn is deprecated", category=DeprecationWarning)
+        return module.apply({}, q, k, v, deterministic=True)
 
 
 def hlo_fp8_types(fn, *args) -> tuple[str, ...]:
