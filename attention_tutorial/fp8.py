@@ -19,6 +19,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax.core import meta
 
 from .compiled import compile_stats
 from .flops import attention_flops
@@ -128,7 +129,7 @@ def te_records(peak=None, **timing) -> list[dict]:
         return _failed("te_autocast", shape, True, "bfloat16", "unsupported", reason)
 
     def attention():
-        import transformer_engine.jax as te_jax
+        te_jax = te.import_te()
 
         q, k, v = make_qkv(8, 4096, 16, 128, dtype=jnp.bfloat16, seed=1)
         flops = attention_flops(8, 4096, 4096, 16, 128, causal=True)
@@ -152,8 +153,8 @@ def te_records(peak=None, **timing) -> list[dict]:
         return out
 
     def dense():
-        import transformer_engine.jax as te_jax
-        from transformer_engine.jax import flax as te_flax
+        te_jax = te.import_te()
+        te_flax = te_jax.flax
 
         m_b, m_t, k_in, n_out = 8, 4096, 4096, 4096
         gemm = AttentionShape(m_b, m_t, k_in, 1, 1, n_out)
@@ -168,11 +169,12 @@ def te_records(peak=None, **timing) -> list[dict]:
                 y = fn(variables, x)
                 t = time_fn(fn, variables, x, **timing)
                 types = list(te.hlo_fp8_types(fn, variables, x))
-            w = variables["params"]["kernel"].astype(jnp.float32)
+            w = meta.unbox(variables["params"]["kernel"]).astype(jnp.float32)  # TE boxes params with sharding axes
             ref = jnp.einsum("btk,kn->btn", x.astype(jnp.float32), w, precision="highest")
             out.append(_record(impl, gemm, False, t, flops=flops, peak=peak, dtype="float8" if enabled else "bfloat16",
                                experiment="te_dense", gemm_mkn=[m_b * m_t, k_in, n_out], fp8_types_in_hlo=types,
                                rel_error=rel_error(y, ref)))  # fmt: skip
+            del ref, y
         return out
 
     return _guarded("te_autocast", shape, True, "bfloat16", attention) + _guarded(
