@@ -32,12 +32,12 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(default=False, reuse_venv=True)
 def docs(session: nox.Session) -> None:
-    """Build the site strictly (warnings and cell errors fail) into docs/_build/html."""
+    """Build the site strictly (warnings and cell errors fail; -T prints a failing cell's traceback)."""
     _install(session, "docs")
     if "--clean" in session.posargs:
         shutil.rmtree(ROOT / "docs" / "_build", ignore_errors=True)
     session.run(
-        "python", "-m", "sphinx", "-W", "--keep-going", "-b", "html", "docs", str(HTML),
+        "python", "-m", "sphinx", "-T", "-W", "--keep-going", "-b", "html", "docs", str(HTML),
         env={"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")},
     )  # fmt: skip
     session.log(f"site: {HTML / 'index.html'}")

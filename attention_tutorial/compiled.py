@@ -69,5 +69,5 @@ def describe_kernels(kernels: tuple[str, ...]) -> str:
             if target.startswith(prefix):
                 return f"{family} ({target})"
     if any("cublas" in t for t in kernels):
-        return "XLA: cuBLAS matmuls + fused softmax, no fused attention kernel"
-    return "XLA: its own fused ops, no library attention kernel"
+        return "XLA: cuBLAS matmuls + fusions"
+    return "XLA: own fusions, no library kernel"

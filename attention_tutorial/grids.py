@@ -36,39 +36,132 @@ def _grids(gpu: bool) -> dict[str, list[Point]]:
         seq_long = (1 * KIB, 2 * KIB, 4 * KIB, 8 * KIB, 16 * KIB, 32 * KIB)
         return {
             "seed_shape": _seed_shape(gpu),
-            "seq_short": grid(big, seq_q=(64, 128, 256, 512, 1024), batch=(4,), heads=(8,), head_dim=(64,), causal=(False, True)),
+            "seq_short": grid(
+                big, seq_q=(64, 128, 256, 512, 1024), batch=(4,), heads=(8,), head_dim=(64,), causal=(False, True)
+            ),
             "seq_long": grid(big, seq_q=seq_long, tokens=32 * KIB, heads=(16,), head_dim=(128,), causal=(False, True)),
             "batch": grid(big, seq_q=(256,), batch=(1, 2, 4, 8, 16), heads=(8,), head_dim=(64,)),
-            "head_dim": grid(("xla", "cudnn"), seq_q=(4 * KIB,), batch=(4,), heads=(16,), head_dim=(32, 64, 100, 128, 256)),
-            "backward": grid(("xla", "cudnn"), seq_q=(1 * KIB, 4 * KIB, 16 * KIB), tokens=16 * KIB, heads=(16,), head_dim=(128,),
-                             causal=(False, True), passes=("fwd+bwd",)),
-            "prefill_heads": grid(("xla", "cudnn"), seq_q=(4 * KIB,), batch=(4,), heads=(32,), kv_heads=(32, 8, 1), head_dim=(128,)),
-            "decode": grid(("xla", "cudnn"), seq_q=(1,), seq_kv=(2 * KIB, 8 * KIB, 32 * KIB, 128 * KIB), batch=(16,), heads=(32,),
-                           kv_heads=(32, 8, 1), head_dim=(128,)),
-            "flash": grid(("blockwise", "pallas", "jax_pallas", "cudnn"), seq_q=(1 * KIB, 4 * KIB, 16 * KIB, 32 * KIB),
-                          tokens=32 * KIB, heads=(16,), head_dim=(64, 128), causal=(False, True)),
-            "masks": grid(("xla", "cudnn"), seq_q=(4 * KIB,), batch=(4,), heads=(16,), head_dim=(128,), causal=(False, True),
-                          masks=MASK_KINDS),
-            "te": grid(("te", "cudnn", "xla"), seq_q=(128, 512, 2 * KIB, 4 * KIB, 16 * KIB), tokens=32 * KIB, heads=(16,),
-                       head_dim=(64, 128), causal=(True,), passes=("fwd", "fwd+bwd")),
+            "head_dim": grid(
+                ("xla", "cudnn"), seq_q=(4 * KIB,), batch=(4,), heads=(16,), head_dim=(32, 64, 100, 128, 256)
+            ),
+            "backward": grid(
+                ("xla", "cudnn"),
+                seq_q=(1 * KIB, 4 * KIB, 16 * KIB),
+                tokens=16 * KIB,
+                heads=(16,),
+                head_dim=(128,),
+                causal=(False, True),
+                passes=("fwd+bwd",),
+            ),
+            "prefill_heads": grid(
+                ("xla", "cudnn"), seq_q=(4 * KIB,), batch=(4,), heads=(32,), kv_heads=(32, 8, 1), head_dim=(128,)
+            ),
+            "decode": grid(
+                ("xla", "cudnn"),
+                seq_q=(1,),
+                seq_kv=(2 * KIB, 8 * KIB, 32 * KIB, 128 * KIB),
+                batch=(16,),
+                heads=(32,),
+                kv_heads=(32, 8, 1),
+                head_dim=(128,),
+            ),
+            "flash": grid(
+                ("blockwise", "pallas", "jax_pallas", "cudnn"),
+                seq_q=(1 * KIB, 4 * KIB, 16 * KIB, 32 * KIB),
+                tokens=32 * KIB,
+                heads=(16,),
+                head_dim=(64, 128),
+                causal=(False, True),
+            ),
+            "masks": grid(
+                ("xla", "cudnn"),
+                seq_q=(4 * KIB,),
+                batch=(4,),
+                heads=(16,),
+                head_dim=(128,),
+                causal=(False, True),
+                masks=MASK_KINDS,
+            ),
+            "te": grid(
+                ("te", "cudnn", "xla"),
+                seq_q=(128, 512, 2 * KIB, 4 * KIB, 16 * KIB),
+                tokens=32 * KIB,
+                heads=(16,),
+                head_dim=(64, 128),
+                causal=(True,),
+                passes=("fwd", "fwd+bwd"),
+            ),
         }
     small = ("naive", "xla", "cudnn")
     return {
         "seed_shape": _seed_shape(gpu),
-        "seq_short": grid(small, seq_q=(64, 128, 256, 512), batch=(4,), heads=(8,), head_dim=(64,), dtype=dt, causal=(False, True)),
-        "seq_long": grid(small, seq_q=(256, 512, 1024, 2048), tokens=2 * KIB, heads=(4,), head_dim=(64,), dtype=dt, causal=(False, True)),
+        "seq_short": grid(
+            small, seq_q=(64, 128, 256, 512), batch=(4,), heads=(8,), head_dim=(64,), dtype=dt, causal=(False, True)
+        ),
+        "seq_long": grid(
+            small,
+            seq_q=(256, 512, 1024, 2048),
+            tokens=2 * KIB,
+            heads=(4,),
+            head_dim=(64,),
+            dtype=dt,
+            causal=(False, True),
+        ),
         "batch": grid(small, seq_q=(256,), batch=(1, 2, 4, 8), heads=(8,), head_dim=(64,), dtype=dt),
-        "head_dim": grid(("xla", "cudnn"), seq_q=(512,), batch=(2,), heads=(4,), head_dim=(32, 64, 100, 128, 256), dtype=dt),
-        "backward": grid(("xla", "cudnn"), seq_q=(256, 512, 1024), tokens=1 * KIB, heads=(4,), head_dim=(64,), dtype=dt,
-                         causal=(False, True), passes=("fwd+bwd",)),
-        "prefill_heads": grid(("xla", "cudnn"), seq_q=(512,), batch=(1,), heads=(8,), kv_heads=(8, 2, 1), head_dim=(64,), dtype=dt),
-        "decode": grid(("xla", "cudnn"), seq_q=(1,), seq_kv=(1 * KIB, 4 * KIB, 16 * KIB), batch=(4,), heads=(8,), kv_heads=(8, 2, 1),
-                       head_dim=(64,), dtype=dt),
-        "flash": grid(("naive", "blockwise", "pallas", "cudnn"), seq_q=(256, 512, 1024), tokens=1 * KIB, heads=(4,), head_dim=(64,),
-                      dtype=dt, causal=(False, True)),
-        "masks": grid(("naive", "xla", "cudnn"), seq_q=(512,), batch=(2,), heads=(4,), head_dim=(64,), dtype=dt,
-                      causal=(False, True), masks=MASK_KINDS),
-        "te": grid(("te", "cudnn", "xla"), seq_q=(128, 512), tokens=1 * KIB, heads=(4,), head_dim=(64,), dtype=dt, causal=(True,)),
+        "head_dim": grid(
+            ("xla", "cudnn"), seq_q=(512,), batch=(2,), heads=(4,), head_dim=(32, 64, 100, 128, 256), dtype=dt
+        ),
+        "backward": grid(
+            ("xla", "cudnn"),
+            seq_q=(256, 512, 1024),
+            tokens=1 * KIB,
+            heads=(4,),
+            head_dim=(64,),
+            dtype=dt,
+            causal=(False, True),
+            passes=("fwd+bwd",),
+        ),
+        "prefill_heads": grid(
+            ("xla", "cudnn"), seq_q=(512,), batch=(1,), heads=(8,), kv_heads=(8, 2, 1), head_dim=(64,), dtype=dt
+        ),
+        "decode": grid(
+            ("xla", "cudnn"),
+            seq_q=(1,),
+            seq_kv=(1 * KIB, 4 * KIB, 16 * KIB),
+            batch=(4,),
+            heads=(8,),
+            kv_heads=(8, 2, 1),
+            head_dim=(64,),
+            dtype=dt,
+        ),
+        "flash": grid(
+            ("naive", "blockwise", "pallas", "cudnn"),
+            seq_q=(256, 512, 1024),
+            tokens=1 * KIB,
+            heads=(4,),
+            head_dim=(64,),
+            dtype=dt,
+            causal=(False, True),
+        ),
+        "masks": grid(
+            ("naive", "xla", "cudnn"),
+            seq_q=(512,),
+            batch=(2,),
+            heads=(4,),
+            head_dim=(64,),
+            dtype=dt,
+            causal=(False, True),
+            masks=MASK_KINDS,
+        ),
+        "te": grid(
+            ("te", "cudnn", "xla"),
+            seq_q=(128, 512),
+            tokens=1 * KIB,
+            heads=(4,),
+            head_dim=(64,),
+            dtype=dt,
+            causal=(True,),
+        ),
     }
 
 

@@ -83,9 +83,7 @@ def attention_shape(q, k, v) -> AttentionShape:
     if Bk != B:
         raise ValueError(f"q and k/v must have the same batch size; got q {np.shape(q)} and k {np.shape(k)}.")
     if Hk != H:
-        raise ValueError(
-            f"q and k/v must have the same head_dim (last axis); got q {np.shape(q)} and k {np.shape(k)}."
-        )
+        raise ValueError(f"q and k/v must have the same head_dim (last axis); got q {np.shape(q)} and k {np.shape(k)}.")
     shape = AttentionShape(B, T, S, N, K, H)
     _check_sizes(shape)
     dtypes = {jnp.result_type(x) for x in (q, k, v)}

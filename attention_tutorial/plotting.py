@@ -47,7 +47,9 @@ def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title
         colour, marker = PALETTE[i % len(PALETTE)], MARKERS[i % len(MARKERS)]
         ax.plot(xs, ys, marker=marker, color=colour, label=name, linewidth=1.8, markersize=5)
         if y == "median_ms" and all("p10_ms" in r for r in rs):
-            ax.fill_between(xs, [r["p10_ms"] for r in rs], [r["p90_ms"] for r in rs], color=colour, alpha=0.2, linewidth=0)
+            ax.fill_between(
+                xs, [r["p10_ms"] for r in rs], [r["p90_ms"] for r in rs], color=colour, alpha=0.2, linewidth=0
+            )
     if hline:
         ax.axhline(hline, color="#555555", linestyle="--", linewidth=1.2, label=hline_label)
     if logx:

@@ -57,7 +57,14 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
         recs = run_sweep(points(name, gpu=True), peak_tflops=ceilings["matmul_bf16_tflops"], progress=progress,
                          repeats=repeats, max_seconds=max_seconds)  # fmt: skip
         _tag(recs, name, ceilings)
-        prov["grids"] = {name: {"created": environment()["created"], "seconds": round(time.perf_counter() - t0, 1)}}
+        prov["grids"] = {
+            name: {
+                "created": environment()["created"],
+                "seconds": round(time.perf_counter() - t0, 1),
+                "command": command,
+                "matmul_bf16_tflops": ceilings["matmul_bf16_tflops"],
+            }
+        }
         results.save(out, prov, recs)
         ok = sum(r["status"] == "ok" for r in recs)
         print(f"{name}: {ok}/{len(recs)} ok in {time.perf_counter() - t0:.0f} s", flush=True)
@@ -70,7 +77,14 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
         else:
             raise ValueError(f"unknown extra experiment {extra!r}")
         _tag(recs, extra, ceilings)
-        prov["grids"] = {extra: {"created": environment()["created"], "seconds": round(time.perf_counter() - t0, 1)}}
+        prov["grids"] = {
+            extra: {
+                "created": environment()["created"],
+                "seconds": round(time.perf_counter() - t0, 1),
+                "command": command,
+                "matmul_bf16_tflops": ceilings["matmul_bf16_tflops"],
+            }
+        }
         results.save(out, prov, recs)
         print(f"{extra}: {len(recs)} records in {time.perf_counter() - t0:.0f} s", flush=True)
     return out

@@ -61,13 +61,34 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
     impl.name: impl
     for impl in (
         Implementation("naive", "naive (from scratch)", naive_attention, _always, MASK_KINDS),
-        Implementation("xla", "XLA", functools.partial(dot_product_attention, implementation="xla"), _always, MASK_KINDS),
-        Implementation("default", "jax.nn default", functools.partial(dot_product_attention, implementation=None), _always,
-                       MASK_KINDS),
-        Implementation("cudnn", "cuDNN", functools.partial(dot_product_attention, implementation="cudnn"), _cudnn, MASK_KINDS),
-        Implementation("blockwise", "blockwise JAX (online softmax)", _lazy("blockwise", "blockwise_attention"), _always),
-        Implementation("pallas", "our Pallas kernel", _lazy("pallas_flash", "flash_attention"), _lazy_check("pallas_flash", "why_not")),
-        Implementation("jax_pallas", "JAX's Pallas (Triton) kernel", _lazy("pallas_flash", "jax_bundled_mha"), _lazy_check("pallas_flash", "bundled_why_not")),
+        Implementation(
+            "xla", "XLA", functools.partial(dot_product_attention, implementation="xla"), _always, MASK_KINDS
+        ),
+        Implementation(
+            "default",
+            "jax.nn default",
+            functools.partial(dot_product_attention, implementation=None),
+            _always,
+            MASK_KINDS,
+        ),
+        Implementation(
+            "cudnn", "cuDNN", functools.partial(dot_product_attention, implementation="cudnn"), _cudnn, MASK_KINDS
+        ),
+        Implementation(
+            "blockwise", "blockwise JAX (online softmax)", _lazy("blockwise", "blockwise_attention"), _always
+        ),
+        Implementation(
+            "pallas",
+            "our Pallas kernel",
+            _lazy("pallas_flash", "flash_attention"),
+            _lazy_check("pallas_flash", "why_not"),
+        ),
+        Implementation(
+            "jax_pallas",
+            "JAX's Pallas (Triton) kernel",
+            _lazy("pallas_flash", "jax_bundled_mha"),
+            _lazy_check("pallas_flash", "bundled_why_not"),
+        ),
         Implementation("te", "TransformerEngine", _lazy("te", "te_attention"), _lazy_check("te", "why_not")),
     )
 }

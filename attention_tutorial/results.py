@@ -24,7 +24,9 @@ RECORD_FIELDS = {
     "dtype": str, "causal": bool, "pass": str, "status": str, "median_ms": (int, float, type(None)),
     "p10_ms": (int, float, type(None)), "p90_ms": (int, float, type(None)), "tflops": (int, float, type(None)),
 }  # fmt: skip
-RESULTS_DIR = Path(os.environ.get("ATTENTION_TUTORIAL_RESULTS", Path(__file__).resolve().parents[1] / "docs" / "results"))
+RESULTS_DIR = Path(
+    os.environ.get("ATTENTION_TUTORIAL_RESULTS", Path(__file__).resolve().parents[1] / "docs" / "results")
+)
 
 
 def slug(gpu_name: str) -> str:

@@ -107,7 +107,7 @@ def run_point(point: Point, *, peak_tflops: float | None = None, seed: int = 0, 
             return {**rec, "status": "oom", "reason": f"needs {stats.temp_bytes / 2**30:.1f} GiB of temporaries",
                     "temp_bytes": stats.temp_bytes}  # fmt: skip
         t = time_fn(fn, *args, compiled=stats.compiled, **timing)
-    except Exception as err:  # noqa: BLE001 - the sweep records every failure and goes on
+    except Exception as err:
         return {**rec, **_failure(err)}
     finally:
         args = q = k = v = None  # free device memory before the next point

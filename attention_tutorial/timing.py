@@ -6,7 +6,9 @@ The method (``time_fn``):
 2. **Warm up.** A few calls run untimed, so allocation, autotuning and first-call costs stay out.
 3. **Pipelined samples.** JAX dispatches asynchronously: the host queues work and the device runs it in order.
    One sample runs ``inner`` calls back to back and waits (``block_until_ready``) on the last; the sample's
-   time over ``inner`` is the device's time per call, with the host's dispatch hidden behind the device work.
+   time over ``inner`` is the device's time per call, with the host's dispatch hidden behind the device work —
+   as long as the device work is the longer of the two. For calls of a few tens of µs, the host's dispatch rate
+   is the limit, and that is what the median then measures (as a real loop of such calls would see).
    ``inner`` grows until a sample lasts at least ``min_sample_ms`` (and is at least ``min_inner``), so neither
    timer noise nor the one launch-and-wait latency per sample (tens of µs) weighs on a millisecond kernel.
 4. **Many repeats, robust statistics.** ``repeats`` samples; we report the median and the 10th/90th percentiles.

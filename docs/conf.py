@@ -30,6 +30,7 @@ nb_execution_show_tb = True  # the traceback goes to the build log, never into a
 nb_execution_timeout = int(os.environ.get("ATTENTION_TUTORIAL_CELL_TIMEOUT", "900"))  # seconds per cell
 nb_output_stderr = "warn"  # anything on stderr (a warning, a log line) is a build warning, hence an error
 nb_merge_streams = True
+nb_render_markdown_format = "myst"  # Markdown outputs (the results tables) render with MyST, which has tables
 myst_enable_extensions = ["dollarmath", "colon_fence", "deflist"]
 myst_heading_anchors = 3
 

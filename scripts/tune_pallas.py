@@ -21,7 +21,7 @@ for H in (128, 64):
     q, k, v = make_qkv(B, T, N, H, dtype=jnp.bfloat16)
     for causal in (False, True):
         flops = attention_flops(B, T, T, N, H, causal=causal)
-        ref = time_fn(lambda q, k, v: dot_product_attention(q, k, v, implementation="cudnn", is_causal=causal), q, k, v,
+        ref = time_fn(lambda q, k, v, causal=causal: dot_product_attention(q, k, v, implementation="cudnn", is_causal=causal), q, k, v,
                       repeats=10, max_seconds=0.5)  # fmt: skip
         rows.append({"H": H, "causal": causal, "config": "cuDNN", "tflops": flops / ref.median_ms / 1e9})
         for bq, bk, warps, stages in CONFIGS:
@@ -30,7 +30,7 @@ for H in (128, 64):
             try:
                 t = time_fn(fn, q, k, v, repeats=10, max_seconds=0.5)
                 tf = flops / t.median_ms / 1e9
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:
                 tf = None
                 print(f"H={H} {bq}x{bk} w{warps} s{stages}: {type(err).__name__}: {str(err)[:120]}")
             rows.append({"H": H, "causal": causal, "config": f"{bq}x{bk} w{warps} s{stages}", "tflops": tf})

@@ -30,7 +30,9 @@ def _grad_reference(q, k, v, d_out, causal):
         return [np.asarray(g) for g in vjp(jnp.asarray(np.asarray(d_out), jnp.float64))]
 
 
-@pytest.mark.parametrize(("t", "s", "n", "k", "causal"), [(48, 48, 4, 2, True), (40, 56, 2, 2, False), (33, 17, 4, 1, True)])
+@pytest.mark.parametrize(
+    ("t", "s", "n", "k", "causal"), [(48, 48, 4, 2, True), (40, 56, 2, 2, False), (33, 17, 4, 1, True)]
+)
 def test_gradients_match_float64_autodiff(t, s, n, k, causal):
     q, kk, v = make_qkv(2, t, n, 16, seq_kv=s, kv_heads=k, seed=t)
     d_out = jax.random.normal(jax.random.key(1), q.shape)
@@ -43,7 +45,9 @@ def test_bf16_within_bf16_tolerance():
     q, k, v = make_qkv(1, 128, 4, 32, dtype=jnp.bfloat16)
     out = blockwise_attention(q, k, v, is_causal=True, block_q=32, block_k=32)
     assert out.dtype == jnp.bfloat16
-    np.testing.assert_allclose(np.asarray(out, np.float32), reference_attention(q, k, v, is_causal=True), atol=2e-2, rtol=2e-2)
+    np.testing.assert_allclose(
+        np.asarray(out, np.float32), reference_attention(q, k, v, is_causal=True), atol=2e-2, rtol=2e-2
+    )
 
 
 def test_rows_with_nothing_to_see_are_zero():

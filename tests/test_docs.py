@@ -23,11 +23,14 @@ def test_a_failing_cell_fails_the_build(tmp_path):
         "```{code-cell} ipython3\nraise RuntimeError('this cell fails on purpose')\n```\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "-b", "html", str(src), str(tmp_path / "out")],
+        [sys.executable, "-m", "sphinx", "-T", "-W", "-b", "html", str(src), str(tmp_path / "out")],
         capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert proc.returncode != 0
-    assert "this cell fails on purpose" in proc.stdout + proc.stderr
+    log = proc.stdout + proc.stderr
+    assert "ExecutionError" in log and "index.md" in log  # the build names the failing page
+    assert "this cell fails on purpose" in log  # and, with -T (as nox -s docs runs it), the cell's own error
+    assert not (tmp_path / "out" / "index.html").exists()
 
 
 def _pages():
@@ -50,6 +53,13 @@ def test_built_pages_hold_no_errors_or_tracebacks():
 
 def test_every_executed_page_shows_real_output():
     for page in _pages():
-        if page.name in ("index.html", "next_steps.html", "api.html", "genindex.html", "search.html", "py-modindex.html"):
+        if page.name in (
+            "index.html",
+            "next_steps.html",
+            "api.html",
+            "genindex.html",
+            "search.html",
+            "py-modindex.html",
+        ):
             continue
         assert "cell_output" in page.read_text(), f"{page.name} has no executed output"

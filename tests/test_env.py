@@ -6,7 +6,18 @@ from attention_tutorial.env import environment
 
 def test_environment_report_has_versions():
     env = environment()
-    for key in ("backend", "devices", "gpu", "driver", "jax", "jaxlib", "cudnn", "transformer_engine", "python", "created"):
+    for key in (
+        "backend",
+        "devices",
+        "gpu",
+        "driver",
+        "jax",
+        "jaxlib",
+        "cudnn",
+        "transformer_engine",
+        "python",
+        "created",
+    ):
         assert key in env
     assert env["jax"] == jax.__version__
     if jax.default_backend() != "gpu":

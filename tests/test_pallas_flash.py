@@ -13,7 +13,12 @@ from attention_tutorial.reference import reference_attention
 
 @pytest.mark.parametrize(
     ("t", "s", "n", "k", "causal", "bq", "bk"),
-    [(64, 64, 2, 2, False, 32, 16), (64, 64, 4, 1, True, 16, 16), (32, 96, 2, 1, True, 16, 32), (96, 32, 2, 2, True, 32, 16)],
+    [
+        (64, 64, 2, 2, False, 32, 16),
+        (64, 64, 4, 1, True, 16, 16),
+        (32, 96, 2, 1, True, 16, 32),
+        (96, 32, 2, 2, True, 32, 16),
+    ],
 )
 def test_interpreted_kernel_matches_reference(t, s, n, k, causal, bq, bk):
     q, kk, v = make_qkv(1, t, n, 16, seq_kv=s, kv_heads=k, seed=t + s)

@@ -2,12 +2,37 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from attention_tutorial.plotting import markdown_table, plot_records  # noqa: E402
+from attention_tutorial.plotting import markdown_table, plot_records
 
 RECS = [
-    {"impl": "xla", "seq_q": 64, "status": "ok", "tflops": 1.0, "median_ms": 2.0, "p10_ms": 1.5, "p90_ms": 2.5, "causal": False},
-    {"impl": "xla", "seq_q": 128, "status": "ok", "tflops": 2.0, "median_ms": 3.0, "p10_ms": 2.5, "p90_ms": 3.5, "causal": False},
-    {"impl": "cudnn", "seq_q": 64, "status": "unsupported", "reason": "needs a GPU | really", "tflops": None, "causal": False},
+    {
+        "impl": "xla",
+        "seq_q": 64,
+        "status": "ok",
+        "tflops": 1.0,
+        "median_ms": 2.0,
+        "p10_ms": 1.5,
+        "p90_ms": 2.5,
+        "causal": False,
+    },
+    {
+        "impl": "xla",
+        "seq_q": 128,
+        "status": "ok",
+        "tflops": 2.0,
+        "median_ms": 3.0,
+        "p10_ms": 2.5,
+        "p90_ms": 3.5,
+        "causal": False,
+    },
+    {
+        "impl": "cudnn",
+        "seq_q": 64,
+        "status": "unsupported",
+        "reason": "needs a GPU | really",
+        "tflops": None,
+        "causal": False,
+    },
 ]
 
 

@@ -70,7 +70,9 @@ def test_select_and_slug_and_describe():
     assert results.select(recs, pass_="fwd+bwd") == [recs[1]]
     assert results.select(recs, causal=(True, False)) == recs
     assert results.slug("NVIDIA H200") == "nvidia-h200"
-    assert "NVIDIA H200" in results.describe(GOOD["provenance"]) and "2026-12-02" in results.describe(GOOD["provenance"])
+    assert "NVIDIA H200" in results.describe(GOOD["provenance"]) and "2026-12-02" in results.describe(
+        GOOD["provenance"]
+    )
 
 
 def test_recorded_missing_is_none(tmp_path):

@@ -53,12 +53,16 @@ def _fake(name, exc):
 
 def test_oom_unsupported_and_errors_are_recorded_and_the_sweep_goes_on(monkeypatch):
     fakes = {
-        "fake_oom": _fake("fake_oom", RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 64.00GiB")),
+        "fake_oom": _fake(
+            "fake_oom", RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 64.00GiB")
+        ),
         "fake_unsupported": _fake("fake_unsupported", NotImplementedError("Q must be fp16/bf16, got float32")),
         "fake_error": _fake("fake_error", ZeroDivisionError("boom")),
     }
     monkeypatch.setattr(registry, "IMPLEMENTATIONS", {**registry.IMPLEMENTATIONS, **fakes})
-    pts = [Point(n, 1, 16, 16, 2, 2, 8, "float32") for n in ("fake_oom", "xla", "fake_unsupported", "fake_error", "cudnn")]
+    pts = [
+        Point(n, 1, 16, 16, 2, 2, 8, "float32") for n in ("fake_oom", "xla", "fake_unsupported", "fake_error", "cudnn")
+    ]
     recs = run_sweep(pts, repeats=3)
     assert [r["status"] for r in recs[:4]] == ["oom", "ok", "unsupported", "error"]
     assert "RESOURCE_EXHAUSTED" in recs[0]["reason"] and "boom" in recs[3]["reason"]
