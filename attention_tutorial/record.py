@@ -52,42 +52,30 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
     prov = provenance(env, ceilings, command)
     print(f"ceilings: {ceilings['matmul_bf16_tflops']:.0f} TFLOP/s bf16 matmul, "
           f"{ceilings['copy_gbps']:.0f} GB/s copy, {ceilings['read_gbps']:.0f} GB/s read", flush=True)  # fmt: skip
-    for name in grid_names:
+    peak = ceilings["matmul_bf16_tflops"]
+    steps = [(name, lambda name=name: run_sweep(points(name, gpu=True), peak_tflops=peak, progress=progress,
+                                                repeats=repeats, max_seconds=max_seconds)) for name in grid_names]  # fmt: skip
+    for extra in extras:
+        if extra != "fp8":
+            raise ValueError(f"unknown extra experiment {extra!r}")
+        steps.append((extra, lambda: _fp8_records(peak, repeats=repeats, max_seconds=max_seconds)))
+    for name, measure in steps:
         t0 = time.perf_counter()
-        recs = run_sweep(points(name, gpu=True), peak_tflops=ceilings["matmul_bf16_tflops"], progress=progress,
-                         repeats=repeats, max_seconds=max_seconds)  # fmt: skip
+        recs = measure()
+        seconds = round(time.perf_counter() - t0, 1)
         _tag(recs, name, ceilings)
-        prov["grids"] = {
-            name: {
-                "created": environment()["created"],
-                "seconds": round(time.perf_counter() - t0, 1),
-                "command": command,
-                "matmul_bf16_tflops": ceilings["matmul_bf16_tflops"],
-            }
-        }
+        prov["grids"] = {name: {"created": environment()["created"], "seconds": seconds, "command": command,
+                                "matmul_bf16_tflops": peak}}  # fmt: skip
         results.save(out, prov, recs)
         ok = sum(r["status"] == "ok" for r in recs)
-        print(f"{name}: {ok}/{len(recs)} ok in {time.perf_counter() - t0:.0f} s", flush=True)
-    for extra in extras:
-        t0 = time.perf_counter()
-        if extra == "fp8":
-            from .fp8 import fp8_records
-
-            recs = fp8_records(peak_tflops=ceilings["matmul_bf16_tflops"], repeats=repeats, max_seconds=max_seconds)
-        else:
-            raise ValueError(f"unknown extra experiment {extra!r}")
-        _tag(recs, extra, ceilings)
-        prov["grids"] = {
-            extra: {
-                "created": environment()["created"],
-                "seconds": round(time.perf_counter() - t0, 1),
-                "command": command,
-                "matmul_bf16_tflops": ceilings["matmul_bf16_tflops"],
-            }
-        }
-        results.save(out, prov, recs)
-        print(f"{extra}: {len(recs)} records in {time.perf_counter() - t0:.0f} s", flush=True)
+        print(f"{name}: {ok}/{len(recs)} ok in {seconds:.0f} s", flush=True)
     return out
+
+
+def _fp8_records(peak, **timing):
+    from .fp8 import fp8_records  # imports TE lazily, only when the FP8 experiments run
+
+    return fp8_records(peak_tflops=peak, **timing)
 
 
 def _tag(recs, grid_name, ceilings):

@@ -1,0 +1,49 @@
+"""The recorder's flow, on the CPU: a GPU is simulated only where record() checks for one; the measuring is real."""
+
+import pytest
+
+from attention_tutorial import record as rec_mod
+from attention_tutorial import results
+from attention_tutorial.grids import points
+
+FAKE_ENV = {"gpu": "NVIDIA H200", "driver": "580.0", "jax": "0.11.2", "jaxlib": "0.11.2", "cudnn": "9.19.0",
+            "transformer_engine": None, "python": "3.12.3", "created": "2026-12-02T00:00:00+00:00"}  # fmt: skip
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    monkeypatch.setattr(rec_mod.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(rec_mod, "environment", lambda: dict(FAKE_ENV))
+    monkeypatch.setattr(rec_mod, "measure_ceilings", lambda: {"matmul_bf16_tflops": 2.0, "copy_gbps": 10.0,
+                                                              "read_gbps": 20.0})  # fmt: skip
+    # the CPU size of each grid, the float32 points only, so the measuring itself runs here for real
+    monkeypatch.setattr(
+        rec_mod, "points", lambda name, gpu: [p for p in points(name, gpu=False) if p.dtype == "float32"][:2]
+    )
+    monkeypatch.setattr(rec_mod, "_fp8_records", lambda peak, **t: [
+        {"impl": "cudnn_fp8_s1", "batch": 1, "seq_q": 8, "seq_kv": 8, "heads": 1, "kv_heads": 1, "head_dim": 8,
+         "dtype": "float8_e4m3fn", "causal": False, "pass": "fwd", "status": "unsupported", "reason": "simulated",
+         "median_ms": None, "p10_ms": None, "p90_ms": None, "tflops": None}])  # fmt: skip
+
+
+def test_record_writes_a_valid_file_grid_by_grid_and_merges(fake_gpu, tmp_path):
+    out = tmp_path / "gpu.json"
+    rec_mod.record(["seq_short", "decode"], out=out, repeats=3, max_seconds=0.1, progress=False, extras=("fp8",),
+                   command="test")  # fmt: skip
+    data = results.load(out)
+    assert {r["grid"] for r in data["records"]} == {"seq_short", "decode", "fp8"}
+    assert set(data["provenance"]["grids"]) == {"seq_short", "decode", "fp8"}
+    ok = [r for r in data["records"] if r["status"] == "ok"]
+    assert ok and all(r["pct_peak"] == pytest.approx(100 * r["tflops"] / 2.0) for r in ok)
+    assert all(r["pct_read"] == pytest.approx(100 * r["gbps"] / 20.0) for r in ok)
+    # re-recording one grid replaces its records and keeps the others
+    rec_mod.record(["decode"], out=out, repeats=3, max_seconds=0.1, progress=False, extras=(), command="again")
+    data = results.load(out)
+    assert {r["grid"] for r in data["records"]} == {"seq_short", "decode", "fp8"}
+    assert data["provenance"]["grids"]["decode"]["command"] == "again"
+    assert data["provenance"]["grids"]["seq_short"]["command"] == "test"
+
+
+def test_unknown_extra(fake_gpu, tmp_path):
+    with pytest.raises(ValueError, match="unknown extra"):
+        rec_mod.record([], out=tmp_path / "x.json", extras=("int4",))
