@@ -48,15 +48,6 @@ def _lazy(module: str, attr: str):
     return call
 
 
-def _lazy_check(module: str, attr: str):
-    def check(shape, dtype, causal):
-        import importlib
-
-        return getattr(importlib.import_module(f"attention_tutorial.{module}"), attr)(shape, dtype, causal)
-
-    return check
-
-
 IMPLEMENTATIONS: dict[str, Implementation] = {
     impl.name: impl
     for impl in (
@@ -81,15 +72,15 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
             "pallas",
             "our Pallas kernel",
             _lazy("pallas_flash", "flash_attention"),
-            _lazy_check("pallas_flash", "why_not"),
+            _lazy("pallas_flash", "why_not"),
         ),
         Implementation(
             "jax_pallas",
             "JAX's Pallas (Triton) kernel",
             _lazy("pallas_flash", "jax_bundled_mha"),
-            _lazy_check("pallas_flash", "bundled_why_not"),
+            _lazy("pallas_flash", "bundled_why_not"),
         ),
-        Implementation("te", "TransformerEngine", _lazy("te", "te_attention"), _lazy_check("te", "why_not")),
+        Implementation("te", "TransformerEngine", _lazy("te", "te_attention"), _lazy("te", "why_not")),
     )
 }
 
