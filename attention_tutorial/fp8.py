@@ -24,6 +24,7 @@ from flax.core import meta
 from .compiled import compile_stats
 from .flops import attention_flops
 from .inputs import AttentionShape, make_qkv
+from .sweep import Point, empty_record, failure_fields
 from .timing import time_fn
 
 E4M3_MAX = 448.0
@@ -57,49 +58,29 @@ def cudnn_fp8_attention(q, k, v, *, is_causal=False, scale_s: float = 1.0):
     return (out8.astype(jnp.float32) / scales[2]).astype(jnp.bfloat16)  # O was stored as O · scale_o
 
 
-def _record(impl, shape: AttentionShape, causal, t, *, flops, peak, **extra):
+def _point(impl, shape: AttentionShape, causal, dtype) -> Point:
+    return Point(impl, *shape, dtype=dtype, causal=causal)
+
+
+def _record(impl, shape: AttentionShape, causal, dtype, t, *, flops, peak, **extra):
     tflops = flops / (t.median_ms * 1e-3) / 1e12
     return {
-        "impl": impl, "batch": shape.batch, "seq_q": shape.seq_q, "seq_kv": shape.seq_kv, "heads": shape.heads,
-        "kv_heads": shape.kv_heads, "head_dim": shape.head_dim, "causal": causal, "pass": "fwd", "status": "ok",
-        "median_ms": t.median_ms, "p10_ms": t.p10_ms, "p90_ms": t.p90_ms, "compile_s": t.compile_s,
-        "tflops": tflops, "pct_peak": 100 * tflops / peak if peak else None, **extra,
+        **empty_record(_point(impl, shape, causal, dtype)), "status": "ok", "median_ms": t.median_ms,
+        "p10_ms": t.p10_ms, "p90_ms": t.p90_ms, "compile_s": t.compile_s, "tflops": tflops,
+        "pct_peak": 100 * tflops / peak if peak else None, **extra,
     }  # fmt: skip
 
 
 def _failed(impl, shape, causal, dtype, status, reason) -> list[dict]:
-    return [
-        {
-            "impl": impl,
-            "batch": shape.batch,
-            "seq_q": shape.seq_q,
-            "seq_kv": shape.seq_kv,
-            "heads": shape.heads,
-            "kv_heads": shape.kv_heads,
-            "head_dim": shape.head_dim,
-            "dtype": dtype,
-            "causal": causal,
-            "pass": "fwd",
-            "status": status,
-            "reason": reason,
-            "median_ms": None,
-            "p10_ms": None,
-            "p90_ms": None,
-            "tflops": None,
-        }
-    ]
+    return [{**empty_record(_point(impl, shape, causal, dtype)), "status": status, "reason": reason}]
 
 
 def _guarded(impl, shape, causal, dtype, fn) -> list[dict]:
-    """Run ``fn`` (returning records); any failure becomes one error/unsupported record instead of a crash."""
+    """Run ``fn`` (returning records); a failure becomes one oom/unsupported/error record, as in a sweep."""
     try:
         return fn()
     except Exception as err:
-        text = f"{type(err).__name__}: {err}".splitlines()[0][:300]
-        status = "oom" if "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower() else "error"
-        if isinstance(err, (NotImplementedError, ImportError)):
-            status = "unsupported"
-        return _failed(impl, shape, causal, dtype, status, text)
+        return [{**empty_record(_point(impl, shape, causal, dtype)), **failure_fields(err)}]
 
 
 def cudnn_fp8_records(peak=None, **timing) -> list[dict]:
@@ -128,7 +109,7 @@ def cudnn_fp8_records(peak=None, **timing) -> list[dict]:
                     t = time_fn(fn, q, k, v, **timing)
                     err = rel_error(jax.jit(fn)(q, k, v), ref) if ref is not None else None
                     kern = compile_stats(fn, q, k, v).attention_kernel
-                    out.append(_record(impl, shape, causal, t, flops=flops, peak=peak, dtype=dtype,
+                    out.append(_record(impl, shape, causal, dtype, t, flops=flops, peak=peak,
                                        rel_error=err, kernel=kern, experiment="cudnn_fp8", **extra))  # fmt: skip
                 return out
 
@@ -154,7 +135,7 @@ def te_records(peak=None, **timing) -> list[dict]:
         plain = base(q, k, v)
         out = []
         t = time_fn(base, q, k, v, **timing)
-        out.append(_record("te", shape, True, t, flops=flops, peak=peak, dtype="bfloat16", experiment="te_autocast",
+        out.append(_record("te", shape, True, "bfloat16", t, flops=flops, peak=peak, experiment="te_autocast",
                            fp8_types_in_hlo=list(te.hlo_fp8_types(base, q, k, v)),
                            kernel=compile_stats(base, q, k, v).attention_kernel))  # fmt: skip
         with te_jax.autocast(enabled=True, recipe=te.delayed_scaling_recipe()):
@@ -164,7 +145,7 @@ def te_records(peak=None, **timing) -> list[dict]:
             types = list(te.hlo_fp8_types(fn, q, k, v))
             kern = compile_stats(fn, q, k, v).attention_kernel
         diff = float(jnp.max(jnp.abs(under.astype(jnp.float32) - plain.astype(jnp.float32))))
-        out.append(_record("te_autocast", shape, True, t, flops=flops, peak=peak, dtype="bfloat16",
+        out.append(_record("te_autocast", shape, True, "bfloat16", t, flops=flops, peak=peak,
                            experiment="te_autocast", fp8_types_in_hlo=types, max_abs_diff_vs_bf16=diff,
                            kernel=kern))  # fmt: skip
         return out
@@ -188,7 +169,7 @@ def te_records(peak=None, **timing) -> list[dict]:
                 types = list(te.hlo_fp8_types(fn, variables, x))
             w = meta.unbox(variables["params"]["kernel"]).astype(jnp.float32)  # TE boxes params with sharding axes
             ref = jnp.einsum("btk,kn->btn", x.astype(jnp.float32), w, precision="highest")
-            out.append(_record(impl, gemm, False, t, flops=flops, peak=peak, dtype="float8" if enabled else "bfloat16",
+            out.append(_record(impl, gemm, False, "float8" if enabled else "bfloat16", t, flops=flops, peak=peak,
                                experiment="te_dense", gemm_mkn=[m_b * m_t, k_in, n_out], fp8_types_in_hlo=types,
                                rel_error=rel_error(y, ref)))  # fmt: skip
             del ref, y

@@ -85,7 +85,7 @@ def grid(
 
 def run_point(point: Point, *, peak_tflops: float | None = None, seed: int = 0, **timing) -> dict:
     """Measure one point; never raises for OOM, unsupported or failing points: they become records."""
-    rec = {**point.as_record(), "median_ms": None, "p10_ms": None, "p90_ms": None, "tflops": None}
+    rec = empty_record(point)
     impl = registry.get(point.impl)
     reason = impl.why_not(point.shape, jnp.dtype(point.dtype), point.causal)
     if not reason and point.mask not in impl.masks:
@@ -108,7 +108,7 @@ def run_point(point: Point, *, peak_tflops: float | None = None, seed: int = 0, 
                     "temp_bytes": stats.temp_bytes}  # fmt: skip
         t = time_fn(fn, *args, compiled=stats.compiled, **timing)
     except Exception as err:
-        return {**rec, **_failure(err)}
+        return {**rec, **failure_fields(err)}
     finally:
         args = q = k = v = None  # free device memory before the next point
     flops = attention_flops(point.batch, point.seq_q, point.seq_kv, point.heads, point.head_dim,
@@ -174,12 +174,18 @@ def _exceeds_memory(temp_bytes, args) -> bool:
     return temp_bytes + sum(a.nbytes for a in args) > limit
 
 
-def _failure(err: Exception) -> dict:
+def empty_record(point: Point) -> dict:
+    """A point's record before measuring: its fields, and null timings (what a failed point keeps)."""
+    return {**point.as_record(), "median_ms": None, "p10_ms": None, "p90_ms": None, "tflops": None}
+
+
+def failure_fields(err: Exception) -> dict:
+    """``status`` (oom / unsupported / error) and ``reason`` for an exception raised while measuring."""
     text = f"{type(err).__name__}: {err}"
     first = text.strip().splitlines()[0][:300]
     low = text.lower()
     if "resource_exhausted" in low or "out of memory" in low or isinstance(err, MemoryError):
         return {"status": "oom", "reason": first}
-    if isinstance(err, NotImplementedError):
+    if isinstance(err, (NotImplementedError, ImportError)):
         return {"status": "unsupported", "reason": first}
     return {"status": "error", "reason": first}
