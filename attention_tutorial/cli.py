@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("record", help="on a GPU: run the pages' grids and write docs/results/<gpu>.json")
     r.add_argument("--grids", nargs="*", default=list(GRID_NAMES), choices=GRID_NAMES)
-    r.add_argument("--extras", nargs="*", default=["fp8"], choices=["fp8"])
+    r.add_argument("--extras", nargs="*", default=["fp8", "kernel_code"], choices=["fp8", "kernel_code"])
     r.add_argument("--out", help="result file (default: docs/results/<gpu>.json)")
     r.add_argument("--repeats", type=int, default=20)
     r.add_argument("--max-seconds", type=float, default=1.0, help="cap on timed seconds per point")

@@ -65,12 +65,22 @@ def _grids(gpu: bool) -> dict[str, list[Point]]:
                 kv_heads=(32, 8, 1),
                 head_dim=(128,),
             ),
+            # bf16 for every kernel; float16 too for the Mosaic GPU kernels (JAX's takes float16 only) and cuDNN
             "flash": grid(
-                ("blockwise", "pallas", "jax_pallas", "cudnn"),
+                ("blockwise", "pallas", "jax_pallas", "mosaic", "cudnn"),
                 seq_q=(1 * KIB, 4 * KIB, 16 * KIB, 32 * KIB),
                 tokens=32 * KIB,
                 heads=(16,),
                 head_dim=(64, 128),
+                causal=(False, True),
+            )
+            + grid(
+                ("mosaic", "jax_mosaic", "cudnn"),
+                seq_q=(1 * KIB, 4 * KIB, 16 * KIB, 32 * KIB),
+                tokens=32 * KIB,
+                heads=(16,),
+                head_dim=(128,),
+                dtype=("float16",),
                 causal=(False, True),
             ),
             "masks": grid(

@@ -77,7 +77,7 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, *, causal, block_q, block_k, seq_kv, sca
     o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
 
 
-# Tuned on the H200 (scripts/tune_pallas.py, eight configurations, B=8, T=4096, N=16): (block_q, block_k, warps)
+# Tuned on the H200 (scripts/tune.py pallas, eight configurations, B=8, T=4096, N=16): (block_q, block_k, warps)
 TUNED = {64: (128, 64, 4), 128: (128, 128, 8)}
 
 

@@ -38,8 +38,9 @@ def provenance(env: dict, ceilings: dict, command: str) -> dict:
 
 
 def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: float = 1.0, progress=True,
-           extras=("fp8",), command: str | None = None) -> Path:  # fmt: skip
-    """Measure ``grid_names`` (and the ``extras`` experiments) on this GPU and write the result file."""
+           extras=("fp8", "kernel_code"), command: str | None = None) -> Path:  # fmt: skip
+    """Measure ``grid_names`` (and the ``extras`` experiments: "fp8", "kernel_code") on this GPU and write the
+    result file."""
     if jax.default_backend() != "gpu":
         raise RuntimeError(
             "record measures the reference results on a GPU; this machine runs JAX on "
@@ -56,9 +57,10 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
     steps = [(name, lambda name=name: run_sweep(points(name, gpu=True), peak_tflops=peak, progress=progress,
                                                 repeats=repeats, max_seconds=max_seconds)) for name in grid_names]  # fmt: skip
     for extra in extras:
-        if extra != "fp8":
-            raise ValueError(f"unknown extra experiment {extra!r}")
-        steps.append((extra, lambda: _fp8_records(peak, repeats=repeats, max_seconds=max_seconds)))
+        if extra not in ("fp8", "kernel_code"):
+            raise ValueError(f"unknown extra experiment {extra!r}; choose from fp8, kernel_code")
+    if "fp8" in extras:
+        steps.append(("fp8", lambda: _fp8_records(peak, repeats=repeats, max_seconds=max_seconds)))
     for name, measure in steps:
         t0 = time.perf_counter()
         recs = measure()
@@ -69,6 +71,11 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
         results.save(out, prov, recs)
         ok = sum(r["status"] == "ok" for r in recs)
         print(f"{name}: {ok}/{len(recs)} ok in {seconds:.0f} s", flush=True)
+    if "kernel_code" in extras:  # instruction counts of the Pallas kernels, kept in the provenance
+        prov["kernel_code"] = _kernel_code_records()
+        results.save(out, prov, [])
+        statuses = ", ".join(f"{name}: {rec['status']}" for name, rec in prov["kernel_code"].items())
+        print(f"kernel_code: {statuses}", flush=True)
     return out
 
 
@@ -76,6 +83,12 @@ def _fp8_records(peak, **timing):
     from .fp8 import fp8_records  # imports TE lazily, only when the FP8 experiments run
 
     return fp8_records(peak_tflops=peak, **timing)
+
+
+def _kernel_code_records():
+    from .kernel_code import kernel_code_records  # compiles each kernel in a fresh process with dumps on
+
+    return kernel_code_records()
 
 
 def _tag(recs, grid_name, ceilings):

@@ -80,6 +80,18 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
             _lazy("pallas_flash", "jax_bundled_mha"),
             _lazy("pallas_flash", "bundled_why_not"),
         ),
+        Implementation(
+            "mosaic",
+            "our Mosaic GPU kernel",
+            _lazy("mosaic_flash", "mosaic_flash_attention"),
+            _lazy("mosaic_flash", "why_not"),
+        ),
+        Implementation(
+            "jax_mosaic",
+            "JAX's Mosaic GPU kernel",
+            _lazy("mosaic_flash", "jax_bundled_mosaic"),
+            _lazy("mosaic_flash", "bundled_why_not"),
+        ),
         Implementation("te", "TransformerEngine", _lazy("te", "te_attention"), _lazy("te", "why_not")),
     )
 }

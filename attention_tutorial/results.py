@@ -2,8 +2,8 @@
 
 A result file is JSON with two keys. ``provenance``: gpu, driver, jax, jaxlib, cudnn, transformer_engine,
 python, created, command, and the ceilings matmul_bf16_tflops and copy_gbps measured in the same run (plus
-per-grid details under ``grids``). ``records``: one dict per measured point (see :mod:`attention_tutorial.sweep`),
-each tagged with its ``grid``. Files are written only by the recorder on a GPU, never by hand.
+per-grid details under ``grids`` and instruction counts of the Pallas kernels under ``kernel_code``).
+``records``: one dict per measured point (see :mod:`attention_tutorial.sweep`), each tagged with its ``grid``. Files are written only by the recorder on a GPU, never by hand.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ RECORD_FIELDS = {
     "dtype": str, "causal": bool, "pass": str, "status": str, "median_ms": (int, float, type(None)),
     "p10_ms": (int, float, type(None)), "p90_ms": (int, float, type(None)), "tflops": (int, float, type(None)),
 }  # fmt: skip
+# Provenance entries a later partial run adds to instead of replacing: per-grid details, kernel instruction counts.
+MERGED_PROVENANCE = ("grids", "kernel_code")
 RESULTS_DIR = Path(
     os.environ.get("ATTENTION_TUTORIAL_RESULTS", Path(__file__).resolve().parents[1] / "docs" / "results")
 )
@@ -73,8 +75,8 @@ def save(path, provenance: dict, records: list[dict], *, replace_grids=True) -> 
     if replace_grids and path.exists():
         old = json.loads(path.read_text())
         keep = [r for r in old["records"] if r.get("grid") not in new_grids]
-        grids = {**old["provenance"].get("grids", {}), **provenance.get("grids", {})}
-        records, provenance = keep + records, {**provenance, "grids": grids}
+        merged = {key: {**old["provenance"].get(key, {}), **provenance.get(key, {})} for key in MERGED_PROVENANCE}
+        records, provenance = keep + records, {**provenance, **{k: v for k, v in merged.items() if v}}
     data = {"provenance": provenance, "records": records}
     problems = validate(data)
     if problems:

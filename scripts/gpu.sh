@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What the project runs on the lent GPU machine (no network; see scripts/te-device.md and README).
 #   bash scripts/gpu.sh tests            GPU-marked tests (and TE ones, when TE is installed)
-#   bash scripts/gpu.sh tune             our Pallas kernel's block sizes against cuDNN
-#   bash scripts/gpu.sh record GRID...   the recorder for these grids (+ "fp8"), merging into /tmp/results
+#   bash scripts/gpu.sh tune KERNEL      tile sizes of our pallas or mosaic kernel against cuDNN
+#   bash scripts/gpu.sh record GRID...   the recorder for these grids (+ extras "fp8", "kernel_code"), merging
+#                                        into /tmp/results
 #   bash scripts/gpu.sh docs             the whole site, built live on the GPU from carried wheels (.whl)
 # Results accumulate in /tmp/results while the machine stays up, and are copied to $OUT after each step.
 set -uo pipefail
@@ -16,13 +17,13 @@ case "$step" in
   tests)
     python3 -m pytest -q -m "gpu or te" -p no:cacheprovider tests 2>&1 | tail -25 ;;
   tune)
-    python3 scripts/tune_pallas.py "$OUT/pallas_tuning.json" 2>&1 | tail -40 ;;
+    python3 scripts/tune.py "$1" "$OUT/$1_tuning.json" 2>&1 | tail -40 ;;
   record)
     extras=(); grids=()
-    for g in "$@"; do if [ "$g" = fp8 ]; then extras+=(fp8); else grids+=("$g"); fi; done
+    for g in "$@"; do case "$g" in fp8|kernel_code) extras+=("$g") ;; *) grids+=("$g") ;; esac; done
     args=(--grids "${grids[@]}")
     if [ ${#extras[@]} -gt 0 ]; then args+=(--extras "${extras[@]}"); else args+=(--extras); fi
-    [ ${#grids[@]} -eq 0 ] && args=(--grids --extras fp8)
+    [ ${#grids[@]} -eq 0 ] && args=(--grids --extras "${extras[@]}")
     python3 -m attention_tutorial record "${args[@]}" 2>&1 | grep -v "it/s\]\|s/pt\]" | tail -30
     cp "$RES" /tmp/results/ && cp "$RES" "$OUT/" ;;
   docs)

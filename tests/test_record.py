@@ -24,11 +24,12 @@ def fake_gpu(monkeypatch):
         {"impl": "cudnn_fp8_s1", "batch": 1, "seq_q": 8, "seq_kv": 8, "heads": 1, "kv_heads": 1, "head_dim": 8,
          "dtype": "float8_e4m3fn", "causal": False, "pass": "fwd", "status": "unsupported", "reason": "simulated",
          "median_ms": None, "p10_ms": None, "p90_ms": None, "tflops": None}])  # fmt: skip
+    monkeypatch.setattr(rec_mod, "_kernel_code_records", lambda: {"mosaic bfloat16": {"status": "ok", "run": 1}})
 
 
 def test_record_writes_a_valid_file_grid_by_grid_and_merges(fake_gpu, tmp_path):
     out = tmp_path / "gpu.json"
-    rec_mod.record(["seq_short", "decode"], out=out, repeats=3, max_seconds=0.1, progress=False, extras=("fp8",),
+    rec_mod.record(["seq_short", "decode"], out=out, repeats=3, max_seconds=0.1, progress=False, extras=("fp8", "kernel_code"),
                    command="test")  # fmt: skip
     data = results.load(out)
     assert {r["grid"] for r in data["records"]} == {"seq_short", "decode", "fp8"}
@@ -42,6 +43,7 @@ def test_record_writes_a_valid_file_grid_by_grid_and_merges(fake_gpu, tmp_path):
     assert {r["grid"] for r in data["records"]} == {"seq_short", "decode", "fp8"}
     assert data["provenance"]["grids"]["decode"]["command"] == "again"
     assert data["provenance"]["grids"]["seq_short"]["command"] == "test"
+    assert data["provenance"]["kernel_code"] == {"mosaic bfloat16": {"status": "ok", "run": 1}}  # kept, not dropped
 
 
 def test_unknown_extra(fake_gpu, tmp_path):

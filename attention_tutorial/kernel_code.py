@@ -1,0 +1,114 @@
+"""What the compiled kernels are made of: counts of the GPU instructions that decide attention's speed.
+
+A kernel's speed on Hopper depends first on *which* instructions it was compiled to: warpgroup matmuls
+(``wgmma`` in PTX, ``HGMMA`` in SASS) or the older per-warp ``mma.sync`` (``HMMA``); tiles copied by the Tensor
+Memory Accelerator (``cp.async.bulk.tensor``, ``UTMALDG``) or by per-thread asynchronous copies
+(``cp.async``, ``LDGSTS``). ``kernel_code(impl, ...)`` compiles and runs one registry implementation in a fresh
+process with XLA's and Mosaic GPU's dump switches on, and counts those instructions in the PTX/SASS that comes
+out (static counts: instructions in the code, not executions). Run on a GPU by the recorder; the counting is
+plain text processing, tested on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# Instruction families, as (PTX pattern, SASS pattern).
+FAMILIES = {
+    "wgmma (warpgroup matmul)": (r"\bwgmma\.mma_async", r"\bHGMMA\b"),
+    "mma.sync (per-warp matmul)": (r"\bmma\.sync", r"\bHMMA\b"),
+    "TMA copy (cp.async.bulk.tensor)": (r"\bcp\.async\.bulk\.tensor", r"\bUTMALDG\b"),
+    "cp.async (per-thread async copy)": (r"\bcp\.async\.c[ag]\b", r"\bLDGSTS\b"),
+    "ldmatrix (shared -> registers)": (r"\bldmatrix\b", r"\bLDSM\b"),
+    "ex2 (exp2 on the special-function unit)": (r"\bex2\.approx", r"\bMUFU\.EX2\b"),
+    "mbarrier (async barriers)": (r"\bmbarrier\.", r"\bSYNCS\b"),
+    "setmaxnreg (per-warpgroup registers)": (r"\bsetmaxnreg\b", r"\bUSETMAXREG\b"),
+}
+_REGISTERS = re.compile(r"Used (\d+) registers")
+
+
+def kind_of(text: str) -> str | None:
+    """'ptx', 'sass' or None for a dumped file's text."""
+    if re.search(r"^\s*\.target\s+sm_", text, re.M):
+        return "ptx"
+    if re.search(r"/\*[0-9a-f]{4}\*/\s+[A-Z@]", text):
+        return "sass"
+    return None
+
+
+def count_instructions(text: str, kind: str) -> dict[str, int]:
+    """How many instructions of each family ``FAMILIES`` names appear in PTX or SASS ``text``."""
+    column = {"ptx": 0, "sass": 1}[kind]
+    return {name: len(re.findall(patterns[column], text)) for name, patterns in FAMILIES.items()}
+
+
+def summarise_dump(folder: Path) -> dict:
+    """Instruction counts over every PTX and SASS file under ``folder``, plus registers ptxas reported."""
+    totals: dict[str, dict[str, int]] = {}
+    registers: set[int] = set()
+    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+        text = path.read_text(errors="replace")
+        registers.update(int(n) for n in _REGISTERS.findall(text))
+        kind = kind_of(text)
+        if kind is None:
+            continue
+        counts = count_instructions(text, kind)
+        into = totals.setdefault(kind, dict.fromkeys(FAMILIES, 0))
+        for name, n in counts.items():
+            into[name] += n
+    return {"counts": totals, "registers": sorted(registers)}
+
+
+def _child(spec: dict, folder: str) -> None:
+    """In a fresh process: switch the dumps on, compile and run one implementation once."""
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={folder}/xla".strip()
+    os.environ.update({"MOSAIC_GPU_DUMP_TO": f"{folder}/mosaic", "MOSAIC_GPU_DUMP_PTX": "1",
+                       "MOSAIC_GPU_DUMP_SASS": "1", "MOSAIC_GPU_DUMP_PTXAS": "1"})  # fmt: skip
+    import functools
+
+    import jax
+
+    from .inputs import make_qkv
+    from .registry import get
+
+    q, k, v = make_qkv(spec["batch"], spec["seq_q"], spec["heads"], spec["head_dim"], dtype=spec["dtype"])
+    fn = jax.jit(functools.partial(get(spec["impl"]).fn, is_causal=spec["causal"]))
+    jax.block_until_ready(fn(q, k, v))
+
+
+def kernel_code(impl: str, *, batch=4, seq_q=4096, heads=16, head_dim=128, dtype="bfloat16", causal=False) -> dict:
+    """Compile ``impl`` in a fresh process with the code dumps on; its instruction counts as one record."""
+    spec = {"impl": impl, "batch": batch, "seq_q": seq_q, "heads": heads, "head_dim": head_dim, "dtype": dtype,
+            "causal": causal}  # fmt: skip
+    with tempfile.TemporaryDirectory() as folder:
+        run = subprocess.run(
+            [sys.executable, "-m", "attention_tutorial.kernel_code", json.dumps(spec), folder],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        summary = summarise_dump(Path(folder))
+        if run.returncode:
+            return {**spec, "status": "error", "reason": (run.stderr.strip().splitlines() or ["?"])[-1], **summary}
+        # ptxas's register report goes to the Mosaic GPU dump or to stderr, depending on the version
+        summary["registers"] = sorted({*summary["registers"], *map(int, _REGISTERS.findall(run.stderr))})
+    return {**spec, "status": "ok", **summary}
+
+
+# The kernels the recorder inspects: our two and JAX's two, at one shape of the FlashAttention race.
+INSPECTED = (("pallas", "bfloat16"), ("jax_pallas", "bfloat16"), ("mosaic", "bfloat16"), ("jax_mosaic", "float16"))
+
+
+def kernel_code_records() -> dict[str, dict]:
+    """``kernel_code`` for each of ``INSPECTED``, keyed 'impl dtype' (the recorder stores them in provenance)."""
+    return {f"{impl} {dtype}": kernel_code(impl, dtype=dtype) for impl, dtype in INSPECTED}
+
+
+if __name__ == "__main__":
+    _child(json.loads(sys.argv[1]), sys.argv[2])

@@ -1,0 +1,57 @@
+"""Try tile sizes and pipelining for one of our kernels against cuDNN on the GPU; print and save a table.
+
+python scripts/tune.py pallas OUT.json   block_q, block_k, warps, stages of the Triton-lowered kernel
+python scripts/tune.py mosaic OUT.json   block_kv and stages of the Mosaic GPU kernel
+(GPU only; a minute or two each). B=8, T=4096, N=16, bf16; H = 128 and 64, causal and not.
+"""
+
+import functools
+import json
+import sys
+
+import jax.numpy as jnp
+
+from attention_tutorial import dot_product_attention, make_qkv, time_fn
+from attention_tutorial.flops import attention_flops
+from attention_tutorial.mosaic_flash import MosaicConfig, mosaic_flash_attention
+from attention_tutorial.pallas_flash import flash_attention
+
+PALLAS = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 4), (64, 128, 4, 2),
+          (128, 128, 8, 3), (128, 64, 8, 4)]  # fmt: skip
+MOSAIC = [(128, 2), (128, 3), (64, 2), (64, 4)]  # (block_kv, stages); block_q is wgmma's 64
+
+
+def candidates(kernel, causal):
+    """(label, function) for each configuration of ``kernel``."""
+    if kernel == "pallas":
+        for bq, bk, warps, stages in PALLAS:
+            yield f"{bq}x{bk} w{warps} s{stages}", functools.partial(
+                flash_attention, is_causal=causal, block_q=bq, block_k=bk, num_warps=warps, num_stages=stages
+            )
+    else:
+        for bkv, stages in MOSAIC:
+            cfg = MosaicConfig(block_kv=bkv, stages=stages)
+            yield f"64x{bkv} stages {stages}", functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg)
+
+
+def main(kernel, out):
+    rows = []
+    for H in (128, 64):
+        B, T, N = 8, 4096, 16
+        q, k, v = make_qkv(B, T, N, H, dtype=jnp.bfloat16)
+        for causal in (False, True):
+            flops = attention_flops(B, T, T, N, H, causal=causal)
+            cudnn = functools.partial(dot_product_attention, implementation="cudnn", is_causal=causal)
+            for label, fn in [("cuDNN", cudnn), *candidates(kernel, causal)]:
+                try:
+                    tf = flops / time_fn(fn, q, k, v, repeats=10, max_seconds=0.5).median_ms / 1e9
+                except Exception as err:  # a configuration that does not compile or fit is reported, not fatal
+                    tf = None
+                    print(f"H={H} {label}: {type(err).__name__}: {str(err)[:160]}")
+                rows.append({"kernel": kernel, "H": H, "causal": causal, "config": label, "tflops": tf})
+                print(f"H={H:3d} causal={causal!s:5} {label:18s} {tf and round(tf)}", flush=True)
+    json.dump(rows, open(out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

@@ -1,0 +1,67 @@
+"""Counting instruction families in PTX and SASS text (the GPU dump itself runs in the recorder)."""
+
+import pytest
+
+from attention_tutorial.kernel_code import FAMILIES, count_instructions, kind_of, summarise_dump
+
+PTX = """
+.version 8.7
+.target sm_90a
+.address_size 64
+    wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%f1}, %rd1, %rd2, 1, 1, 1, 0, 1;
+    wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%f2}, %rd1, %rd2, 1, 1, 1, 0, 1;
+    cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%r1], [%rd3, {%r2, %r3}], [%r4];
+    mbarrier.try_wait.parity.shared::cta.b64 %p1, [%r4], %r5;
+    ex2.approx.ftz.f32 %f3, %f4;
+    setmaxnreg.inc.sync.aligned.u32 232;
+"""
+SASS = """
+        Function : our_flash_forward
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*0020*/                   HMMA.16816.F32.BF16 R4, R8, R14, R4 ;
+        /*0030*/                   LDGSTS.E.BYPASS.128 [R2], desc[UR4][R6.64] ;
+        /*0040*/                   LDSM.16.M88.4 R8, [R3] ;
+        /*0050*/                   MUFU.EX2 R5, R5 ;
+"""
+
+
+def test_kinds_are_told_apart():
+    assert kind_of(PTX) == "ptx"
+    assert kind_of(SASS) == "sass"
+    assert kind_of("ptxas info    : Used 168 registers") is None
+
+
+def test_ptx_counts():
+    counts = count_instructions(PTX, "ptx")
+    assert counts["wgmma (warpgroup matmul)"] == 2
+    assert counts["mma.sync (per-warp matmul)"] == 0
+    assert counts["TMA copy (cp.async.bulk.tensor)"] == 1
+    assert counts["cp.async (per-thread async copy)"] == 0  # the bulk tensor copy is not a per-thread one
+    assert counts["mbarrier (async barriers)"] == 1
+    assert counts["ex2 (exp2 on the special-function unit)"] == 1
+    assert counts["setmaxnreg (per-warpgroup registers)"] == 1
+
+
+def test_sass_counts():
+    counts = count_instructions(SASS, "sass")
+    assert counts["mma.sync (per-warp matmul)"] == 2
+    assert counts["wgmma (warpgroup matmul)"] == 0
+    assert counts["cp.async (per-thread async copy)"] == 1
+    assert counts["ldmatrix (shared -> registers)"] == 1
+    assert counts["ex2 (exp2 on the special-function unit)"] == 1
+    with pytest.raises(KeyError):
+        count_instructions(SASS, "cubin")
+
+
+def test_summarise_dump_adds_files_and_reads_registers(tmp_path):
+    (tmp_path / "xla").mkdir()
+    (tmp_path / "xla" / "a.ptx").write_text(PTX)
+    (tmp_path / "b.ptx").write_text(PTX)
+    (tmp_path / "k.sass").write_text(SASS)
+    (tmp_path / "ptxas.log").write_text("ptxas info    : Used 168 registers, 0 bytes smem\nUsed 40 registers")
+    summary = summarise_dump(tmp_path)
+    assert summary["counts"]["ptx"]["wgmma (warpgroup matmul)"] == 4
+    assert summary["counts"]["sass"]["mma.sync (per-warp matmul)"] == 2
+    assert set(summary["counts"]["ptx"]) == set(FAMILIES)
+    assert summary["registers"] == [40, 168]
