@@ -4,8 +4,10 @@ A kernel's speed on Hopper depends first on *which* instructions it was compiled
 (``wgmma`` in PTX, ``HGMMA`` in SASS) or the older per-warp ``mma.sync`` (``HMMA``); tiles copied by the Tensor
 Memory Accelerator (``cp.async.bulk.tensor``, ``UTMALDG``) or by per-thread asynchronous copies
 (``cp.async``, ``LDGSTS``). ``kernel_code(impl, ...)`` compiles and runs one registry implementation in a fresh
-process with XLA's and Mosaic GPU's dump switches on, and counts those instructions in the PTX/SASS that comes
-out (static counts: instructions in the code, not executions). Run on a GPU by the recorder; the counting is
+process and counts those instructions in its machine code (static counts: instructions in the code, not
+executions): for Mosaic GPU kernels from the PTX/SASS that Mosaic GPU's dump switches write; for everything XLA
+compiles itself — Triton-lowered Pallas kernels included — from the cubins inside the serialised executable,
+disassembled with ``cuobjdump``. Run on a GPU by the recorder; the counting is
 plain text processing, tested on the CPU.
 """
 
@@ -65,21 +67,64 @@ def summarise_dump(folder: Path) -> dict:
     return {"counts": totals, "registers": sorted(registers)}
 
 
+def elf_images(blob: bytes) -> list[bytes]:
+    """The ELF objects (cubins) inside a byte string, each cut to the length its header gives."""
+    images, start = [], blob.find(b"\x7fELF")
+    while start >= 0:
+        header = blob[start : start + 64]
+        if len(header) == 64 and header[4] == 2:  # 64-bit ELF: section headers end the file
+            shoff = int.from_bytes(header[0x28:0x30], "little")
+            end = shoff + int.from_bytes(header[0x3A:0x3C], "little") * int.from_bytes(header[0x3C:0x3E], "little")
+            if 64 <= end <= len(blob) - start:
+                images.append(blob[start : start + end])
+                start = blob.find(b"\x7fELF", start + end)
+                continue
+        start = blob.find(b"\x7fELF", start + 4)
+    return images
+
+
+def _cuda_tool(name: str) -> str | None:
+    """Where the CUDA binary tool ``name`` (nvdisasm, cuobjdump) is: PATH, the CUDA toolkit, or Triton's copy."""
+    import glob
+    import shutil
+
+    found = shutil.which(name)
+    if found:
+        return found
+    patterns = ["/usr/local/cuda*/bin/", f"{sys.prefix}/lib/python3*/site-packages/triton/backends/nvidia/bin/",
+                f"{sys.prefix}/lib/python3*/site-packages/nvidia/cu*/bin/"]  # fmt: skip
+    hits = [h for p in patterns for h in sorted(glob.glob(p + name))]
+    return hits[0] if hits else None
+
+
 def _child(spec: dict, folder: str) -> None:
-    """In a fresh process: switch the dumps on, compile and run one implementation once."""
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={folder}/xla".strip()
+    """In a fresh process: switch Mosaic GPU's dumps on, compile and run one implementation, and write the SASS
+    of every cubin in XLA's compiled executable (where Triton-lowered kernels end up) to ``folder``."""
+    nvdisasm = _cuda_tool("nvdisasm")
+    if nvdisasm:  # Mosaic GPU calls nvdisasm for its SASS dump
+        os.environ["PATH"] = f"{os.path.dirname(nvdisasm)}:{os.environ['PATH']}"
+    Path(folder, "mosaic").mkdir(parents=True, exist_ok=True)
     os.environ.update({"MOSAIC_GPU_DUMP_TO": f"{folder}/mosaic", "MOSAIC_GPU_DUMP_PTX": "1",
                        "MOSAIC_GPU_DUMP_SASS": "1", "MOSAIC_GPU_DUMP_PTXAS": "1"})  # fmt: skip
     import functools
 
     import jax
+    from jax.experimental.serialize_executable import serialize
 
     from .inputs import make_qkv
     from .registry import get
 
     q, k, v = make_qkv(spec["batch"], spec["seq_q"], spec["heads"], spec["head_dim"], dtype=spec["dtype"])
-    fn = jax.jit(functools.partial(get(spec["impl"]).fn, is_causal=spec["causal"]))
-    jax.block_until_ready(fn(q, k, v))
+    compiled = jax.jit(functools.partial(get(spec["impl"]).fn, is_causal=spec["causal"])).lower(q, k, v).compile()
+    jax.block_until_ready(compiled(q, k, v))
+    cuobjdump = _cuda_tool("cuobjdump")
+    for i, image in enumerate(elf_images(serialize(compiled)[0])):
+        cubin = Path(folder, "xla", f"kernel_{i}.cubin")
+        cubin.parent.mkdir(exist_ok=True)
+        cubin.write_bytes(image)
+        if cuobjdump:
+            sass = subprocess.run([cuobjdump, "--dump-sass", str(cubin)], capture_output=True, text=True)
+            cubin.with_suffix(".sass").write_text(sass.stdout)
 
 
 def kernel_code(impl: str, *, batch=4, seq_q=4096, heads=16, head_dim=128, dtype="bfloat16", causal=False) -> dict:

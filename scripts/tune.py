@@ -25,8 +25,11 @@ def candidates(kernel, causal):
     """(label, function) for each configuration of ``kernel``."""
     if kernel == "pallas":
         for bq, bk, warps, stages in PALLAS:
-            yield f"{bq}x{bk} w{warps} s{stages}", functools.partial(
-                flash_attention, is_causal=causal, block_q=bq, block_k=bk, num_warps=warps, num_stages=stages
+            yield (
+                f"{bq}x{bk} w{warps} s{stages}",
+                functools.partial(
+                    flash_attention, is_causal=causal, block_q=bq, block_k=bk, num_warps=warps, num_stages=stages
+                ),
             )
     else:
         for bkv, stages in MOSAIC:

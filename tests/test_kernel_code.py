@@ -2,7 +2,7 @@
 
 import pytest
 
-from attention_tutorial.kernel_code import FAMILIES, count_instructions, kind_of, summarise_dump
+from attention_tutorial.kernel_code import FAMILIES, count_instructions, elf_images, kind_of, summarise_dump
 
 PTX = """
 .version 8.7
@@ -65,3 +65,19 @@ def test_summarise_dump_adds_files_and_reads_registers(tmp_path):
     assert summary["counts"]["sass"]["mma.sync (per-warp matmul)"] == 2
     assert set(summary["counts"]["ptx"]) == set(FAMILIES)
     assert summary["registers"] == [40, 168]
+
+
+def _fake_elf(fill: bytes) -> bytes:
+    header = bytearray(64)
+    header[:5] = b"\x7fELF\x02"  # 64-bit
+    header[0x28:0x30] = (64).to_bytes(8, "little")  # section headers start right after the header
+    header[0x3A:0x3C] = (64).to_bytes(2, "little")  # one 64-byte section header
+    header[0x3C:0x3E] = (1).to_bytes(2, "little")
+    return bytes(header) + fill * 64
+
+
+def test_elf_images_cuts_each_cubin_out_of_a_blob():
+    a, b = _fake_elf(b"a"), _fake_elf(b"b")
+    blob = b"serialised executable..." + a + b"\x00" * 7 + b + b"...\x7fELF truncated"
+    assert elf_images(blob) == [a, b]
+    assert elf_images(b"no objects here") == []
