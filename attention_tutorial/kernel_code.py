@@ -67,20 +67,84 @@ def summarise_dump(folder: Path) -> dict:
     return {"counts": totals, "registers": sorted(registers)}
 
 
+def _field(header: bytes, offset: int, size: int) -> int:
+    return int.from_bytes(header[offset : offset + size], "little")
+
+
 def elf_images(blob: bytes) -> list[bytes]:
     """The ELF objects (cubins) inside a byte string, each cut to the length its header gives."""
     images, start = [], blob.find(b"\x7fELF")
     while start >= 0:
         header = blob[start : start + 64]
-        if len(header) == 64 and header[4] == 2:  # 64-bit ELF: section headers end the file
-            shoff = int.from_bytes(header[0x28:0x30], "little")
-            end = shoff + int.from_bytes(header[0x3A:0x3C], "little") * int.from_bytes(header[0x3C:0x3E], "little")
+        if len(header) == 64 and header[4] == 2:  # 64-bit ELF: the section or program header table ends it
+            end = max(_field(header, 0x28, 8) + _field(header, 0x3A, 2) * _field(header, 0x3C, 2),  # sections
+                      _field(header, 0x20, 8) + _field(header, 0x36, 2) * _field(header, 0x38, 2))  # programs  # fmt: skip
             if 64 <= end <= len(blob) - start:
                 images.append(blob[start : start + end])
                 start = blob.find(b"\x7fELF", start + end)
                 continue
         start = blob.find(b"\x7fELF", start + 4)
     return images
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[i]
+        value, shift, i = value | (byte & 0x7F) << shift, shift + 7, i + 1
+        if byte < 0x80:
+            return value, i
+
+
+def snappy_block(data: bytes, start: int) -> bytes:
+    """Decode the raw Snappy block that starts at ``data[start]`` and stop at its declared length.
+
+    XLA compresses serialised GPU executables with Snappy (cubins inside, twice over) and embeds the blocks in
+    larger buffers; library decoders want the block's exact end, which nothing records, so this reads the
+    format (a varint length, then literal and copy elements) and stops when the length is reached.
+    Raises ``ValueError`` (or ``IndexError``) where ``data[start:]`` is not such a block.
+    """
+    size, i = _varint(data, start)
+    if size > 64 * (len(data) - i):  # more than Snappy can expand what is left: not a block
+        raise ValueError("not a Snappy block")
+    out = bytearray()
+    while len(out) < size:
+        tag, i = data[i], i + 1
+        kind = tag & 3
+        if kind == 0:  # literal: length in the tag, or in the 1-4 bytes after it
+            length = tag >> 2
+            if length >= 60:
+                length, i = int.from_bytes(data[i : i + length - 59], "little"), i + length - 59
+            out += data[i : i + length + 1]
+            i += length + 1
+            continue
+        if kind == 1:  # copy, 1-byte offset
+            length, offset, i = 4 + ((tag >> 2) & 7), (tag >> 5) << 8 | data[i], i + 1
+        else:  # copy, 2- or 4-byte offset
+            width = 2 if kind == 2 else 4
+            length, offset, i = (tag >> 2) + 1, int.from_bytes(data[i : i + width], "little"), i + width
+        if not 0 < offset <= len(out):
+            raise ValueError("not a Snappy block")
+        for _ in range(length):
+            out.append(out[-offset])
+    if len(out) != size:
+        raise ValueError("not a Snappy block")
+    return bytes(out)
+
+
+def cubins_in(blob: bytes, depth: int = 3) -> list[bytes]:
+    """The cubins in ``blob``, looking inside Snappy blocks (up to ``depth`` deep) when none lies in the open."""
+    images = elf_images(blob)
+    if images or depth == 0:
+        return images
+    for start in range(len(blob)):
+        try:
+            inner = snappy_block(blob, start)
+        except (ValueError, IndexError):
+            continue
+        if len(inner) > 1024 and b"\x7fELF" in inner and (found := cubins_in(inner, depth - 1)):
+            return found
+    return []
 
 
 def _cuda_tool(name: str) -> str | None:
@@ -118,7 +182,7 @@ def _child(spec: dict, folder: str) -> None:
     compiled = jax.jit(functools.partial(get(spec["impl"]).fn, is_causal=spec["causal"])).lower(q, k, v).compile()
     jax.block_until_ready(compiled(q, k, v))
     cuobjdump = _cuda_tool("cuobjdump")
-    for i, image in enumerate(elf_images(serialize(compiled)[0])):
+    for i, image in enumerate(cubins_in(serialize(compiled)[0])):
         cubin = Path(folder, "xla", f"kernel_{i}.cubin")
         cubin.parent.mkdir(exist_ok=True)
         cubin.write_bytes(image)

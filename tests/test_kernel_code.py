@@ -1,8 +1,19 @@
 """Counting instruction families in PTX and SASS text (the GPU dump itself runs in the recorder)."""
 
+import cramjam
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from attention_tutorial.kernel_code import FAMILIES, count_instructions, elf_images, kind_of, summarise_dump
+from attention_tutorial.kernel_code import (
+    FAMILIES,
+    count_instructions,
+    cubins_in,
+    elf_images,
+    kind_of,
+    snappy_block,
+    summarise_dump,
+)
 
 PTX = """
 .version 8.7
@@ -81,3 +92,22 @@ def test_elf_images_cuts_each_cubin_out_of_a_blob():
     blob = b"serialised executable..." + a + b"\x00" * 7 + b + b"...\x7fELF truncated"
     assert elf_images(blob) == [a, b]
     assert elf_images(b"no objects here") == []
+
+
+@given(st.binary(max_size=3000), st.integers(0, 50))
+def test_snappy_block_decodes_what_an_independent_encoder_wrote(data, junk):
+    block = bytes(cramjam.snappy.compress_raw(data * 3))  # repeats give the encoder copies to emit
+    assert snappy_block(b"\xff" * junk + block + b"trailing bytes", junk) == data * 3
+
+
+def test_snappy_block_rejects_non_blocks():
+    with pytest.raises((ValueError, IndexError)):
+        snappy_block(b"\x10\x05\x07", 0)  # a copy before any output
+
+
+def test_cubins_in_finds_an_elf_inside_two_snappy_layers():
+    cubin = _fake_elf(b"c")
+    inner = bytes(cramjam.snappy.compress_raw(b"proto header " * 90 + cubin + b" tail" * 50))
+    outer = bytes(cramjam.snappy.compress_raw(b"executable " * 100 + inner + b" more"))
+    assert cubins_in(b"pickle..." + outer + b"...end") == [cubin]
+    assert cubins_in(b"pickle..." + outer + b"...end", depth=1) == []  # one layer is not enough
