@@ -37,10 +37,10 @@ _REGISTERS = re.compile(r"Used (\d+) registers")
 
 def kind_of(text: str) -> str | None:
     """'ptx', 'sass' or None for a dumped file's text."""
+    if re.search(r"/\*[0-9a-f]{4}\*/\s+[A-Z@]", text):  # instruction addresses: SASS (which has a .target too)
+        return "sass"
     if re.search(r"^\s*\.target\s+sm_", text, re.M):
         return "ptx"
-    if re.search(r"/\*[0-9a-f]{4}\*/\s+[A-Z@]", text):
-        return "sass"
     return None
 
 

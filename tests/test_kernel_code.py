@@ -27,6 +27,9 @@ PTX = """
     setmaxnreg.inc.sync.aligned.u32 232;
 """
 SASS = """
+	code for sm_90a
+	.target	sm_90a
+
         Function : our_flash_forward
         /*0000*/                   MOV R1, c[0x0][0x28] ;
         /*0010*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
