@@ -66,17 +66,28 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
         recs = measure()
         seconds = round(time.perf_counter() - t0, 1)
         _tag(recs, name, ceilings)
-        prov["grids"] = {name: {"created": environment()["created"], "seconds": seconds, "command": command,
-                                "matmul_bf16_tflops": peak}}  # fmt: skip
+        prov["grids"] = {name: _grid_provenance(env, seconds, command, peak)}
         results.save(out, prov, recs)
         ok = sum(r["status"] == "ok" for r in recs)
         print(f"{name}: {ok}/{len(recs)} ok in {seconds:.0f} s", flush=True)
     if "kernel_code" in extras:  # instruction counts of the Pallas kernels, kept in the provenance
+        t0 = time.perf_counter()
         prov["kernel_code"] = _kernel_code_records()
+        prov["grids"] = {"kernel_code": _grid_provenance(env, round(time.perf_counter() - t0, 1), command, peak)}
         results.save(out, prov, [])
         statuses = ", ".join(f"{name}: {rec['status']}" for name, rec in prov["kernel_code"].items())
         print(f"kernel_code: {statuses}", flush=True)
     return out
+
+
+# The versions each grid was measured with: a later partial run (say, without TransformerEngine installed) replaces
+# the top-level provenance, but each grid keeps the environment it was recorded in.
+GRID_VERSIONS = ("gpu", "driver", "jax", "jaxlib", "cudnn", "transformer_engine", "python")
+
+
+def _grid_provenance(env, seconds, command, peak) -> dict:
+    return {"created": environment()["created"], "seconds": seconds, "command": command, "matmul_bf16_tflops": peak,
+            **{key: env[key] for key in GRID_VERSIONS}}  # fmt: skip
 
 
 def _fp8_records(peak, **timing):

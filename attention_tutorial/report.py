@@ -75,9 +75,10 @@ def show_recorded(grid_name, columns, *, plot=None, title="", peak_line=False, *
     if recs is None:
         display(Markdown("*No recorded GPU results are committed yet (`python -m attention_tutorial record`).*"))
         return []
-    display(Markdown(f"**Recorded on the GPU:** {results.describe(prov)}."))
+    display(Markdown(f"**Recorded on the GPU:** {results.describe(prov, grid_name)}."))
     if plot and peak_line:
-        plot = {**plot, "hline": prov["matmul_bf16_tflops"] if plot.get("y") == "tflops" else 100.0,
+        peak = prov.get("grids", {}).get(grid_name, {}).get("matmul_bf16_tflops", prov["matmul_bf16_tflops"])
+        plot = {**plot, "hline": peak if plot.get("y") == "tflops" else 100.0,
                 "hline_label": "bf16 matmul peak (measured in that run)"}  # fmt: skip
     _show(recs, columns, plot, f"{title} — recorded, {prov['gpu']}")
     return recs

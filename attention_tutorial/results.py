@@ -111,9 +111,10 @@ def select(records, **where) -> list[dict]:
     return [r for r in records if ok(r)]
 
 
-def describe(provenance: dict) -> str:
-    """One line naming where results came from: GPU, driver, JAX, cuDNN, TE, date."""
-    p = provenance
+def describe(provenance: dict, grid: str | None = None) -> str:
+    """One line naming where results came from: GPU, driver, JAX, cuDNN, TE, date — of ``grid``'s own run where
+    the file records it (each grid keeps the versions it was measured with), else of the latest run."""
+    p = {**provenance, **provenance.get("grids", {}).get(grid, {})} if grid else provenance
     te = f", TransformerEngine {p['transformer_engine']}" if p.get("transformer_engine") else ""
     return (
         f"{p['gpu']} (driver {p['driver']}), JAX {p['jax']} / jaxlib {p['jaxlib']}, cuDNN {p['cudnn']}{te}, "

@@ -27,23 +27,29 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(rec_mod, "_kernel_code_records", lambda: {"mosaic bfloat16": {"status": "ok", "run": 1}})
 
 
-def test_record_writes_a_valid_file_grid_by_grid_and_merges(fake_gpu, tmp_path):
+def test_record_writes_a_valid_file_grid_by_grid_and_merges(fake_gpu, tmp_path, monkeypatch):
     out = tmp_path / "gpu.json"
+    monkeypatch.setattr(rec_mod, "environment", lambda: {**FAKE_ENV, "transformer_engine": "2.20.2"})
     rec_mod.record(["seq_short", "decode"], out=out, repeats=3, max_seconds=0.1, progress=False, extras=("fp8", "kernel_code"),
                    command="test")  # fmt: skip
     data = results.load(out)
     assert {r["grid"] for r in data["records"]} == {"seq_short", "decode", "fp8"}
-    assert set(data["provenance"]["grids"]) == {"seq_short", "decode", "fp8"}
+    assert set(data["provenance"]["grids"]) == {"seq_short", "decode", "fp8", "kernel_code"}
     ok = [r for r in data["records"] if r["status"] == "ok"]
     assert ok and all(r["pct_peak"] == pytest.approx(100 * r["tflops"] / 2.0) for r in ok)
     assert all(r["pct_read"] == pytest.approx(100 * r["gbps"] / 20.0) for r in ok)
-    # re-recording one grid replaces its records and keeps the others
+    # re-recording one grid (here without TransformerEngine installed) replaces its records and keeps the others
+    monkeypatch.setattr(rec_mod, "environment", lambda: dict(FAKE_ENV))
     rec_mod.record(["decode"], out=out, repeats=3, max_seconds=0.1, progress=False, extras=(), command="again")
     data = results.load(out)
     assert {r["grid"] for r in data["records"]} == {"seq_short", "decode", "fp8"}
     assert data["provenance"]["grids"]["decode"]["command"] == "again"
     assert data["provenance"]["grids"]["seq_short"]["command"] == "test"
     assert data["provenance"]["kernel_code"] == {"mosaic bfloat16": {"status": "ok", "run": 1}}  # kept, not dropped
+    # each grid keeps the versions it was measured with; the top level names the latest run's
+    assert "TransformerEngine 2.20.2" in results.describe(data["provenance"], "fp8")
+    assert "TransformerEngine" not in results.describe(data["provenance"], "decode")
+    assert "TransformerEngine" not in results.describe(data["provenance"])
 
 
 def test_unknown_extra(fake_gpu, tmp_path):
