@@ -27,6 +27,8 @@ class Implementation:
     fn: Callable
     why_not: Callable[[AttentionShape, object, bool], str | None]
     masks: tuple[str, ...] = ("none",)
+    # For library front ends that choose among several backends: (shape, dtype, causal, training) -> its name.
+    backend: Callable | None = None
 
 
 def _always(shape, dtype, causal):
@@ -92,7 +94,13 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
             _lazy("mosaic_flash", "jax_bundled_mosaic"),
             _lazy("mosaic_flash", "bundled_why_not"),
         ),
-        Implementation("te", "TransformerEngine", _lazy("te", "te_attention"), _lazy("te", "why_not")),
+        Implementation(
+            "te",
+            "TransformerEngine",
+            _lazy("te", "te_attention"),
+            _lazy("te", "why_not"),
+            backend=_lazy("te", "te_backend"),
+        ),
     )
 }
 

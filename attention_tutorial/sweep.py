@@ -116,7 +116,9 @@ def run_point(point: Point, *, peak_tflops: float | None = None, seed: int = 0, 
     nbytes = attention_bytes(point.batch, point.seq_q, point.seq_kv, point.heads, point.kv_heads, point.head_dim,
                              point.dtype)  # fmt: skip
     tflops = flops / (t.median_ms * 1e-3) / 1e12
+    extra = {"backend": _backend(impl, point)} if impl.backend else {}
     return {
+        **extra,
         **rec,
         "status": "ok",
         "median_ms": t.median_ms,
@@ -142,6 +144,14 @@ def run_sweep(points, *, peak_tflops: float | None = None, progress: bool = Fals
 
         points = tqdm(points, desc="sweep", unit="pt")
     return [run_point(p, peak_tflops=peak_tflops, **timing) for p in points]
+
+
+def _backend(impl, point: Point) -> str:
+    """Which backend a front end (TransformerEngine) picked for the point; a failed query is reported, not fatal."""
+    try:
+        return impl.backend(point.shape, jnp.dtype(point.dtype), point.causal, point.pass_ == "fwd+bwd")
+    except Exception as err:
+        return f"unknown ({type(err).__name__}: {str(err)[:120]})"
 
 
 def _callable(fn, point: Point, array_names: tuple[str, ...], static: dict):

@@ -78,6 +78,28 @@ def te_attention(q, k, v, *, is_causal: bool = False) -> jax.Array:
         return module.apply({}, q, k, v, deterministic=True)
 
 
+def te_backend(shape: AttentionShape, dtype, causal: bool, training: bool = False) -> str:
+    """The fused-attention backend TE selects for this problem — what ``NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=1`` logs —
+    asked through TE's own ``FusedAttnHelper`` with the arguments ``te_config`` gives DotProductAttention, e.g.
+    'NVTE_F16_arbitrary_seqlen' (its cuDNN flash-attention backend); with TE's reason when it rejects all."""
+    import_te()
+    from transformer_engine.jax.attention import AttnBiasType, AttnMaskType, AttnSoftmaxType, QKVLayout
+    from transformer_engine.jax.cpp_extensions.attention import FusedAttnHelper
+
+    helper = FusedAttnHelper(
+        is_training=training, batch_size=shape.batch, q_dtype=jnp.dtype(dtype), kv_dtype=jnp.dtype(dtype),
+        qkv_layout=QKVLayout.BSHD_BSHD_BSHD, attn_bias_type=AttnBiasType.NO_BIAS,
+        attn_mask_type=AttnMaskType.CAUSAL_MASK if causal else AttnMaskType.NO_MASK,
+        softmax_type=AttnSoftmaxType.VANILLA_SOFTMAX, dropout_probability=0.0, q_num_heads=shape.heads,
+        kv_num_heads=shape.kv_heads, q_max_seqlen=shape.seq_q, kv_max_seqlen=shape.seq_kv,
+        head_dim_qk=shape.head_dim, head_dim_v=shape.head_dim, window_size=(-1, -1), bottom_right_diagonal=False,
+        attn_scale=1.0 / math.sqrt(shape.head_dim),
+    )  # fmt: skip
+    backend, message = helper.get_fused_attn_backend()
+    name = getattr(backend, "name", str(backend))
+    return f"{name} ({message})" if message else name
+
+
 def hlo_fp8_types(fn, *args) -> tuple[str, ...]:
     """The FP8 element types (f8e4m3fn, f8e5m2, ...) that appear in ``fn``'s compiled HLO: empty means no FP8."""
     import re

@@ -56,3 +56,11 @@ def test_plot_one_line_per_series_and_a_peak_line():
 def test_ms_plot_draws_the_spread_band():
     fig = plot_records(RECS, y="median_ms")
     assert len(fig.axes[0].collections) == 1
+
+
+def test_markdown_table_formats_fp8_fields():
+    rec = {"impl": "te_dense_fp8", "rel_error": 0.046918544367176226, "fp8_types_in_hlo": ["f8e4m3fn", "f8e5m2"]}
+    plain = {"impl": "te_dense_bf16", "rel_error": 0.0016615716735139908, "fp8_types_in_hlo": []}
+    text = markdown_table([rec, plain], ["impl", "rel_error", "fp8_types_in_hlo"])
+    assert "| te_dense_fp8 | 0.0469 | f8e4m3fn, f8e5m2 |" in text
+    assert "| te_dense_bf16 | 0.00166 | none |" in text

@@ -75,3 +75,32 @@ def test_why_not_in_registry():
     assert registry.why_not("xla", Point("xla", 1, 8, 8, 1, 1, 8).shape, jnp.float32) is None
     with pytest.raises(ValueError, match="unknown implementation"):
         registry.get("flash3")
+
+
+def test_front_end_backend_is_recorded_and_a_failed_query_is_not_fatal(monkeypatch):
+    from attention_tutorial.reference import naive_attention
+
+    asked = []
+
+    def backend(shape, dtype, causal, training):
+        asked.append((shape.seq_q, jnp.dtype(dtype).name, causal, training))
+        return "NAIVE_BACKEND"
+
+    def broken(shape, dtype, causal, training):
+        raise RuntimeError("no such helper")
+
+    fakes = {
+        "with_backend": registry.Implementation(
+            "with_backend", "w", naive_attention, lambda s, d, c: None, backend=backend
+        ),
+        "broken_backend": registry.Implementation(
+            "broken_backend", "b", naive_attention, lambda s, d, c: None, backend=broken
+        ),
+    }
+    monkeypatch.setattr(registry, "IMPLEMENTATIONS", {**registry.IMPLEMENTATIONS, **fakes})
+    ok = run_point(Point("with_backend", 1, 16, 16, 2, 2, 8, "float32", True, "fwd+bwd"), repeats=3)
+    assert ok["status"] == "ok" and ok["backend"] == "NAIVE_BACKEND"
+    assert asked == [(16, "float32", True, True)]
+    rec = run_point(Point("broken_backend", 1, 16, 16, 2, 2, 8, "float32"), repeats=3)
+    assert rec["status"] == "ok" and rec["backend"].startswith("unknown (RuntimeError: no such helper")
+    assert "backend" not in run_point(Point("xla", 1, 16, 16, 2, 2, 8, "float32"), repeats=3)

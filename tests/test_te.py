@@ -37,3 +37,11 @@ def test_te_matches_reference_and_runs_te_kernel(causal):
     out = np.asarray(jax.jit(fn)(q, k, v), np.float32)
     np.testing.assert_allclose(out, reference_attention(q, k, v, is_causal=causal), atol=1e-2, rtol=1e-2)
     assert any(t.startswith("te_fused_attn") for t in kernels_used(fn, q, k, v))
+
+
+@pytest.mark.te
+def test_te_reports_a_fused_backend_and_rejects_float32():
+    shape = AttentionShape(2, 4096, 4096, 16, 16, 128)
+    assert te.te_backend(shape, jnp.bfloat16, causal=True).startswith("NVTE_F16")
+    assert te.te_backend(shape, jnp.bfloat16, causal=False, training=True).startswith("NVTE_F16")
+    assert te.te_backend(shape, jnp.float32, causal=True).startswith("NVTE_No_Backend")
