@@ -97,6 +97,7 @@ COLUMNS = {
     "temp_bytes": ("temp MiB", lambda v: f"{v / 2**20:.1f}"),
     "kernel": ("kernel", str),
     "reason": ("why not", str),
+    "backend": ("backend chosen", str),
     "rel_error": ("relative error", lambda v: f"{v:.3g}"),
     "max_abs_diff_vs_bf16": ("max |Δ| vs bf16", lambda v: f"{v:.3g}"),
     "fp8_types_in_hlo": ("FP8 types in HLO", lambda v: ", ".join(v) or "none"),
