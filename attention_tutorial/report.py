@@ -67,11 +67,18 @@ def show_live(records, columns, *, plot=None, title="") -> None:
     _show(records, columns, plot, f"{title} — live, {environment()['gpu'] or 'CPU'}")
 
 
-def show_recorded(grid_name, columns, *, plot=None, title="", peak_line=False, **where) -> list[dict]:
-    """Display the recorded reference for ``grid_name`` under a label naming its GPU, versions and date."""
+def show_recorded(grid_name, columns, *, plot=None, title="", peak_line=False, include=None, **where) -> list[dict]:
+    """Display the recorded reference for ``grid_name`` under a label naming its GPU, versions and date.
+
+    ``include`` ({other grid: {field: value}}) adds records of other grids measured at the same shapes (say, the
+    naive and XLA baselines of ``seq_long`` to the FlashAttention race), filtered by ``where`` too.
+    """
     from IPython.display import Markdown, display
 
     recs, prov = reference(grid_name, **where)
+    if recs is not None:
+        for other, fields in (include or {}).items():
+            recs = reference(other, **{**where, **fields})[0] + recs
     if recs is None:
         display(Markdown("*No recorded GPU results are committed yet (`python -m attention_tutorial record`).*"))
         return []

@@ -114,7 +114,9 @@ def select(records, **where) -> list[dict]:
 def describe(provenance: dict, grid: str | None = None) -> str:
     """One line naming where results came from: GPU, driver, JAX, cuDNN, TE, date — of ``grid``'s own run where
     the file records it (each grid keeps the versions it was measured with), else of the latest run."""
-    p = {**provenance, **provenance.get("grids", {}).get(grid, {})} if grid else provenance
+    entry = provenance.get("grids", {}).get(grid) if grid else None
+    # a grid entry written before per-grid versions were kept does not say whether TE was there: name none
+    p = {**provenance, "transformer_engine": None, **entry} if entry else provenance
     te = f", TransformerEngine {p['transformer_engine']}" if p.get("transformer_engine") else ""
     return (
         f"{p['gpu']} (driver {p['driver']}), JAX {p['jax']} / jaxlib {p['jaxlib']}, cuDNN {p['cudnn']}{te}, "

@@ -88,3 +88,14 @@ def test_committed_result_files_validate(path):
     data = json.loads(path.read_text())
     assert results.validate(data) == []
     assert data["provenance"]["gpu"] and data["provenance"]["matmul_bf16_tflops"] > 0
+
+
+def test_describe_names_each_grid_s_own_run():
+    prov = {**GOOD["provenance"], "transformer_engine": "2.20.2",
+            "grids": {"te": {"created": "2026-12-01T10:00:00+00:00", "transformer_engine": "2.19.0"},
+                      "old": {"created": "2026-11-30T10:00:00+00:00"}}}  # fmt: skip
+    assert "TransformerEngine 2.20.2" in results.describe(prov)
+    assert "TransformerEngine 2.19.0" in results.describe(prov, "te") and "2026-12-01" in results.describe(prov, "te")
+    old = results.describe(prov, "old")  # written before grids kept their versions: TE unknown, not claimed
+    assert "TransformerEngine" not in old and "2026-11-30" in old
+    assert results.describe(prov, "missing") == results.describe(prov)

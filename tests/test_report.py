@@ -1,0 +1,45 @@
+"""What the pages show from the recorded file: filtering, merging grids, and the label naming each grid's run."""
+
+import pytest
+
+from attention_tutorial import report, results
+
+PROV = {"gpu": "NVIDIA H200", "driver": "580", "jax": "0.11.2", "jaxlib": "0.11.2", "cudnn": "9.19.0",
+        "transformer_engine": None, "python": "3.12.3", "created": "2026-12-02T18:00:00+00:00", "command": "record",
+        "matmul_bf16_tflops": 700.0, "copy_gbps": 3300.0,
+        "grids": {"te": {"created": "2026-12-02T17:00:00+00:00", "transformer_engine": "2.20.2",
+                         "matmul_bf16_tflops": 680.0}}}  # fmt: skip
+
+
+def _rec(grid, impl, seq_q, head_dim=128):
+    return {"grid": grid, "impl": impl, "batch": 1, "seq_q": seq_q, "seq_kv": seq_q, "heads": 1, "kv_heads": 1,
+            "head_dim": head_dim, "dtype": "bfloat16", "causal": False, "pass": "fwd", "status": "ok",
+            "median_ms": 1.0, "p10_ms": 0.9, "p90_ms": 1.1, "tflops": 100.0}  # fmt: skip
+
+
+RECORDS = [_rec("flash", "mosaic", 4096), _rec("flash", "mosaic", 4096, 64), _rec("seq_long", "xla", 4096),
+           _rec("seq_long", "xla", 2048), _rec("seq_long", "cudnn", 4096), _rec("te", "te", 4096)]  # fmt: skip
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    monkeypatch.setattr(results, "recorded", lambda gpu: {"provenance": PROV, "records": RECORDS})
+    shown = []
+    monkeypatch.setattr(report, "_show", lambda recs, columns, plot, title: shown.append((recs, plot)))
+    return shown
+
+
+def test_reference_filters_by_grid_and_fields(recorded):
+    recs, prov = report.reference("seq_long", impl="xla")
+    assert [r["seq_q"] for r in recs] == [4096, 2048] and prov is PROV
+
+
+def test_show_recorded_includes_other_grids_at_the_same_shapes(recorded):
+    recs = report.show_recorded("flash", ["impl"], head_dim=128, include={"seq_long": {"impl": "xla", "seq_q": 4096}})
+    assert [(r["grid"], r["impl"], r["seq_q"]) for r in recs] == [("seq_long", "xla", 4096), ("flash", "mosaic", 4096)]
+
+
+def test_peak_line_uses_the_grid_s_own_run(recorded):
+    report.show_recorded("te", ["impl"], plot={"x": "seq_q", "y": "tflops"}, peak_line=True)
+    report.show_recorded("flash", ["impl"], plot={"x": "seq_q", "y": "tflops"}, peak_line=True)
+    assert [plot["hline"] for _, plot in recorded] == [680.0, 700.0]
