@@ -7,8 +7,8 @@ Memory Accelerator (``cp.async.bulk.tensor``, ``UTMALDG``) or by per-thread asyn
 process and counts those instructions in its machine code (static counts: instructions in the code, not
 executions): for Mosaic GPU kernels from the PTX/SASS that Mosaic GPU's dump switches write; for everything XLA
 compiles itself — Triton-lowered Pallas kernels included — from the cubins inside the serialised executable,
-disassembled with ``cuobjdump``. Run on a GPU by the recorder; the counting is
-plain text processing, tested on the CPU.
+disassembled with ``cuobjdump``. The recorder runs it on a GPU; the counting is plain text processing, tested
+on the CPU.
 """
 
 from __future__ import annotations
