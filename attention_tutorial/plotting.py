@@ -12,6 +12,7 @@ from . import registry
 
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINESTYLES = ("-", "--", ":", "-.")
 YLABELS = {
     "tflops": "TFLOP/s",
     "pct_peak": "% of measured bf16 matmul peak",
@@ -40,12 +41,17 @@ def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title
     series: dict[tuple, list] = {}
     for r in ok:
         series.setdefault(tuple(r.get(b) for b in by), []).append(r)
-    for i, (key, rs) in enumerate(series.items()):
+    # colour and marker follow the first ``by`` field (the implementation), the line style the rest (e.g. causal)
+    firsts = list(dict.fromkeys(key[0] for key in series))
+    rests = list(dict.fromkeys(key[1:] for key in series))
+    for key, rs in series.items():
         rs.sort(key=lambda r: r[x])
         name = ", ".join(label(k) if b == "impl" else _fmt_key(b, k) for b, k in zip(by, key))
         xs, ys = [r[x] for r in rs], [r[y] for r in rs]
+        i, j = firsts.index(key[0]), rests.index(key[1:])
         colour, marker = PALETTE[i % len(PALETTE)], MARKERS[i % len(MARKERS)]
-        ax.plot(xs, ys, marker=marker, color=colour, label=name, linewidth=1.8, markersize=5)
+        style = LINESTYLES[j % len(LINESTYLES)]
+        ax.plot(xs, ys, marker=marker, color=colour, linestyle=style, label=name, linewidth=1.8, markersize=5)
         if y == "median_ms" and all("p10_ms" in r for r in rs):
             ax.fill_between(
                 xs, [r["p10_ms"] for r in rs], [r["p90_ms"] for r in rs], color=colour, alpha=0.2, linewidth=0
@@ -61,7 +67,10 @@ def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title
     ax.grid(True, which="major", color="#dddddd", linewidth=0.8)
     if title:
         ax.set_title(title, fontsize=11)
-    if series or hline:
+    if len(series) > 6:  # a long legend goes beside the axes, not over the lines
+        fig.set_size_inches(10.0, 4.6)
+        ax.legend(fontsize=8, frameon=True, facecolor="white", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    elif series or hline:
         ax.legend(fontsize=8, frameon=True, facecolor="white")
     return fig
 

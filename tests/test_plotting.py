@@ -64,3 +64,31 @@ def test_markdown_table_formats_fp8_fields():
     text = markdown_table([rec, plain], ["impl", "rel_error", "fp8_types_in_hlo"])
     assert "| te_dense_fp8 | 0.0469 | f8e4m3fn, f8e5m2 |" in text
     assert "| te_dense_bf16 | 0.00166 | none |" in text
+
+
+def test_colour_follows_the_implementation_and_line_style_the_rest():
+    recs = [
+        {"impl": impl, "seq_q": t, "causal": causal, "status": "ok", "tflops": 1.0 + t / 1000}
+        for impl in ("xla", "cudnn")
+        for causal in (False, True)
+        for t in (64, 128)
+    ]
+    lines = plot_records(recs, y="tflops", by=("impl", "causal")).axes[0].lines
+    style = {line.get_label(): (line.get_color(), line.get_linestyle()) for line in lines}
+    assert style["XLA, full"][0] == style["XLA, causal"][0] != style["cuDNN, full"][0]
+    assert style["XLA, full"][1] == style["cuDNN, full"][1] != style["XLA, causal"][1]
+
+
+def test_long_legends_go_beside_the_axes():
+    recs = [{"impl": f"impl{i}", "seq_q": 64, "status": "ok", "tflops": 1.0} for i in range(8)]
+    fig = plot_records(recs, y="tflops")
+    ax = fig.axes[0]
+    legend = ax.get_legend()
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    assert len(legend.get_texts()) == 8
+    assert legend.get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1  # right of the axes
+    short = plot_records(recs[:2], y="tflops")
+    short.canvas.draw()
+    r2 = short.canvas.get_renderer()
+    assert short.axes[0].get_legend().get_window_extent(r2).x0 < short.axes[0].get_window_extent(r2).x1
