@@ -56,6 +56,11 @@ def transformer_engine_version() -> str | None:
     return None
 
 
+def timestamp() -> str:
+    """Now, in UTC, to the second: the ``created`` of reports and records."""
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
 def environment() -> dict:
     """Devices, GPU name, driver, JAX/jaxlib, cuDNN, TransformerEngine and Python versions, and today's date."""
     dev = jax.devices()[0]
@@ -75,5 +80,5 @@ def environment() -> dict:
         "flax": _version("flax"),
         "python": _platform.python_version(),
         "cpu": _platform.processor() or _platform.machine(),
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "created": timestamp(),
     }

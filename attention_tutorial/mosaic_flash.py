@@ -51,14 +51,13 @@ class MosaicConfig:
     stages: int = 2
 
 
-def _kernel(q_ref, k_ref, v_ref, o_ref, scoped, *, causal, cfg, seq_kv, groups, scale):
+def _kernel(q_ref, k_ref, v_ref, o_ref, scoped, *, causal, cfg, stages, seq_kv, groups, scale):
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
     (qo_smem2, k_smem, v_smem), (k_ready, v_ready, q_ready), (k_free, v_free), schedule = scoped
     bq, bkv, dtype = cfg.block_q, cfg.block_kv, q_ref.dtype
     head_dim = q_ref.shape[-1]
-    stages = min(cfg.stages, seq_kv // bkv)
     batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
     cta_rows = lax.axis_index("q_seq") * (2 * bq)  # first query row of this CTA
     n_kv = seq_kv // bkv
@@ -203,7 +202,7 @@ def mosaic_flash_attention(
         (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2,  # k_free, v_free: both compute warpgroups
         plgpu.Barrier(num_arrivals=2),  # the schedule barrier
     )
-    kernel = functools.partial(_kernel, causal=is_causal, cfg=cfg, seq_kv=S, groups=N // K, scale=scale)
+    kernel = functools.partial(_kernel, causal=is_causal, cfg=cfg, stages=stages, seq_kv=S, groups=N // K, scale=scale)
 
     def entry(q_ref, k_ref, v_ref, o_ref):
         pl.run_scoped(lambda *scoped: kernel(q_ref, k_ref, v_ref, o_ref, scoped), smem, *barriers, collective_axes="wg")

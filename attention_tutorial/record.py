@@ -15,7 +15,7 @@ import jax
 
 from . import results
 from .ceilings import measure_ceilings
-from .env import environment
+from .env import environment, timestamp
 from .grids import GRID_NAMES, points
 from .sweep import run_sweep
 
@@ -86,7 +86,7 @@ GRID_VERSIONS = ("gpu", "driver", "jax", "jaxlib", "cudnn", "transformer_engine"
 
 
 def _grid_provenance(env, seconds, command, peak) -> dict:
-    return {"created": environment()["created"], "seconds": seconds, "command": command, "matmul_bf16_tflops": peak,
+    return {"created": timestamp(), "seconds": seconds, "command": command, "matmul_bf16_tflops": peak,
             **{key: env[key] for key in GRID_VERSIONS}}  # fmt: skip
 
 
