@@ -14,12 +14,12 @@ import argparse
 import json
 import sys
 
-from .flops import PASSES
-from .masks import MASK_KINDS
+from .kernels.masks import MASK_KINDS
+from .measure.flops import PASSES
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .grids import GRID_NAMES
+    from .measure.grids import GRID_NAMES
     from .registry import IMPLEMENTATIONS
 
     p = argparse.ArgumentParser(prog="python -m attention_tutorial", description=__doc__.splitlines()[0])
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
         print(json.dumps(environment(), indent=2))
         return 0
     if args.command == "record":
-        from .record import record
+        from .results.record import record
 
         try:
             path = record(args.grids, out=args.out, repeats=args.repeats, max_seconds=args.max_seconds,
@@ -78,11 +78,11 @@ def main(argv=None) -> int:
 
 
 def _bench(args) -> int:
-    from .ceilings import measure_ceilings
     from .env import environment
-    from .grids import points
-    from .plotting import markdown_table, plot_records
-    from .sweep import grid, run_sweep
+    from .measure.ceilings import measure_ceilings
+    from .measure.grids import points
+    from .measure.sweep import grid, run_sweep
+    from .results.plotting import markdown_table, plot_records
 
     if args.grid:
         pts = points(args.grid)

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import jax.numpy as jnp
 
-from .fused import cudnn_why_not, dot_product_attention
 from .inputs import AttentionShape
-from .masks import MASK_KINDS
-from .reference import naive_attention
+from .kernels.fused import cudnn_why_not, dot_product_attention
+from .kernels.masks import MASK_KINDS
+from .kernels.reference import naive_attention
 
 
 @dataclass(frozen=True)
@@ -68,38 +68,38 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
             "cudnn", "cuDNN", functools.partial(dot_product_attention, implementation="cudnn"), _cudnn, MASK_KINDS
         ),
         Implementation(
-            "blockwise", "blockwise JAX (online softmax)", _lazy("blockwise", "blockwise_attention"), _always
+            "blockwise", "blockwise JAX (online softmax)", _lazy("kernels.blockwise", "blockwise_attention"), _always
         ),
         Implementation(
             "pallas",
             "our Pallas kernel (Triton)",
-            _lazy("pallas_flash", "flash_attention"),
-            _lazy("pallas_flash", "why_not"),
+            _lazy("kernels.pallas_flash", "flash_attention"),
+            _lazy("kernels.pallas_flash", "why_not"),
         ),
         Implementation(
             "jax_pallas",
             "JAX's Pallas kernel (Triton)",
-            _lazy("pallas_flash", "jax_bundled_mha"),
-            _lazy("pallas_flash", "bundled_why_not"),
+            _lazy("kernels.pallas_flash", "jax_bundled_mha"),
+            _lazy("kernels.pallas_flash", "bundled_why_not"),
         ),
         Implementation(
             "mosaic",
             "our Pallas kernel (Mosaic GPU)",
-            _lazy("mosaic_flash", "mosaic_flash_attention"),
-            _lazy("mosaic_flash", "why_not"),
+            _lazy("kernels.mosaic_flash", "mosaic_flash_attention"),
+            _lazy("kernels.mosaic_flash", "why_not"),
         ),
         Implementation(
             "jax_mosaic",
             "JAX's Pallas kernel (Mosaic GPU)",
-            _lazy("mosaic_flash", "jax_bundled_mosaic"),
-            _lazy("mosaic_flash", "bundled_why_not"),
+            _lazy("kernels.mosaic_flash", "jax_bundled_mosaic"),
+            _lazy("kernels.mosaic_flash", "bundled_why_not"),
         ),
         Implementation(
             "te",
             "TransformerEngine",
-            _lazy("te", "te_attention"),
-            _lazy("te", "why_not"),
-            backend=_lazy("te", "te_backend"),
+            _lazy("kernels.te", "te_attention"),
+            _lazy("kernels.te", "why_not"),
+            backend=_lazy("kernels.te", "te_backend"),
         ),
     )
 }

@@ -12,9 +12,9 @@ import sys
 import jax.numpy as jnp
 
 from attention_tutorial import dot_product_attention, make_qkv, time_fn
-from attention_tutorial.flops import attention_flops
-from attention_tutorial.mosaic_flash import MosaicConfig, mosaic_flash_attention
-from attention_tutorial.pallas_flash import flash_attention
+from attention_tutorial.kernels.mosaic_flash import MosaicConfig, mosaic_flash_attention
+from attention_tutorial.kernels.pallas_flash import flash_attention
+from attention_tutorial.measure.flops import attention_flops
 
 PALLAS = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 4), (64, 128, 4, 2),
           (128, 128, 8, 3), (128, 64, 8, 4)]  # fmt: skip

@@ -13,7 +13,7 @@ ON_GPU = jax.default_backend() == "gpu"
 
 
 def pytest_collection_modifyitems(config, items):
-    from attention_tutorial.te import installed
+    from attention_tutorial.kernels.te import installed
 
     for item in items:
         if "gpu" in item.keywords and not ON_GPU:

@@ -1,7 +1,7 @@
 import jax
 
-from attention_tutorial.ceilings import measure_ceilings
 from attention_tutorial.env import environment
+from attention_tutorial.measure.ceilings import measure_ceilings
 
 
 def test_environment_report_has_versions():

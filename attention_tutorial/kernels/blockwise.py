@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .inputs import attention_shape
+from ..inputs import attention_shape
 
 F32 = jnp.float32
 

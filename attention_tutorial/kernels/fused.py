@@ -12,7 +12,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-from .inputs import AttentionShape, attention_shape
+from ..inputs import AttentionShape, attention_shape
 
 Implementation = Literal["xla", "cudnn"] | None
 CUDNN_DTYPES = ("bfloat16", "float16")
@@ -35,7 +35,7 @@ def dot_product_attention(
     """``jax.nn.dot_product_attention`` after checking shapes (and, for cuDNN, what cuDNN accepts).
 
     q (B, T, N, H), k and v (B, S, K, H) -> (B, T, N, H). Causal masks are aligned top-left (see
-    :mod:`attention_tutorial.reference`). Raises ``ValueError`` with the fix for bad shapes or dtypes.
+    :mod:`attention_tutorial.kernels.reference`). Raises ``ValueError`` with the fix for bad shapes or dtypes.
     """
     shape = attention_shape(q, k, v)
     if implementation not in (None, "xla", "cudnn"):

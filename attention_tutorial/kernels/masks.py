@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .inputs import AttentionShape
+from ..inputs import AttentionShape
 
 MASK_KINDS = ("none", "padding", "window", "dense", "bias")
 WINDOW = 256

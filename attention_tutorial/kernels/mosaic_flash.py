@@ -1,6 +1,6 @@
 """Our FlashAttention forward for Hopper, in Pallas's Mosaic GPU lowering: the kernel that races cuDNN.
 
-Why a second kernel: the Triton-lowered one (:mod:`attention_tutorial.pallas_flash`) runs anywhere but leaves
+Why a second kernel: the Triton-lowered one (:mod:`attention_tutorial.kernels.pallas_flash`) runs anywhere but leaves
 Hopper's three big features to a compiler's heuristics. Mosaic GPU hands them to us:
 
 * **wgmma** — a *warpgroup* (4 warps, 128 threads) issues one asynchronous 64×N×16 matrix product that reads its
@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .inputs import AttentionShape, attention_shape
+from ..inputs import AttentionShape, attention_shape
 
 LOG2E = math.log2(math.e)
 

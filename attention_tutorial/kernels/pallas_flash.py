@@ -6,7 +6,7 @@ reaches further (warpgroup matmuls, TMA copies, explicit pipelining) at the pric
 compares with JAX's own Mosaic GPU kernel and says what it would take.
 
 The kernel: the grid is (query blocks, batch, heads); one program owns ``block_q`` query rows of one head and
-walks over the keys ``block_k`` at a time with the online softmax of :mod:`attention_tutorial.blockwise`:
+walks over the keys ``block_k`` at a time with the online softmax of :mod:`attention_tutorial.kernels.blockwise`:
 
 1. load its q tile once (it stays in registers/shared memory) and fold the softmax scale and log2(e) into it,
    so the loop uses ``exp2``, the GPU's native exponential;
@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from .inputs import AttentionShape, attention_shape
+from ..inputs import AttentionShape, attention_shape
 
 LOG2E = math.log2(math.e)
 

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .inputs import attention_shape
+from ..inputs import attention_shape
 
 
 def naive_attention(

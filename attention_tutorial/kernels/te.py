@@ -19,7 +19,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from .inputs import AttentionShape, attention_shape
+from ..inputs import AttentionShape, attention_shape
 
 INSTALL_HINT = "pip install 'attention-tutorial[te]' on a CUDA GPU builder (README: 'TransformerEngine')"
 

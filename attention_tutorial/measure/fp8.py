@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax.core import meta
 
+from ..inputs import AttentionShape, make_qkv
 from .compiled import compile_stats
 from .flops import attention_flops
-from .inputs import AttentionShape, make_qkv
 from .sweep import Point, empty_record, failure_fields
 from .timing import time_fn
 
@@ -85,7 +85,7 @@ def _guarded(impl, shape, causal, dtype, fn) -> list[dict]:
 
 def cudnn_fp8_records(peak=None, **timing) -> list[dict]:
     """bf16 cuDNN vs FP8 cuDNN (scale_s = 1 and 448): time, TFLOP/s and error against a float32 reference."""
-    from .fused import dot_product_attention
+    from ..kernels.fused import dot_product_attention
 
     recs = []
     for B, T in FP8_SHAPES:
@@ -120,7 +120,7 @@ def cudnn_fp8_records(peak=None, **timing) -> list[dict]:
 def te_records(peak=None, **timing) -> list[dict]:
     """TE attention with and without ``te.autocast`` (FP8 types in HLO, output change) and a TE DenseGeneral GEMM
     in bf16 vs FP8."""
-    from . import te
+    from ..kernels import te
 
     shape = AttentionShape(8, 4096, 4096, 16, 16, 128)
     if reason := te.why_not(shape, jnp.bfloat16, True):

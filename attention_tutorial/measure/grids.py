@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import jax
 
-from .masks import MASK_KINDS
+from ..kernels.masks import MASK_KINDS
 from .sweep import Point, grid
 
 KIB = 1024

@@ -175,8 +175,8 @@ def _child(spec: dict, folder: str) -> None:
     import jax
     from jax.experimental.serialize_executable import serialize
 
-    from .inputs import make_qkv
-    from .registry import get
+    from ..inputs import make_qkv
+    from ..registry import get
 
     q, k, v = make_qkv(spec["batch"], spec["seq_q"], spec["heads"], spec["head_dim"], dtype=spec["dtype"])
     compiled = jax.jit(functools.partial(get(spec["impl"]).fn, is_causal=spec["causal"])).lower(q, k, v).compile()
@@ -197,7 +197,7 @@ def kernel_code(impl: str, *, batch=4, seq_q=4096, heads=16, head_dim=128, dtype
             "causal": causal}  # fmt: skip
     with tempfile.TemporaryDirectory() as folder:
         run = subprocess.run(
-            [sys.executable, "-m", "attention_tutorial.kernel_code", json.dumps(spec), folder],
+            [sys.executable, "-m", "attention_tutorial.measure.kernel_code", json.dumps(spec), folder],
             capture_output=True,
             text=True,
             check=False,

@@ -3,7 +3,7 @@ recorded (with the reason) and the sweep goes on.
 
 A record holds the problem (impl, batch, seq_q, seq_kv, heads, kv_heads, head_dim, dtype, causal, pass),
 ``status`` (ok / oom / unsupported / error) with ``reason``, and for ok points the timing (median/p10/p90 ms,
-single-call and dispatch ms, compile s), ``tflops`` (FLOP model in :mod:`attention_tutorial.flops`),
+single-call and dispatch ms, compile s), ``tflops`` (FLOP model in :mod:`attention_tutorial.measure.flops`),
 ``pct_peak`` (against the matmul ceiling measured in the same run, when given), ``gbps`` (fewest bytes over time),
 ``temp_bytes`` (XLA's compiled temporaries) and ``kernel`` (what computed the attention).
 """
@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass
 import jax
 import jax.numpy as jnp
 
-from . import registry
+from .. import registry
+from ..inputs import AttentionShape, make_qkv
+from ..kernels.masks import mask_args, split_static
 from .compiled import compile_stats
 from .flops import PASSES, attention_bytes, attention_flops
-from .inputs import AttentionShape, make_qkv
-from .masks import mask_args, split_static
 from .timing import time_fn
 
 STATUSES = ("ok", "oom", "unsupported", "error")

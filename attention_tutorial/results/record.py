@@ -1,7 +1,7 @@
 """The recorder: run every named grid on the GPU and write the reference result file the pages show.
 
 ``python -m attention_tutorial record`` (or ``nox -s record``) measures the ceilings, then each grid of
-:mod:`attention_tutorial.grids` in its GPU size, and writes ``docs/results/<gpu>.json`` after every grid, so an
+:mod:`attention_tutorial.measure.grids` in its GPU size, and writes ``docs/results/<gpu>.json`` after every grid, so an
 interrupted run keeps what it measured. Records of grids not re-run are kept from the existing file.
 """
 
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import jax
 
-from . import results
-from .ceilings import measure_ceilings
-from .env import environment, timestamp
-from .grids import GRID_NAMES, points
-from .sweep import run_sweep
+from ..env import environment, timestamp
+from ..measure.ceilings import measure_ceilings
+from ..measure.grids import GRID_NAMES, points
+from ..measure.sweep import run_sweep
+from . import store
 
 
 def provenance(env: dict, ceilings: dict, command: str) -> dict:
@@ -47,7 +47,7 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
             f"{jax.default_backend().upper()}. Use `bench` for live numbers here."
         )
     env = environment()
-    out = Path(out or results.RESULTS_DIR / f"{results.slug(env['gpu'])}.json")
+    out = Path(out or store.RESULTS_DIR / f"{store.slug(env['gpu'])}.json")
     command = command or "python -m attention_tutorial record " + " ".join(sys.argv[2:])
     ceilings = measure_ceilings()
     prov = provenance(env, ceilings, command)
@@ -67,14 +67,14 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
         seconds = round(time.perf_counter() - t0, 1)
         _tag(recs, name, ceilings)
         prov["grids"] = {name: _grid_provenance(env, seconds, command, peak)}
-        results.save(out, prov, recs)
+        store.save(out, prov, recs)
         ok = sum(r["status"] == "ok" for r in recs)
         print(f"{name}: {ok}/{len(recs)} ok in {seconds:.0f} s", flush=True)
     if "kernel_code" in extras:  # instruction counts of the Pallas kernels, kept in the provenance
         t0 = time.perf_counter()
         prov["kernel_code"] = _kernel_code_records()
         prov["grids"] = {"kernel_code": _grid_provenance(env, round(time.perf_counter() - t0, 1), command, peak)}
-        results.save(out, prov, [])
+        store.save(out, prov, [])
         statuses = ", ".join(f"{name}: {rec['status']}" for name, rec in prov["kernel_code"].items())
         print(f"kernel_code: {statuses}", flush=True)
     return out
@@ -91,13 +91,13 @@ def _grid_provenance(env, seconds, command, peak) -> dict:
 
 
 def _fp8_records(peak, **timing):
-    from .fp8 import fp8_records  # imports TE lazily, only when the FP8 experiments run
+    from ..measure.fp8 import fp8_records  # imports TE lazily, only when the FP8 experiments run
 
     return fp8_records(peak_tflops=peak, **timing)
 
 
 def _kernel_code_records():
-    from .kernel_code import kernel_code_records  # compiles each kernel in a fresh process with dumps on
+    from ..measure.kernel_code import kernel_code_records  # compiles each kernel in a fresh process with dumps on
 
     return kernel_code_records()
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import jax
 import matplotlib.pyplot as plt
 
-from . import results
-from .env import environment
-from .grids import points
+from ..env import environment
+from ..measure.grids import points
+from ..measure.sweep import run_sweep
+from . import store
 from .plotting import markdown_table, plot_records
-from .sweep import run_sweep
 
 REFERENCE_GPU = "nvidia-h200"
 
@@ -42,11 +42,11 @@ def run_live(grid_name: str, **where) -> list[dict]:
 
 def reference(grid_name: str | None = None, **where):
     """(records, provenance) of the recorded reference, filtered; (None, None) when no file is committed."""
-    data = results.recorded(REFERENCE_GPU)
+    data = store.recorded(REFERENCE_GPU)
     if data is None:
         return None, None
-    recs = data["records"] if grid_name is None else results.select(data["records"], grid=grid_name)
-    return results.select(recs, **where), data["provenance"]
+    recs = data["records"] if grid_name is None else store.select(data["records"], grid=grid_name)
+    return store.select(recs, **where), data["provenance"]
 
 
 def _show(records, columns, plot, title):
@@ -82,7 +82,7 @@ def show_recorded(grid_name, columns, *, plot=None, title="", peak_line=False, i
     if recs is None:
         display(Markdown("*No recorded GPU results are committed yet (`python -m attention_tutorial record`).*"))
         return []
-    display(Markdown(f"**Recorded on the GPU:** {results.describe(prov, grid_name)}."))
+    display(Markdown(f"**Recorded on the GPU:** {store.describe(prov, grid_name)}."))
     if plot and peak_line:
         peak = prov.get("grids", {}).get(grid_name, {}).get("matmul_bf16_tflops", prov["matmul_bf16_tflops"])
         plot = {**plot, "hline": peak if plot.get("y") == "tflops" else 100.0,

@@ -3,7 +3,7 @@
 A result file is JSON with two keys. ``provenance``: gpu, driver, jax, jaxlib, cudnn, transformer_engine,
 python, created, command, and the ceilings matmul_bf16_tflops and copy_gbps measured in the same run (plus
 per-grid details under ``grids`` and instruction counts of the Pallas kernels under ``kernel_code``).
-``records``: one dict per measured point (see :mod:`attention_tutorial.sweep`), each tagged with its ``grid``. Files are written only by the recorder on a GPU, never by hand.
+``records``: one dict per measured point (see :mod:`attention_tutorial.measure.sweep`), each tagged with its ``grid``. Files are written only by the recorder on a GPU, never by hand.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from .sweep import STATUSES
+from ..measure.sweep import STATUSES
 
 PROVENANCE_FIELDS = {
     "gpu": str, "driver": str, "jax": str, "jaxlib": str, "cudnn": str, "transformer_engine": (str, type(None)),
@@ -27,7 +27,7 @@ RECORD_FIELDS = {
 # Provenance entries a later partial run adds to instead of replacing: per-grid details, kernel instruction counts.
 MERGED_PROVENANCE = ("grids", "kernel_code")
 RESULTS_DIR = Path(
-    os.environ.get("ATTENTION_TUTORIAL_RESULTS", Path(__file__).resolve().parents[1] / "docs" / "results")
+    os.environ.get("ATTENTION_TUTORIAL_RESULTS", Path(__file__).resolve().parents[2] / "docs" / "results")
 )
 
 

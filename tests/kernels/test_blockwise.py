@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attention_tutorial.blockwise import blockwise_attention
 from attention_tutorial.inputs import make_qkv
-from attention_tutorial.reference import naive_attention, reference_attention
+from attention_tutorial.kernels.blockwise import blockwise_attention
+from attention_tutorial.kernels.reference import naive_attention, reference_attention
 
 
 @given(

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attention_tutorial.compiled import kernels_used
-from attention_tutorial.fused import cudnn_why_not, dot_product_attention
 from attention_tutorial.inputs import AttentionShape, make_qkv
-from attention_tutorial.reference import reference_attention
+from attention_tutorial.kernels.fused import cudnn_why_not, dot_product_attention
+from attention_tutorial.kernels.reference import reference_attention
+from attention_tutorial.measure.compiled import kernels_used
 
 
 @given(

@@ -4,10 +4,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attention_tutorial.fused import dot_product_attention
 from attention_tutorial.inputs import AttentionShape, make_qkv
-from attention_tutorial.masks import MASK_KINDS, mask_args, split_static
-from attention_tutorial.reference import naive_attention, reference_attention
+from attention_tutorial.kernels.fused import dot_product_attention
+from attention_tutorial.kernels.masks import MASK_KINDS, mask_args, split_static
+from attention_tutorial.kernels.reference import naive_attention, reference_attention
 
 
 def _reference_kwargs(kind, kwargs, shape):

@@ -8,9 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attention_tutorial.compiled import kernels_used
 from attention_tutorial.inputs import AttentionShape, make_qkv
-from attention_tutorial.mosaic_flash import (
+from attention_tutorial.kernels.mosaic_flash import (
     MosaicConfig,
     _problem_why_not,
     bundled_why_not,
@@ -18,7 +17,8 @@ from attention_tutorial.mosaic_flash import (
     mosaic_flash_attention,
     why_not,
 )
-from attention_tutorial.reference import reference_attention
+from attention_tutorial.kernels.reference import reference_attention
+from attention_tutorial.measure.compiled import kernels_used
 
 
 @pytest.mark.parametrize(

@@ -5,10 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attention_tutorial.compiled import kernels_used
 from attention_tutorial.inputs import AttentionShape, make_qkv
-from attention_tutorial.pallas_flash import _block_why_not, flash_attention, jax_bundled_mha
-from attention_tutorial.reference import reference_attention
+from attention_tutorial.kernels.pallas_flash import _block_why_not, flash_attention, jax_bundled_mha
+from attention_tutorial.kernels.reference import reference_attention
+from attention_tutorial.measure.compiled import kernels_used
 
 
 @pytest.mark.parametrize(

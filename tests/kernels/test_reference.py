@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attention_tutorial.inputs import make_qkv
-from attention_tutorial.reference import naive_attention, reference_attention
+from attention_tutorial.kernels.reference import naive_attention, reference_attention
 
 TOL = {"float32": 2e-5, "bfloat16": 2e-2}
 

@@ -3,9 +3,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attention_tutorial import te
 from attention_tutorial.inputs import AttentionShape, make_qkv
-from attention_tutorial.reference import reference_attention
+from attention_tutorial.kernels import te
+from attention_tutorial.kernels.reference import reference_attention
 
 
 def test_argument_mapping():
@@ -30,7 +30,7 @@ def test_without_gpu_or_te_it_says_why():
 @pytest.mark.te
 @pytest.mark.parametrize("causal", [False, True])
 def test_te_matches_reference_and_runs_te_kernel(causal):
-    from attention_tutorial.compiled import kernels_used
+    from attention_tutorial.measure.compiled import kernels_used
 
     q, k, v = make_qkv(2, 512, 8, 128, kv_heads=2, dtype=jnp.bfloat16, seed=2)
     fn = lambda q, k, v: te.te_attention(q, k, v, is_causal=causal)  # noqa: E731

@@ -1,9 +1,9 @@
 import jax.numpy as jnp
 
-from attention_tutorial.blockwise import blockwise_attention
-from attention_tutorial.compiled import compile_stats, describe_kernels, kernels_in_hlo
 from attention_tutorial.inputs import make_qkv
-from attention_tutorial.reference import naive_attention
+from attention_tutorial.kernels.blockwise import blockwise_attention
+from attention_tutorial.kernels.reference import naive_attention
+from attention_tutorial.measure.compiled import compile_stats, describe_kernels, kernels_in_hlo
 
 HLO = """
   %a = bf16[4,128,8,64] custom-call(%p0), custom_call_target="__cublas$lt$matmul", backend_config={}

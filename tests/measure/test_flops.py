@@ -1,7 +1,7 @@
 import jax.numpy as jnp
 import pytest
 
-from attention_tutorial.flops import attention_bytes, attention_flops, kv_cache_bytes
+from attention_tutorial.measure.flops import attention_bytes, attention_flops, kv_cache_bytes
 
 
 def test_forward_flops_by_hand():

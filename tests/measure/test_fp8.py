@@ -2,8 +2,9 @@
 
 import jax
 
-from attention_tutorial import fp8, results
+from attention_tutorial import results
 from attention_tutorial.inputs import AttentionShape
+from attention_tutorial.measure import fp8
 
 SHAPE = AttentionShape(2, 128, 128, 4, 4, 64)
 
@@ -42,7 +43,7 @@ def test_rel_error():
 
 
 def test_ok_record_carries_the_timing_and_tflops():
-    from attention_tutorial.timing import Timing
+    from attention_tutorial.measure.timing import Timing
 
     t = Timing(2.0, 1.9, 2.2, 10, 3, 0.5, 2.1)
     rec = fp8._record("cudnn", SHAPE, False, "bfloat16", t, flops=4e12, peak=4000.0, rel_error=0.01)

@@ -1,7 +1,7 @@
 import pytest
 
 from attention_tutorial import registry
-from attention_tutorial.grids import GRID_NAMES, points
+from attention_tutorial.measure.grids import GRID_NAMES, points
 
 
 @pytest.mark.parametrize("gpu", [True, False])

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attention_tutorial.kernel_code import (
+from attention_tutorial.measure.kernel_code import (
     FAMILIES,
     count_instructions,
     cubins_in,

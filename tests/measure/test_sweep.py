@@ -2,8 +2,8 @@ import jax.numpy as jnp
 import pytest
 
 from attention_tutorial import registry
-from attention_tutorial.flops import attention_flops
-from attention_tutorial.sweep import Point, grid, run_point, run_sweep
+from attention_tutorial.measure.flops import attention_flops
+from attention_tutorial.measure.sweep import Point, grid, run_point, run_sweep
 
 
 def test_grid_is_the_cartesian_product():
@@ -78,7 +78,7 @@ def test_why_not_in_registry():
 
 
 def test_front_end_backend_is_recorded_and_a_failed_query_is_not_fatal(monkeypatch):
-    from attention_tutorial.reference import naive_attention
+    from attention_tutorial.kernels.reference import naive_attention
 
     asked = []
 

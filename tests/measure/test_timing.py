@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attention_tutorial.timing import Timing, summarize, time_fn
+from attention_tutorial.measure.timing import Timing, summarize, time_fn
 
 
 def test_summarize_known_values():

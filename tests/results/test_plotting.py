@@ -2,7 +2,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from attention_tutorial.plotting import markdown_table, plot_records
+from attention_tutorial.results.plotting import markdown_table, plot_records
 
 RECS = [
     {

@@ -2,9 +2,9 @@
 
 import pytest
 
-from attention_tutorial import record as rec_mod
 from attention_tutorial import results
-from attention_tutorial.grids import points
+from attention_tutorial.measure.grids import points
+from attention_tutorial.results import record as rec_mod
 
 FAKE_ENV = {"gpu": "NVIDIA H200", "driver": "580.0", "jax": "0.11.2", "jaxlib": "0.11.2", "cudnn": "9.19.0",
             "transformer_engine": None, "python": "3.12.3", "created": "2026-12-02T00:00:00+00:00"}  # fmt: skip

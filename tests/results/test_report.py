@@ -2,7 +2,8 @@
 
 import pytest
 
-from attention_tutorial import report, results
+from attention_tutorial.results import store
+from attention_tutorial.results import report
 
 PROV = {"gpu": "NVIDIA H200", "driver": "580", "jax": "0.11.2", "jaxlib": "0.11.2", "cudnn": "9.19.0",
         "transformer_engine": None, "python": "3.12.3", "created": "2026-12-02T18:00:00+00:00", "command": "record",
@@ -23,7 +24,7 @@ RECORDS = [_rec("flash", "mosaic", 4096), _rec("flash", "mosaic", 4096, 64), _re
 
 @pytest.fixture
 def recorded(monkeypatch):
-    monkeypatch.setattr(results, "recorded", lambda gpu: {"provenance": PROV, "records": RECORDS})
+    monkeypatch.setattr(store, "recorded", lambda gpu: {"provenance": PROV, "records": RECORDS})
     shown = []
     monkeypatch.setattr(report, "_show", lambda recs, columns, plot, title: shown.append((recs, plot)))
     return shown

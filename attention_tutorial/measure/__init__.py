@@ -1,0 +1,9 @@
+"""Measuring attention: timing, compiled-program inspection, ceilings, FLOP/byte models, grids and sweeps.
+
+Modules: :mod:`~attention_tutorial.measure.timing` (one measurement), :mod:`~attention_tutorial.measure.compiled`
+(what XLA compiled: kernels, temporaries), :mod:`~attention_tutorial.measure.ceilings` (matmul and memory peaks),
+:mod:`~attention_tutorial.measure.flops` (FLOP and byte models), :mod:`~attention_tutorial.measure.grids` (named
+sweeps), :mod:`~attention_tutorial.measure.sweep` (grid → records), :mod:`~attention_tutorial.measure.kernel_code`
+(instruction counts from machine code) and :mod:`~attention_tutorial.measure.fp8` (the FP8 experiments).
+This layer may import :mod:`attention_tutorial.kernels` and the top-level modules, never ``results``.
+"""
