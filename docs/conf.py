@@ -24,7 +24,8 @@ extensions = ["myst_nb", "sphinx.ext.autodoc", "sphinx.ext.viewcode", "sphinx_co
 exclude_patterns = ["_build", "jupyter_execute", "results", "**.ipynb_checkpoints"]
 
 # --- execution: every page runs at build time; a failing cell fails the build -------------------------------
-nb_execution_mode = "force"
+# "cache" (ATTENTION_TUTORIAL_NB_MODE=cache) re-executes only changed pages, for local work; CI and GPU builds force.
+nb_execution_mode = os.environ.get("ATTENTION_TUTORIAL_NB_MODE", "force")
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True  # the traceback goes to the build log, never into a page
 nb_execution_timeout = int(os.environ.get("ATTENTION_TUTORIAL_CELL_TIMEOUT", "900"))  # seconds per cell
