@@ -53,5 +53,5 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(default=False, venv_backend="none")
 def record(session: nox.Session) -> None:
-    """On a GPU: measure every page's grid and write docs/results/<gpu>.json (uses the current Python)."""
+    """On a GPU: measure every page's grid and write attention_tutorial/results/data/<gpu>.json (uses the current Python)."""
     session.run("python", "-m", "attention_tutorial", "record", *session.posargs)

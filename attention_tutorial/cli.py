@@ -5,7 +5,7 @@ Examples::
     python -m attention_tutorial env
     python -m attention_tutorial bench --impl xla cudnn --seq 1024 4096 --heads 16 --head-dim 128 --causal
     python -m attention_tutorial bench --grid seq_long --save seq.json --plot seq.png
-    python -m attention_tutorial record            # on a GPU: writes docs/results/<gpu>.json
+    python -m attention_tutorial record            # on a GPU: writes attention_tutorial/results/data/<gpu>.json
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--plot", metavar="PNG", help="plot TFLOP/s against T here")
     b.add_argument("--progress", action="store_true", help="show a progress bar")
 
-    r = sub.add_parser("record", help="on a GPU: run the pages' grids and write docs/results/<gpu>.json")
+    r = sub.add_parser("record", help="on a GPU: run the pages' grids and write attention_tutorial/results/data/<gpu>.json")
     r.add_argument("--grids", nargs="*", default=list(GRID_NAMES), choices=GRID_NAMES)
     r.add_argument("--extras", nargs="*", default=["fp8", "kernel_code"], choices=["fp8", "kernel_code"])
-    r.add_argument("--out", help="result file (default: docs/results/<gpu>.json)")
+    r.add_argument("--out", help="result file (default: attention_tutorial/results/data/<gpu>.json)")
     r.add_argument("--repeats", type=int, default=20)
     r.add_argument("--max-seconds", type=float, default=1.0, help="cap on timed seconds per point")
 

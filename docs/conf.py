@@ -21,7 +21,7 @@ copyright = "2026, attention-tutorial contributors"
 release = attention_tutorial.__version__
 
 extensions = ["myst_nb", "sphinx.ext.autodoc", "sphinx.ext.viewcode", "sphinx_copybutton"]
-exclude_patterns = ["_build", "jupyter_execute", "results", "**.ipynb_checkpoints"]
+exclude_patterns = ["_build", "jupyter_execute", "**.ipynb_checkpoints"]
 
 # --- execution: every page runs at build time; a failing cell fails the build -------------------------------
 # "cache" (ATTENTION_TUTORIAL_NB_MODE=cache) re-executes only changed pages, for local work; CI and GPU builds force.

@@ -9,8 +9,8 @@
 set -uo pipefail
 export TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 [ -f /tmp/site/te_env.sh ] && . /tmp/site/te_env.sh
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/results docs/results
-RES=docs/results/nvidia-h200.json
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/results attention_tutorial/results/data
+RES=attention_tutorial/results/data/nvidia-h200.json
 [ -f /tmp/results/nvidia-h200.json ] && cp /tmp/results/nvidia-h200.json "$RES"
 step=$1; shift
 case "$step" in

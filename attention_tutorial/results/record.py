@@ -1,7 +1,7 @@
 """The recorder: run every named grid on the GPU and write the reference result file the pages show.
 
 ``python -m attention_tutorial record`` (or ``nox -s record``) measures the ceilings, then each grid of
-:mod:`attention_tutorial.measure.grids` in its GPU size, and writes ``docs/results/<gpu>.json`` after every grid, so an
+:mod:`attention_tutorial.measure.grids` in its GPU size, and writes ``attention_tutorial/results/data/<gpu>.json`` after every grid, so an
 interrupted run keeps what it measured. Records of grids not re-run are kept from the existing file.
 """
 

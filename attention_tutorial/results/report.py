@@ -1,7 +1,7 @@
 """What the pages use to show results: the live run of this build beside the recorded GPU reference.
 
 Every benchmark section of the site calls ``show_live`` (runs a named grid here, now) and ``show_recorded``
-(reads ``docs/results/<gpu>.json``, written by the recorder on the GPU), and each output is labelled with the
+(reads ``attention_tutorial/results/data/<gpu>.json``, written by the recorder on the GPU), and each output is labelled with the
 hardware, versions and date it came from. No number is typed into a page.
 """
 

@@ -27,7 +27,7 @@ RECORD_FIELDS = {
 # Provenance entries a later partial run adds to instead of replacing: per-grid details, kernel instruction counts.
 MERGED_PROVENANCE = ("grids", "kernel_code")
 RESULTS_DIR = Path(
-    os.environ.get("ATTENTION_TUTORIAL_RESULTS", Path(__file__).resolve().parents[2] / "docs" / "results")
+    os.environ.get("ATTENTION_TUTORIAL_RESULTS", Path(__file__).resolve().parent / "data")
 )
 
 

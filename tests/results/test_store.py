@@ -6,7 +6,7 @@ import pytest
 
 from attention_tutorial import results
 
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "attention_tutorial" / "results" / "data"
 
 GOOD = {
     "provenance": {
