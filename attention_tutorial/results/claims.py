@@ -1,0 +1,128 @@
+"""Claims the pages make about measurements, computed from records: each returns its value and its wording.
+
+A page never types "faster", "exactly" or "grows with T²" by hand: it asks one of these functions, which looks at
+the data (and its spread) and picks the word. ``tests/results/test_claims.py`` checks every word against the
+committed result files.
+
+- :func:`compare` — is A faster than B? Only when their timing spreads do not overlap; otherwise "on par".
+- :func:`growth` — how a quantity grows per doubling of x: "stays flat", "grows linearly", "grows quadratically".
+- :func:`agreement` — do two results agree, to the rounding of their dtype (tolerances in :data:`TOLERANCES`)?
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Largest max-abs difference between two attention outputs (unit-variance inputs) that is still rounding, per dtype
+# of the computation. "tf32" is float32 whose matmuls run on TF32 tensor cores (10 stored mantissa bits), the
+# default for float32 matmuls on NVIDIA GPUs in JAX.
+TOLERANCES = {"float64": 1e-12, "float32": 1e-5, "tf32": 2e-3, "float16": 2e-3, "bfloat16": 2e-2, "float8": 0.25}
+# Stored mantissa bits (the leading 1 is implicit and not counted), one convention for every format on the site.
+MANTISSA_BITS = {"float32": 23, "tf32": 10, "float16": 10, "bfloat16": 7, "float8_e4m3fn": 3, "float8_e5m2": 2}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A measured value, its plausible range (low, high) and the word the data allow."""
+
+    value: float
+    low: float
+    high: float
+    word: str
+
+    def __str__(self) -> str:
+        return self.word
+
+
+def spread_ms(records) -> tuple[float, float, float]:
+    """(median, low, high) of the time of one point: the median of the records' medians, and the widest p10–p90
+    over them (several records of one point, from several grids or recording runs, widen the range)."""
+    recs = [r for r in records if r.get("status", "ok") == "ok" and r.get("median_ms") is not None]
+    if not recs:
+        raise ValueError("spread_ms needs at least one ok record with median_ms; got none")
+    meds = sorted(r["median_ms"] for r in recs)
+    low = min(r.get("p10_ms") or r["median_ms"] for r in recs)
+    high = max(r.get("p90_ms") or r["median_ms"] for r in recs)
+    return meds[len(meds) // 2], min(low, meds[0]), max(high, meds[-1])
+
+
+def compare(a_records, b_records) -> Claim:
+    """How fast A is against B: value = B's time / A's time (above 1: A faster), low/high from the spreads.
+
+    The word is "faster" or "slower" only when A's and B's time ranges (p10–p90, over every record given for the
+    point) do not overlap, else "on par".
+    """
+    a, a_lo, a_hi = spread_ms(a_records)
+    b, b_lo, b_hi = spread_ms(b_records)
+    word = "faster" if a_hi < b_lo else "slower" if a_lo > b_hi else "on par"
+    return Claim(b / a, b_lo / a_hi, b_hi / a_lo, word)
+
+
+def exponent_word(p: float) -> str:
+    """Name a growth exponent (y ∝ x**p): 'stays flat', 'grows linearly', 'grows quadratically', or 'grows as x^p'."""
+    if abs(p) < 0.3:
+        return "stays flat"
+    if abs(p - 1) < 0.3:
+        return "grows linearly"
+    if abs(p - 2) < 0.3:
+        return "grows quadratically"
+    return f"{'shrinks' if p < 0 else 'grows'} as x^{p:.1f}"
+
+
+def growth(xs, ys) -> Claim:
+    """How ``ys`` grows per doubling of ``xs``: value = the factor per doubling of a least-squares fit in log-log,
+    low/high = the smallest and largest factor between neighbouring points (scaled to one doubling)."""
+    pts = sorted((x, y) for x, y in zip(xs, ys) if x and y)
+    if len(pts) < 2:
+        raise ValueError(f"growth needs two points with positive x and y; got {list(zip(xs, ys))}")
+    lx, ly = [math.log2(x) for x, _ in pts], [math.log2(y) for _, y in pts]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    den = sum((u - mx) ** 2 for u in lx)
+    if den == 0:
+        raise ValueError("growth needs at least two distinct x values")
+    p = sum((u - mx) * (w - my) for u, w in zip(lx, ly)) / den
+    steps = [2 ** ((ly[i + 1] - ly[i]) / (lx[i + 1] - lx[i])) for i in range(len(pts) - 1) if lx[i + 1] > lx[i]]
+    return Claim(2**p, min(steps), max(steps), exponent_word(p))
+
+
+def agreement(diff: float, dtype: str) -> Claim:
+    """Whether a max-abs difference between two results is rounding in ``dtype`` (see :data:`TOLERANCES`).
+
+    Words: "exactly equal" (0), "agree to within {dtype} rounding", or "differ by more than {dtype} rounding".
+    """
+    if dtype not in TOLERANCES:
+        raise ValueError(f"no tolerance for dtype {dtype!r}; choose from {sorted(TOLERANCES)}")
+    tol = TOLERANCES[dtype]
+    if diff == 0:
+        word = "exactly equal"
+    elif diff <= tol:
+        word = f"agree to within {dtype} rounding"
+    else:
+        word = f"differ by more than {dtype} rounding"
+    return Claim(float(diff), 0.0, tol, word)
+
+
+def fmt_range(low: float, high: float, fmt: str = ".2f", unit: str = "") -> str:
+    """'1.10–1.30×' or '1.20×' when both ends print the same."""
+    a, b = format(low, fmt), format(high, fmt)
+    return f"{a}{unit}" if a == b else f"{a}–{b}{unit}"
+
+
+POINT_FIELDS = ("batch", "seq_q", "seq_kv", "heads", "kv_heads", "head_dim", "dtype", "causal", "pass", "mask")
+
+
+def same_point(records, rec, **override) -> list[dict]:
+    """The ok records (of any grid or recording run) measured at ``rec``'s exact problem, with ``override`` fields."""
+    want = {f: rec.get(f) for f in POINT_FIELDS} | override
+    return [r for r in records if r.get("status") == "ok" and all(r.get(f) == v for f, v in want.items())]
+
+
+def words_by_x(claims_at: dict) -> str:
+    """One phrase for several claims keyed by x: 'on par' when all agree, else 'slower at 4096; on par at 16384'."""
+    groups: dict[str, list] = {}
+    for x, c in claims_at.items():
+        groups.setdefault(c.word, []).append(x)
+    if len(groups) == 1:
+        return next(iter(groups))
+    return "; ".join(f"{w} at T = {', '.join(map(str, xs))}" for w, xs in groups.items())

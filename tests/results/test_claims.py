@@ -1,0 +1,92 @@
+"""Claims: synthetic records that a wrong word would fail, and the pages' claims against the committed results."""
+
+import pytest
+
+from attention_tutorial.results import claims, store
+
+
+def rec(ms, lo, hi, **kw):
+    return {"status": "ok", "median_ms": ms, "p10_ms": lo, "p90_ms": hi, **kw}
+
+
+def test_compare_says_faster_only_when_the_spreads_do_not_overlap():
+    fast, slow = [rec(1.0, 0.9, 1.1)], [rec(2.0, 1.8, 2.2)]
+    c = claims.compare(fast, slow)
+    assert c.word == "faster" and c.value == pytest.approx(2.0) and c.low < 2.0 < c.high
+    assert claims.compare(slow, fast).word == "slower"
+    assert claims.compare([rec(1.0, 0.9, 1.2)], [rec(1.1, 1.0, 1.3)]).word == "on par"
+
+
+def test_compare_widens_with_a_second_run_of_the_same_point():
+    a = [rec(1.0, 0.99, 1.01)]
+    b = [rec(1.05, 1.04, 1.06)]
+    assert claims.compare(a, b).word == "faster"
+    assert claims.compare(a, [*b, rec(0.98, 0.97, 0.99)]).word == "on par"  # B measured faster in another run
+
+
+def test_spread_needs_an_ok_record():
+    with pytest.raises(ValueError, match="ok record"):
+        claims.spread_ms([{"status": "error", "median_ms": None}])
+
+
+@pytest.mark.parametrize(
+    "ys, word",
+    [([5, 5, 5, 5], "stays flat"), ([1, 2, 4, 8], "grows linearly"), ([1, 4, 16, 64], "grows quadratically")],
+)
+def test_growth_names_the_exponent(ys, word):
+    c = claims.growth([1, 2, 4, 8], ys)
+    assert c.word == word
+    assert c.low <= c.value <= c.high
+
+
+def test_growth_reports_uneven_steps():
+    c = claims.growth([1, 2, 4, 8], [1, 3.2, 20.5, 82])
+    assert c.low == pytest.approx(3.2) and c.high == pytest.approx(6.40625)
+    assert c.word not in ("stays flat", "grows linearly")
+
+
+def test_agreement_words_follow_the_tolerance():
+    assert claims.agreement(0.0, "float32").word == "exactly equal"
+    assert claims.agreement(9.7e-4, "float32").word.startswith("differ")
+    assert claims.agreement(9.7e-4, "tf32").word.startswith("agree")
+    assert claims.agreement(9.8e-4, "bfloat16").word.startswith("agree")
+    with pytest.raises(ValueError, match="choose from"):
+        claims.agreement(0.1, "int8")
+
+
+# ---- the pages' claims against the committed H200 results ----
+
+DATA = store.recorded("nvidia-h200")
+needs_data = pytest.mark.skipif(DATA is None, reason="no committed H200 result file")
+
+
+def _recs(**where):
+    return store.select(DATA["records"], status="ok", **where)
+
+
+@needs_data
+def test_benchmarks_memory_with_bt_fixed_grows_linearly_and_cudnn_stays_flat():
+    for impl, word in (("naive", "grows linearly"), ("xla", "grows linearly"), ("cudnn", "stays flat")):
+        rs = [r for r in _recs(grid="seq_long", impl=impl, causal=False) if r.get("temp_bytes")]
+        assert claims.growth([r["seq_q"] for r in rs], [r["temp_bytes"] for r in rs]).word == word
+
+
+@needs_data
+def test_flash_race_words_match_the_spreads():
+    recs = DATA["records"]
+    for a in _recs(grid="flash", impl="pallas", head_dim=128, causal=False, dtype="bfloat16"):
+        if a["seq_q"] < 4096:
+            continue
+        others = claims.same_point(recs, a, impl="cudnn")
+        assert others, a
+        c = claims.compare([a], others)
+        # our Triton-lowered kernel is well behind cuDNN without a mask: its spread never reaches cuDNN's
+        assert c.word == "slower" and c.high < 1.0
+
+
+@needs_data
+def test_decode_k1_reads_fewer_bytes_but_is_not_32x_faster():
+    k32 = _recs(grid="decode", impl="cudnn", kv_heads=32, seq_kv=131072)
+    k1 = _recs(grid="decode", impl="cudnn", kv_heads=1, seq_kv=131072)
+    c = claims.compare(k1, k32)
+    assert c.word == "faster" and c.high < 32
