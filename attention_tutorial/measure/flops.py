@@ -1,26 +1,92 @@
 """FLOP and byte models for attention, kept apart from timing (as in FlashAttention's benchmarks).
 
-Forward: two matmuls, q kᵀ (B·N·T·S·H multiply-adds) and P v (as many), so 4·B·N·T·S·H FLOPs. A causal
-mask over self-attention (T == S) skips half of the pairs: the convention, also used by FlashAttention's
-benchmarks, counts half. The backward pass does five such matmuls to the forward's two: ×2.5, so a
-forward+backward step is 3.5× the forward. Softmax FLOPs are not counted (they run on other units).
+Forward: two matmuls per score position a mask keeps, q·kᵀ and P·v, each H multiply-adds: 4·N·H FLOPs per kept
+(query, key) pair, summed over the batch. With no mask every one of the T·S pairs is kept (4·B·N·T·S·H). A mask
+counts only what it keeps (:func:`kept_positions`): the causal triangle (top-left aligned, as
+``jax.nn.dot_product_attention`` applies it, also when T != S: query i sees keys 0…i), a sliding window, and
+padding (the pairs inside each row's lengths). The count is exact: a causal T = S problem keeps T·(T+1)/2 pairs,
+not the T²/2 of FlashAttention's convention (they differ by 1/T). The backward pass does five such matmuls to
+the forward's two: ×2.5, so a forward+backward step is 3.5× the forward. Softmax FLOPs are not counted.
+
+Peaks (:func:`peak_for`): bf16/fp16/f32 results are judged against the bf16 matmul ceiling measured in the same
+run; FP8 results against twice it (Hopper's FP8 tensor cores do twice the bf16 rate), stated in ``peak_basis``.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
+
+from ..inputs import AttentionShape
+from ..kernels.masks import MASK_KINDS, WINDOW, mask_args
 
 PASSES = ("fwd", "fwd+bwd")
+BF16_PEAK = "bf16 matmul (measured)"
+FP8_PEAK = "fp8 = 2 × bf16 matmul (measured)"
 
 
-def attention_flops(batch, seq_q, seq_kv, heads, head_dim, *, causal=False, pass_="fwd") -> float:
-    """Matmul FLOPs of one attention call: 4·B·N·T·S·H, halved when causal, ×3.5 for fwd+bwd."""
+def kept_positions(seq_q, seq_kv, *, causal=False, window=None, q_lengths=None, kv_lengths=None) -> int:
+    """(query, key) pairs kept, summed over the batch rows given by ``q_lengths``/``kv_lengths`` (one row if
+    neither): top-left causal (key j <= query i), a ``window`` (left, right) keeping i-left <= j <= i+right, and
+    per-row lengths (query i < q_len, key j < kv_len)."""
+    rows = max(np.size(q_lengths) if q_lengths is not None else 1, np.size(kv_lengths) if kv_lengths is not None else 1)
+    q_len = np.broadcast_to(np.asarray(seq_q if q_lengths is None else q_lengths, np.int64), (rows,))
+    kv_len = np.broadcast_to(np.asarray(seq_kv if kv_lengths is None else kv_lengths, np.int64), (rows,))
+    i = np.arange(seq_q, dtype=np.int64)[None, :]  # one row of queries per batch row
+    lo = np.zeros_like(i)
+    hi = np.broadcast_to(np.minimum(kv_len, seq_kv)[:, None] - 1, (rows, seq_q))
+    if causal:
+        hi = np.minimum(hi, i)
+    if window is not None:
+        left, right = window
+        lo, hi = np.maximum(lo, i - left), np.minimum(hi, i + right)
+    kept = np.clip(hi - lo + 1, 0, None) * (i < np.minimum(q_len, seq_q)[:, None])
+    return int(kept.sum())
+
+
+def mask_kept_positions(mask: str, shape: AttentionShape, *, causal=False, window=WINDOW, seed=0) -> int:
+    """Score positions (per head, summed over the batch) that mask ``mask`` of
+    :mod:`attention_tutorial.kernels.masks` keeps for ``shape``, with the same window and padding lengths."""
+    B, T, S = shape.batch, shape.seq_q, shape.seq_kv
+    if mask in ("none", "bias"):  # a bias reweights, it masks nothing
+        return B * kept_positions(T, S, causal=causal)
+    if mask == "dense":  # the causal triangle as a matrix
+        return B * kept_positions(T, S, causal=True)
+    if mask == "window":
+        return B * kept_positions(T, S, causal=causal, window=(window, 0 if causal else window))
+    if mask == "padding":
+        lengths = mask_args("padding", shape, jnp.float32, causal=causal, seed=seed)
+        return kept_positions(T, S, causal=causal, q_lengths=np.asarray(lengths["query_seq_lengths"]),
+                              kv_lengths=np.asarray(lengths["key_value_seq_lengths"]))  # fmt: skip
+    raise ValueError(f"unknown mask kind {mask!r}; choose from {MASK_KINDS}.")
+
+
+def attention_flops(batch, seq_q, seq_kv, heads, head_dim, *, causal=False, pass_="fwd", mask="none",
+                    window=WINDOW, seed=0) -> float:  # fmt: skip
+    """Matmul FLOPs of one attention call: 4·N·H per kept score position (all B·T·S without a mask), ×3.5 for
+    fwd+bwd."""
     if pass_ not in PASSES:
         raise ValueError(f"pass_ must be one of {PASSES}; got {pass_!r}.")
-    flops = 4.0 * batch * heads * seq_q * seq_kv * head_dim
-    if causal:
-        flops /= 2
-    return flops * (3.5 if pass_ == "fwd+bwd" else 1.0)
+    shape = AttentionShape(batch, seq_q, seq_kv, heads, heads, head_dim)
+    kept = mask_kept_positions(mask, shape, causal=causal, window=window, seed=seed)
+    return 4.0 * heads * head_dim * kept * (3.5 if pass_ == "fwd+bwd" else 1.0)
+
+
+def gemm_flops(m, k, n) -> float:
+    """FLOPs of an (m, k) × (k, n) matrix product: 2·m·k·n."""
+    return 2.0 * m * k * n
+
+
+def is_fp8(dtype: str) -> bool:
+    """Whether ``dtype`` names an FP8 type ('float8', 'float8_e4m3fn', 'float8_e5m2', ...)."""
+    return str(dtype).startswith("float8")
+
+
+def peak_for(dtype: str, bf16_peak: float | None) -> tuple[float | None, str]:
+    """(peak TFLOP/s, peak_basis) to judge a ``dtype`` result by: the measured bf16 matmul ceiling, ×2 for FP8."""
+    if is_fp8(dtype):
+        return (2 * bf16_peak if bf16_peak else None), FP8_PEAK
+    return bf16_peak, BF16_PEAK
 
 
 def attention_bytes(batch, seq_q, seq_kv, heads, kv_heads, head_dim, dtype) -> int:

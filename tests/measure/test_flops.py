@@ -1,7 +1,21 @@
+import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from attention_tutorial.measure.flops import attention_bytes, attention_flops, kv_cache_bytes
+from attention_tutorial.inputs import AttentionShape
+from attention_tutorial.kernels.masks import MASK_KINDS, mask_args, split_static
+from attention_tutorial.measure.flops import (
+    BF16_PEAK,
+    FP8_PEAK,
+    attention_bytes,
+    attention_flops,
+    gemm_flops,
+    kept_positions,
+    kv_cache_bytes,
+    mask_kept_positions,
+    peak_for,
+)
 
 
 def test_forward_flops_by_hand():
@@ -9,19 +23,71 @@ def test_forward_flops_by_hand():
     assert attention_flops(4, 128, 128, 8, 64) == 2 * 2 * 4 * 8 * 128 * 128 * 64 == 134_217_728
 
 
-def test_causal_halves_and_backward_is_two_and_a_half_times():
+def test_causal_counts_the_triangle_exactly_and_backward_is_three_and_a_half_times():
     full = attention_flops(2, 1024, 1024, 16, 128)
-    assert attention_flops(2, 1024, 1024, 16, 128, causal=True) == full / 2
+    # T=S=1024: 1024*1025/2 kept pairs per (batch, head), one more than half per query on average
+    assert attention_flops(2, 1024, 1024, 16, 128, causal=True) == full * (1024 * 1025 / 2) / 1024**2
     assert attention_flops(2, 1024, 1024, 16, 128, pass_="fwd+bwd") == full * 3.5
 
 
-def test_cross_attention_uses_both_lengths():
+def test_cross_attention_uses_both_lengths_and_causal_stays_top_left():
     assert attention_flops(1, 10, 30, 1, 8) == 4 * 10 * 30 * 8
+    # T=1 decoding with a top-left causal mask sees key 0 only; T=4 < S=10: 1+2+3+4 keys
+    assert kept_positions(1, 8192, causal=True) == 1
+    assert kept_positions(4, 10, causal=True) == 10
+    # T=10 > S=4: rows 0..3 see 1..4 keys, rows 4..9 see all 4
+    assert kept_positions(10, 4, causal=True) == 1 + 2 + 3 + 4 + 6 * 4
 
 
-def test_unknown_pass():
+def test_unknown_pass_and_mask():
     with pytest.raises(ValueError, match="pass_"):
         attention_flops(1, 1, 1, 1, 1, pass_="bwd")
+    with pytest.raises(ValueError, match="unknown mask"):
+        attention_flops(1, 1, 1, 1, 1, mask="diagonal")
+
+
+def _kept_by_jax(kind, shape, causal, window):
+    """Count kept positions with JAX's own masking: v one-hot per key (H = S), so output[b, i, n, j] is query i's
+    weight on key j, > 0 exactly where it attends key j. q = k = 0 and a bias falling with j (ALiBi's, or one added
+    here) make the weights of kept keys unequal, so a row whose weights are all equal had every key masked (JAX
+    then spreads it evenly over all keys): it keeps nothing."""
+    B, T, S, N = shape.batch, shape.seq_q, shape.seq_kv, shape.heads
+    q = jnp.zeros((B, T, N, S), jnp.float32)
+    k = jnp.zeros((B, S, N, S), jnp.float32)
+    v = jnp.broadcast_to(jnp.eye(S, dtype=jnp.float32)[None, :, None, :], (B, S, N, S))
+    arrays, static = split_static(mask_args(kind, shape, jnp.float32, causal=causal, window=window))
+    arrays.setdefault("bias", -0.01 * jnp.arange(S, dtype=jnp.float32)[None, None, None, :])
+    out = np.asarray(jax.nn.dot_product_attention(q, k, v, implementation="xla", is_causal=causal, **arrays, **static))
+    fully_masked = (out == out[..., :1]).all(axis=-1, keepdims=True)
+    kept = (out > 0) & ~fully_masked  # (B, T, N, S)
+    assert (kept == kept[:, :, :1]).all()  # every head keeps the same positions
+    return int(kept[:, :, 0].sum())
+
+
+@pytest.mark.parametrize("kind", MASK_KINDS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("T", "S"), [(24, 24), (9, 24), (24, 9), (1, 17)])
+def test_kept_positions_match_jax_s_own_masking(kind, causal, T, S):
+    shape = AttentionShape(3, T, S, 2, 2, 8)
+    window = 5
+    expected = _kept_by_jax(kind, shape, causal, window)
+    assert mask_kept_positions(kind, shape, causal=causal, window=window) == expected
+    flops = attention_flops(3, T, S, 2, 8, causal=causal, mask=kind, window=window)
+    assert flops == 4 * 2 * 8 * expected
+
+
+def test_window_and_padding_keep_fewer_than_full():
+    shape = AttentionShape(4, 4096, 4096, 16, 16, 128)
+    full = mask_kept_positions("none", shape)
+    assert mask_kept_positions("window", shape, causal=True) < full / 10  # 257 keys of 4096 at most
+    assert mask_kept_positions("padding", shape) < full
+
+
+def test_gemm_and_peaks():
+    assert gemm_flops(32768, 4096, 4096) == 2 * 32768 * 4096 * 4096
+    assert peak_for("bfloat16", 700.0) == (700.0, BF16_PEAK)
+    assert peak_for("float8_e4m3fn", 700.0) == (1400.0, FP8_PEAK) and peak_for("float8", 700.0)[0] == 1400.0
+    assert peak_for("float8", None) == (None, FP8_PEAK)
 
 
 def test_bytes_read_q_k_v_write_out():
