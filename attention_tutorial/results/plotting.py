@@ -1,7 +1,9 @@
 """Figures and tables from records: TFLOP/s, % of peak, GB/s, milliseconds, memory.
 
 Figures draw on an opaque white card with the Okabe–Ito colour-blind-safe palette, so they read the same in the
-site's light and dark modes. Tables come out as Markdown, which the site renders in its own (theme-aware) style.
+site's light and dark modes. Each implementation keeps one colour and one marker on every page (``IMPL_STYLE``);
+line styles tell the other key (causal or not, forward or backward) apart. More than six lines on one axes are
+split into panels. Tables come out as Markdown, with human names and units in their headers.
 """
 
 from __future__ import annotations
@@ -13,6 +15,20 @@ from .. import registry
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", ":", "-.")
+# one fixed colour and marker per implementation, the same on every page
+IMPL_STYLE = {
+    "naive": (PALETTE[7], "o"), "xla": (PALETTE[0], "s"), "default": (PALETTE[5], "v"), "cudnn": (PALETTE[3], "D"),
+    "blockwise": (PALETTE[6], "P"), "pallas": (PALETTE[1], "^"), "jax_pallas": (PALETTE[5], "X"),
+    "mosaic": (PALETTE[2], "*"), "jax_mosaic": (PALETTE[4], "h"), "te": (PALETTE[4], "p"),
+    "cudnn_fp8_s1": (PALETTE[1], "<"), "cudnn_fp8_s448": (PALETTE[2], ">"),
+}  # fmt: skip
+# names for the implementations of the FP8 experiments, which are not in the registry
+EXTRA_LABELS = {
+    "cudnn_fp8_s1": "cuDNN FP8 (P scale 1)", "cudnn_fp8_s448": "cuDNN FP8 (P scale 448)",
+    "te_autocast": "TransformerEngine under te.autocast", "te_dense_bf16": "TE DenseGeneral, bf16",
+    "te_dense_fp8": "TE DenseGeneral, FP8 (autocast)",
+}  # fmt: skip
+MAX_LINES_PER_AXES = 6
 YLABELS = {
     "tflops": "TFLOP/s",
     "pct_peak": "% of measured bf16 matmul peak",
@@ -20,65 +36,101 @@ YLABELS = {
     "median_ms": "ms per call (median)",
     "temp_bytes": "compiled temporaries (bytes)",
 }
+XLABELS = {"seq_q": "T (query length)", "seq_kv": "S (key length)", "batch": "B (batch)", "head_dim": "H (head dim)",
+           "kv_heads": "K (kv heads)"}  # fmt: skip
 
 
 def label(impl: str) -> str:
     """The display name of an implementation (the registry's label, or the name itself)."""
-    return registry.IMPLEMENTATIONS[impl].label if impl in registry.IMPLEMENTATIONS else impl
+    if impl in registry.IMPLEMENTATIONS:
+        return registry.IMPLEMENTATIONS[impl].label
+    return EXTRA_LABELS.get(impl, impl)
+
+
+def impl_style(impl: str, fallback: int = 0) -> tuple[str, str]:
+    """(colour, marker) of an implementation: fixed for the known ones, from the palette otherwise."""
+    return IMPL_STYLE.get(impl, (PALETTE[fallback % len(PALETTE)], MARKERS[fallback % len(MARKERS)]))
 
 
 def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title=None, logx=True, logy=False,
                  hline=None, hline_label=None):  # fmt: skip
     """One line per distinct ``by`` tuple, ``y`` against ``x``, from ok records; p10–p90 as a band for ms plots.
 
-    ``hline`` draws a ceiling (e.g. the measured peak). Returns the figure.
+    ``hline`` draws a ceiling (e.g. the measured peak). With more than six lines and a second ``by`` field, one
+    panel per value of that field. Returns the figure.
     """
     ok = [r for r in records if r.get("status") == "ok" and r.get(y) is not None]
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(7.0, 4.2), facecolor="white", layout="constrained")
-    fig = ax.figure
-    ax.set_facecolor("white")
     series: dict[tuple, list] = {}
     for r in ok:
         series.setdefault(tuple(r.get(b) for b in by), []).append(r)
-    # colour and marker follow the first ``by`` field (the implementation), the line style the rest (e.g. causal)
-    firsts = list(dict.fromkeys(key[0] for key in series))
     rests = list(dict.fromkeys(key[1:] for key in series))
+    split = ax is None and len(series) > MAX_LINES_PER_AXES and len(rests) > 1
+    if ax is None:
+        n = len(rests) if split else 1
+        fig, axes = plt.subplots(1, n, figsize=(5.2 * n if split else 7.0, 4.2), facecolor="white",
+                                 layout="constrained", sharey=True, squeeze=False)  # fmt: skip
+        axes = list(axes[0])
+    else:
+        fig, axes = ax.figure, [ax]
+    firsts = list(dict.fromkeys(key[0] for key in series))
     for key, rs in series.items():
         rs.sort(key=lambda r: r[x])
-        name = ", ".join(label(k) if b == "impl" else _fmt_key(b, k) for b, k in zip(by, key))
+        j = rests.index(key[1:])
+        target = axes[j] if split else axes[0]
         xs, ys = [r[x] for r in rs], [r[y] for r in rs]
-        i, j = firsts.index(key[0]), rests.index(key[1:])
-        colour, marker = PALETTE[i % len(PALETTE)], MARKERS[i % len(MARKERS)]
-        style = LINESTYLES[j % len(LINESTYLES)]
-        ax.plot(xs, ys, marker=marker, color=colour, linestyle=style, label=name, linewidth=1.8, markersize=5)
+        if by[0] == "impl":
+            colour, marker = impl_style(key[0], firsts.index(key[0]))
+        else:
+            colour, marker = PALETTE[firsts.index(key[0]) % len(PALETTE)], MARKERS[firsts.index(key[0]) % len(MARKERS)]
+        shown = 1 if split else len(by)  # in a panel, the panel's title names the other fields
+        name = ", ".join(label(k) if b == "impl" else _fmt_key(b, k) for b, k in list(zip(by, key))[:shown])
+        style = "-" if split else LINESTYLES[j % len(LINESTYLES)]
+        if split:
+            target.set_title(", ".join(_fmt_key(b, k) for b, k in zip(by[1:], key[1:])), fontsize=10)
+        target.plot(xs, ys, marker=marker, color=colour, linestyle=style, label=name, linewidth=1.8, markersize=5)
         if y == "median_ms" and all("p10_ms" in r for r in rs):
-            ax.fill_between(
+            target.fill_between(
                 xs, [r["p10_ms"] for r in rs], [r["p90_ms"] for r in rs], color=colour, alpha=0.2, linewidth=0
             )
-    if hline:
-        ax.axhline(hline, color="#555555", linestyle="--", linewidth=1.2, label=hline_label)
-    if logx:
-        ax.set_xscale("log", base=2)
-    if logy:
-        ax.set_yscale("log")
-    ax.set_xlabel(x)
-    ax.set_ylabel(YLABELS.get(y, y))
-    ax.grid(True, which="major", color="#dddddd", linewidth=0.8)
+    for a in axes:
+        a.set_facecolor("white")
+        if hline:
+            a.axhline(hline, color="#555555", linestyle=(0, (6, 3)), linewidth=1.2, label=hline_label)
+        if logx:
+            a.set_xscale("log", base=2)
+        if logy:
+            a.set_yscale("log")
+        a.set_xlabel(XLABELS.get(x, x))
+        a.grid(True, which="major", color="#dddddd", linewidth=0.8)
+    axes[0].set_ylabel(YLABELS.get(y, y))
     if title:
-        ax.set_title(title, fontsize=11)
-    if len(series) > 6:  # a long legend goes beside the axes, not over the lines
-        fig.set_size_inches(10.0, 4.6)
-        ax.legend(fontsize=8, frameon=True, facecolor="white", loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    elif series or hline:
-        ax.legend(fontsize=8, frameon=True, facecolor="white")
+        fig.suptitle(title, fontsize=11) if split else axes[0].set_title(title, fontsize=11)
+    _legend(fig, axes, split)
     return fig
+
+
+def _legend(fig, axes, split):
+    """One legend for the figure, beside the last axes, never over the data."""
+    handles, names = {}, []
+    for a in axes:
+        for h, n in zip(*a.get_legend_handles_labels()):
+            if n not in handles:
+                handles[n] = h
+                names.append(n)
+    if not names:
+        return
+    if not split and len(names) > MAX_LINES_PER_AXES:
+        fig.set_size_inches(10.0, 4.6)
+    axes[-1].legend([handles[n] for n in names], names, fontsize=8, frameon=True, facecolor="white",
+                    loc="upper left", bbox_to_anchor=(1.01, 1.0))  # fmt: skip
 
 
 def _fmt_key(field, value):
     if field == "causal":
-        return "causal" if value else "full"
-    return f"{field}={value}"
+        return "causal" if value else "no mask"
+    if field == "pass":
+        return {"fwd": "forward", "fwd+bwd": "forward + backward"}.get(value, value)
+    return f"{COLUMNS.get(field, (field,))[0]} = {value}"
 
 
 COLUMNS = {
@@ -91,31 +143,38 @@ COLUMNS = {
     "head_dim": ("H", str),
     "dtype": ("dtype", str),
     "causal": ("causal", lambda c: "yes" if c else "no"),
-    "pass": ("pass", str),
     "status": ("status", str),
-    "median_ms": ("ms (median)", lambda v: f"{v:.4g}"),
-    "p10_ms": ("p10", lambda v: f"{v:.4g}"),
-    "p90_ms": ("p90", lambda v: f"{v:.4g}"),
-    "single_call_ms": ("ms, one waited call", lambda v: f"{v:.4g}"),
-    "dispatch_ms": ("dispatch ms", lambda v: f"{v:.3g}"),
-    "compile_s": ("compile s", lambda v: f"{v:.2f}"),
+    "median_ms": ("median (ms)", lambda v: f"{v:.4g}"),
+    "p10_ms": ("p10 (ms)", lambda v: f"{v:.4g}"),
+    "p90_ms": ("p90 (ms)", lambda v: f"{v:.4g}"),
+    "single_call_ms": ("one waited call (ms)", lambda v: f"{v:.4g}"),
+    "dispatch_ms": ("dispatch (ms)", lambda v: f"{v:.3g}"),
+    "compile_s": ("compile (s)", lambda v: f"{v:.2f}"),
     "tflops": ("TFLOP/s", lambda v: f"{v:.4g}"),
-    "pct_peak": ("% peak", lambda v: f"{v:.1f}"),
+    "pct_peak": ("% of bf16 peak", lambda v: f"{v:.1f}"),
     "gbps": ("GB/s", lambda v: f"{v:.4g}"),
     "pct_read": ("% read ceiling", lambda v: f"{v:.1f}"),
-    "temp_bytes": ("temp MiB", lambda v: f"{v / 2**20:.1f}"),
-    "kernel": ("kernel", str),
+    "temp_bytes": ("temporaries (MiB)", lambda v: f"{v / 2**20:.4g}"),
+    "per_t2": ("bytes per T²", lambda v: f"{v:.1f}"),
+    "mask": ("mask", str),
+    "pass": ("pass", lambda v: {"fwd": "forward", "fwd+bwd": "forward + backward"}.get(v, v)),
+    "kernel": ("kernel that ran", str),
     "reason": ("why not", str),
     "backend": ("backend chosen", str),
-    "rel_error": ("relative error", lambda v: f"{v:.3g}"),
-    "max_abs_diff_vs_bf16": ("max |Δ| vs bf16", lambda v: f"{v:.3g}"),
+    "rel_error": ("relative error vs float32", lambda v: f"{v:.3g}"),
+    "max_abs_diff_vs_bf16": ("max abs. difference from bf16", lambda v: f"{v:.3g}"),
     "fp8_types_in_hlo": ("FP8 types in HLO", lambda v: ", ".join(v) or "none"),
 }
 
 
+def cell(text) -> str:
+    """Text safe inside a Markdown table cell: no pipes, newlines or dollar signs (MyST reads $…$ as math)."""
+    return " ".join(str(text).split()).replace("|", "\\|").replace("$", "\\$")
+
+
 def markdown_table(records, columns) -> str:
     """A Markdown table of ``records`` with the given fields; a status other than ok shows its reason instead."""
-    head = [COLUMNS.get(c, (c, str))[0] for c in columns]
+    head = [cell(COLUMNS.get(c, (c, str))[0]) for c in columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(columns)]
     for r in records:
         cells = []
@@ -126,7 +185,7 @@ def markdown_table(records, columns) -> str:
             elif v is None:
                 cells.append("–")
             else:
-                cells.append(COLUMNS.get(c, (c, str))[1](v).replace("|", "\\|"))
+                cells.append(cell(COLUMNS.get(c, (c, str))[1](v)))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

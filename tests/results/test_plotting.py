@@ -39,7 +39,7 @@ RECS = [
 def test_markdown_table_formats_and_explains_failures():
     text = markdown_table(RECS, ["impl", "seq_q", "tflops", "reason"])
     lines = text.splitlines()
-    assert lines[0] == "| implementation | T | TFLOP/s | why not |"
+    assert lines[0] == "| implementation | T | TFLOP/s | why not |"  # human names, not field names
     assert len(lines) == 2 + 3
     assert "| XLA | 64 | 1 | – |" in text
     assert "*unsupported*" in lines[4] and "needs a GPU \\| really" in lines[4]
@@ -62,8 +62,8 @@ def test_markdown_table_formats_fp8_fields():
     rec = {"impl": "te_dense_fp8", "rel_error": 0.046918544367176226, "fp8_types_in_hlo": ["f8e4m3fn", "f8e5m2"]}
     plain = {"impl": "te_dense_bf16", "rel_error": 0.0016615716735139908, "fp8_types_in_hlo": []}
     text = markdown_table([rec, plain], ["impl", "rel_error", "fp8_types_in_hlo"])
-    assert "| te_dense_fp8 | 0.0469 | f8e4m3fn, f8e5m2 |" in text
-    assert "| te_dense_bf16 | 0.00166 | none |" in text
+    assert "| TE DenseGeneral, FP8 (autocast) | 0.0469 | f8e4m3fn, f8e5m2 |" in text
+    assert "| TE DenseGeneral, bf16 | 0.00166 | none |" in text
 
 
 def test_colour_follows_the_implementation_and_line_style_the_rest():
@@ -75,8 +75,32 @@ def test_colour_follows_the_implementation_and_line_style_the_rest():
     ]
     lines = plot_records(recs, y="tflops", by=("impl", "causal")).axes[0].lines
     style = {line.get_label(): (line.get_color(), line.get_linestyle()) for line in lines}
-    assert style["XLA, full"][0] == style["XLA, causal"][0] != style["cuDNN, full"][0]
-    assert style["XLA, full"][1] == style["cuDNN, full"][1] != style["XLA, causal"][1]
+    assert style["XLA, no mask"][0] == style["XLA, causal"][0] != style["cuDNN, no mask"][0]
+    assert style["XLA, no mask"][1] == style["cuDNN, no mask"][1] != style["XLA, causal"][1]
+
+
+def test_an_implementation_keeps_its_colour_on_every_plot():
+    one = [{"impl": "cudnn", "seq_q": 64, "status": "ok", "tflops": 1.0}]
+    two = [{"impl": impl, "seq_q": 64, "status": "ok", "tflops": 1.0} for impl in ("naive", "xla", "cudnn")]
+    colour = {line.get_label(): line.get_color() for line in plot_records(two, y="tflops").axes[0].lines}
+    assert plot_records(one, y="tflops").axes[0].lines[0].get_color() == colour["cuDNN"]
+    assert len(set(colour.values())) == 3
+
+
+def test_more_than_six_lines_split_into_panels():
+    recs = [
+        {"impl": impl, "seq_q": 64, "causal": causal, "status": "ok", "tflops": 1.0}
+        for impl in ("naive", "xla", "cudnn", "pallas")
+        for causal in (False, True)
+    ]
+    fig = plot_records(recs, y="tflops", by=("impl", "causal"))
+    assert len(fig.axes) == 2 and all(len(ax.lines) == 4 for ax in fig.axes)
+    assert {ax.get_title() for ax in fig.axes} == {"causal", "no mask"}
+
+
+def test_table_cells_escape_what_markdown_would_eat():
+    text = markdown_table([{"impl": "xla", "reason": "__cublas$lt$matmul\nline two | x"}], ["impl", "reason"])
+    assert "\\$lt\\$" in text and "\\|" in text and "\n" not in text.splitlines()[2]
 
 
 def test_long_legends_go_beside_the_axes():
@@ -88,7 +112,7 @@ def test_long_legends_go_beside_the_axes():
     renderer = fig.canvas.get_renderer()
     assert len(legend.get_texts()) == 8
     assert legend.get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1  # right of the axes
-    short = plot_records(recs[:2], y="tflops")
+    short = plot_records(recs[:2], y="tflops")  # a short legend stays off the data too
     short.canvas.draw()
     r2 = short.canvas.get_renderer()
-    assert short.axes[0].get_legend().get_window_extent(r2).x0 < short.axes[0].get_window_extent(r2).x1
+    assert short.axes[0].get_legend().get_window_extent(r2).x0 >= short.axes[0].get_window_extent(r2).x1
