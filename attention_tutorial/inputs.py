@@ -13,6 +13,8 @@ attention, 1 < K < N grouped-query attention, K == 1 multi-query attention).
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import NamedTuple
 
 import jax
@@ -65,9 +67,49 @@ def make_qkv(
     return q, k, v
 
 
+def resolve_scale(scale, head_dim: int) -> float:
+    """The softmax scale as a Python float: ``None`` -> 1/sqrt(head_dim); anything not a finite real -> ``ValueError``.
+
+    Python and NumPy ints and floats (and 0-d arrays) are accepted. Zero and negative scales are allowed: they are
+    well defined (zero averages v uniformly). Booleans, strings, complex numbers, NaN and infinities are refused.
+    """
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    fix = "pass a finite real number such as 1 / math.sqrt(head_dim), or None for that default"
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (numbers.Real, np.generic, np.ndarray, jax.Array)):
+        raise ValueError(f"scale must be a real number; got {type(scale).__name__} {scale!r:.60}; {fix}.")
+    dt = jnp.result_type(scale)
+    if np.ndim(scale) != 0 or not jnp.issubdtype(dt, jnp.number) or jnp.issubdtype(dt, jnp.complexfloating):
+        raise ValueError(f"scale must be a real scalar; got shape {np.shape(scale)}, dtype {dt}; {fix}.")
+    try:
+        value = float(scale)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        raise ValueError(f"scale must be a concrete number, not a traced value; {fix} (or close over it).") from None
+    if not math.isfinite(value):
+        raise ValueError(f"scale must be finite; got {value}; {fix}.")
+    return value
+
+
+def check_block_size(name: str, value) -> int:
+    """``value`` as a positive Python int (NumPy integers accepted); ``ValueError`` naming ``name`` otherwise."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
+        raise ValueError(
+            f"{name} must be a positive integer (e.g. 64 or 128); got {type(value).__name__} {value!r:.60}. "
+            f"Pass an int, e.g. {name}=int({name})."
+        )
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive integer (e.g. 64 or 128); got {int(value)}.")
+    return int(value)
+
+
 def attention_shape(q, k, v) -> AttentionShape:
     """Validate q, k, v and return their sizes; raise ``ValueError`` naming the fix otherwise."""
     for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, (np.ndarray, jax.Array)):
+            raise ValueError(
+                f"{name} must be an array (jax.Array or numpy.ndarray); got {type(x).__name__}. "
+                f"Convert it with jnp.asarray({name}, jnp.float32)."
+            )
         if np.ndim(x) != 4:
             raise ValueError(
                 f"{name} must have rank 4 (B, T|S, N|K, H); got shape {np.shape(x)}. "
