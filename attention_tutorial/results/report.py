@@ -14,6 +14,7 @@ from ..env import environment
 from ..measure.grids import points
 from ..measure.sweep import run_sweep
 from . import store
+from .claims import POINT_FIELDS
 from .plotting import markdown_table, plot_records
 
 REFERENCE_GPU = "nvidia-h200"
@@ -49,14 +50,40 @@ def reference(grid_name: str | None = None, **where):
     return store.select(recs, **where), data["provenance"]
 
 
+def result_slugs() -> list[str]:
+    """The committed result files to show, the reference GPU first (``store.result_files`` where it exists)."""
+    finder = getattr(store, "result_files", None)
+    slugs = [store.slug(getattr(f, "stem", str(f))) for f in finder()] if finder else [REFERENCE_GPU]
+    return sorted(dict.fromkeys(slugs), key=lambda s: (s != REFERENCE_GPU, s))
+
+
+def live_vs_recorded(live, recorded) -> list[dict]:
+    """One row per live record that the recorded file also measured: both medians and their ratio."""
+    rows = []
+    for r in live:
+        same = [o for o in recorded if o.get("status") == "ok" and o["impl"] == r["impl"]
+                and all(o.get(f) == r.get(f) for f in POINT_FIELDS)]  # fmt: skip
+        if r.get("status") == "ok" and same:
+            rows.append(
+                {**r, "recorded_ms": same[0]["median_ms"], "live_over_recorded": r["median_ms"] / same[0]["median_ms"]}
+            )
+    return rows
+
+
 def _show(records, columns, plot, title):
     from IPython.display import Markdown, display
 
     display(Markdown(markdown_table(records, columns)))
     if plot:
-        fig = plot_records(records, title=title, **plot)
-        display(fig)
-        plt.close(fig)
+        _plot(records, plot, title)
+
+
+def _plot(records, plot, title):
+    from IPython.display import display
+
+    fig = plot_records(records, title=title, **plot)
+    display(fig)
+    plt.close(fig)
 
 
 def show_live(records, columns, *, plot=None, title="") -> None:
@@ -67,25 +94,50 @@ def show_live(records, columns, *, plot=None, title="") -> None:
     _show(records, columns, plot, f"{title} — live, {environment()['gpu'] or 'CPU'}")
 
 
-def show_recorded(grid_name, columns, *, plot=None, title="", peak_line=False, include=None, **where) -> list[dict]:
-    """Display the recorded reference for ``grid_name`` under a label naming its GPU, versions and date.
+def show_recorded(grid_name, columns, *, plot=None, title="", peak_line=False, include=None, live=None,
+                  **where) -> list[dict]:  # fmt: skip
+    """Display the recorded results for ``grid_name`` under a label naming its GPU, versions and date; returns the
+    reference GPU's records. Every committed result file is shown, the reference GPU (the H200) first.
 
     ``include`` ({other grid: {field: value}}) adds records of other grids measured at the same shapes (say, the
-    naive and XLA baselines of ``seq_long`` to the FlashAttention race), filtered by ``where`` too.
+    naive and XLA baselines of ``seq_long`` to the FlashAttention race), filtered by ``where`` too. ``live``: on a
+    GPU build, the live records just shown; then the reference GPU's table is replaced by a compact live/recorded
+    comparison (the plot stays).
     """
     from IPython.display import Markdown, display
 
-    recs, prov = reference(grid_name, **where)
-    if recs is not None:
+    shown = []
+    for gpu in result_slugs():
+        data = store.recorded(gpu)
+        if data is None:
+            continue
+        prov = data["provenance"]
+        recs = store.select(store.select(data["records"], grid=grid_name), **where)
         for other, fields in (include or {}).items():
-            recs = reference(other, **{**where, **fields})[0] + recs
-    if recs is None:
+            recs = store.select(store.select(data["records"], grid=other), **{**where, **fields}) + recs
+        if not recs:
+            continue
+        display(Markdown(f"**Recorded on the GPU:** {store.describe(prov, grid_name)}."))
+        p = plot
+        if p and peak_line:
+            peak = prov.get("grids", {}).get(grid_name, {}).get("matmul_bf16_tflops", prov["matmul_bf16_tflops"])
+            p = {**p, "hline": peak if p.get("y") == "tflops" else 100.0,
+                 "hline_label": "bf16 matmul peak (measured in that run)"}  # fmt: skip
+        if live and gpu == result_slugs()[0] and jax.default_backend() == "gpu":
+            rows = live_vs_recorded(live, recs)
+            keys = [c for c in columns if c in POINT_FIELDS or c == "impl"]
+            display(
+                Markdown(
+                    "Live against recorded, the points both measured:\n\n"
+                    + markdown_table(rows, [*keys, "median_ms", "recorded_ms", "live_over_recorded"])
+                )
+            )
+            if p:
+                _plot(recs, p, f"{title} — recorded, {prov['gpu']}")
+        else:
+            _show(recs, columns, p, f"{title} — recorded, {prov['gpu']}")
+        shown.append(recs)
+    if not shown:
         display(Markdown("*No recorded GPU results are committed yet (`python -m attention_tutorial record`).*"))
         return []
-    display(Markdown(f"**Recorded on the GPU:** {store.describe(prov, grid_name)}."))
-    if plot and peak_line:
-        peak = prov.get("grids", {}).get(grid_name, {}).get("matmul_bf16_tflops", prov["matmul_bf16_tflops"])
-        plot = {**plot, "hline": peak if plot.get("y") == "tflops" else 100.0,
-                "hline_label": "bf16 matmul peak (measured in that run)"}  # fmt: skip
-    _show(recs, columns, plot, f"{title} — recorded, {prov['gpu']}")
-    return recs
+    return shown[0]

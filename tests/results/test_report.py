@@ -2,8 +2,7 @@
 
 import pytest
 
-from attention_tutorial.results import store
-from attention_tutorial.results import report
+from attention_tutorial.results import report, store
 
 PROV = {"gpu": "NVIDIA H200", "driver": "580", "jax": "0.11.2", "jaxlib": "0.11.2", "cudnn": "9.19.0",
         "transformer_engine": None, "python": "3.12.3", "created": "2026-12-02T18:00:00+00:00", "command": "record",
@@ -44,3 +43,16 @@ def test_peak_line_uses_the_grid_s_own_run(recorded):
     report.show_recorded("te", ["impl"], plot={"x": "seq_q", "y": "tflops"}, peak_line=True)
     report.show_recorded("flash", ["impl"], plot={"x": "seq_q", "y": "tflops"}, peak_line=True)
     assert [plot["hline"] for _, plot in recorded] == [680.0, 700.0]
+
+
+def test_result_files_put_the_reference_gpu_first(monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.setattr(store, "result_files", lambda: [Path("a100.json"), Path("nvidia-h200.json")], raising=False)
+    assert report.result_slugs() == ["nvidia-h200", "a100"]
+
+
+def test_live_vs_recorded_pairs_the_same_point():
+    live = [{**_rec("seq_long", "xla", 4096), "median_ms": 2.0}, _rec("seq_long", "xla", 1024)]
+    rows = report.live_vs_recorded(live, RECORDS)
+    assert len(rows) == 1 and rows[0]["recorded_ms"] == 1.0 and rows[0]["live_over_recorded"] == 2.0
