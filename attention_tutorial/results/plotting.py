@@ -156,6 +156,7 @@ COLUMNS = {
     "pct_read": ("% read ceiling", lambda v: f"{v:.1f}"),
     "temp_bytes": ("temporaries (MiB)", lambda v: f"{v / 2**20:.4g}"),
     "per_t2": ("bytes per T²", lambda v: f"{v:.1f}"),
+    "matrices": ("float32 T×T matrices per head", lambda v: f"{v:.2f}"),
     "recorded_ms": ("recorded median (ms)", lambda v: f"{v:.4g}"),
     "live_over_recorded": ("live / recorded time", lambda v: f"{v:.2f}"),
     "window": ("window (keys)", str),
