@@ -89,13 +89,13 @@ def growth(xs, ys) -> Claim:
 def agreement(diff: float, dtype: str) -> Claim:
     """Whether a max-abs difference between two results is rounding in ``dtype`` (see :data:`TOLERANCES`).
 
-    Words: "exactly equal" (0), "agree to within {dtype} rounding", or "differ by more than {dtype} rounding".
+    Words: "are exactly equal" (0), "agree to within {dtype} rounding", or "differ by more than {dtype} rounding".
     """
     if dtype not in TOLERANCES:
         raise ValueError(f"no tolerance for dtype {dtype!r}; choose from {sorted(TOLERANCES)}")
     tol = TOLERANCES[dtype]
     if diff == 0:
-        word = "exactly equal"
+        word = "are exactly equal"
     elif diff <= tol:
         word = f"agree to within {dtype} rounding"
     else:

@@ -46,7 +46,7 @@ def test_growth_reports_uneven_steps():
 
 
 def test_agreement_words_follow_the_tolerance():
-    assert claims.agreement(0.0, "float32").word == "exactly equal"
+    assert claims.agreement(0.0, "float32").word == "are exactly equal"
     assert claims.agreement(9.7e-4, "float32").word.startswith("differ")
     assert claims.agreement(9.7e-4, "tf32").word.startswith("agree")
     assert claims.agreement(9.8e-4, "bfloat16").word.startswith("agree")
