@@ -1,0 +1,109 @@
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from attention_tutorial.measure import profile
+from attention_tutorial.measure.profile import Kernel, compare, device_kernels, device_ms, kernel_table
+from attention_tutorial.measure.sweep import check_record
+from attention_tutorial.measure.timing import Timing
+
+ON_CPU = jax.default_backend() == "cpu"
+cpu_only = pytest.mark.skipif(not ON_CPU, reason="the CPU trace holds host ops; the GPU tests cover the device plane")
+
+
+def _sleepy(ms):
+    """x -> sin(2·callback(x)) @ x where the callback sleeps ``ms``: an op of known duration among XLA's own."""
+
+    def host(x):
+        time.sleep(ms / 1e3)
+        return x
+
+    return lambda x: jnp.sin(jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x) * 2.0) @ x
+
+
+@cpu_only
+def test_parser_reads_a_real_cpu_trace(tmp_path):
+    x = jnp.ones((64, 64))
+    compiled = jax.jit(_sleepy(1.0)).lower(x).compile()
+    path = profile.trace(compiled, (x,), repeats=3, log_dir=tmp_path)
+    assert path.name.endswith(".xplane.pb") and path.stat().st_size > 0
+    evts, where = profile.events(path)
+    assert where == "host"  # a CPU trace has no device plane
+    hlo = compiled.as_text()
+    names = {name for name, _, _ in evts}
+    assert names and all(re.search(rf"%{re.escape(n)} = ", hlo) for n in names), names  # each is an op of ours
+    assert all(kind == profile.HOST_KIND and ns > 0 for _, kind, ns in evts)
+    assert len(evts) % 3 == 0  # the same ops in each of the three calls
+
+
+@cpu_only
+def test_table_units_are_microseconds_per_call():
+    x = jnp.ones((64, 64))
+    rows = device_kernels(_sleepy(5.0), x, repeats=4)
+    assert all(isinstance(r, Kernel) and r.kind == profile.HOST_KIND for r in rows)
+    assert [r.device_us for r in rows] == sorted((r.device_us for r in rows), reverse=True)
+    assert all(r.count == 1.0 for r in rows)  # every op runs once per call
+    assert 4_800 <= rows[0].device_us <= 15_000  # the 5 ms sleep, in µs per call (not summed over the 4 calls)
+    assert 4.8 <= device_ms(rows) <= 16.0
+
+
+def test_kernel_table_sums_per_name_and_divides_by_calls():
+    evts = [("a", "kernel", 1000.0), ("b", "memcpy", 500.0), ("a", "kernel", 3000.0), ("a", "other", 7.0)]
+    rows = kernel_table(evts, repeats=2)
+    assert rows == [
+        Kernel("a", 2.0, 1.0, "kernel"),
+        Kernel("b", 0.25, 0.5, "memcpy"),
+        Kernel("a", 0.0035, 0.5, "other"),
+    ]
+    assert device_ms(rows) == pytest.approx(2.25e-3)  # "other" (say, a CUDA graph span) is listed, not summed
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        kernel_table(evts, repeats=0)
+
+
+def test_compare_record_fields_and_ratio():
+    t = Timing(median_ms=2.1, p10_ms=2.0, p90_ms=2.3, repeats=10, inner=5, compile_s=0.5, single_call_ms=2.4)
+    rows = [Kernel("fmha", 1500.0, 1.0, "kernel"), Kernel("transpose", 500.0, 2.0, "kernel"),
+            Kernel("graph", 9999.0, 1.0, "other")]  # fmt: skip
+    rec = compare(t, rows, profiled_calls=10)
+    assert rec["device_ms"] == pytest.approx(2.0)
+    assert rec["device_ratio"] == pytest.approx(1.05)
+    assert profile.agreement_pct(rec) == pytest.approx(5.0)
+    assert rec["dispatch_ms"] == pytest.approx(0.3)
+    assert (rec["median_ms"], rec["p10_ms"], rec["p90_ms"]) == (2.1, 2.0, 2.3)
+    assert rec["time_source"] == "device" and rec["profiled_calls"] == 10
+    assert [k["name"] for k in rec["kernels"]] == ["fmha", "transpose", "graph"]
+    host = compare(t, [Kernel("fusion", 1000.0, 1.0, profile.HOST_KIND)], profiled_calls=3)
+    assert host["time_source"] == "host" and host["device_ratio"] == pytest.approx(2.1)
+    assert compare(t, [], profiled_calls=1)["device_ratio"] is None
+    assert profile.agreement_pct({"device_ratio": None}) is None
+
+
+def test_profile_records_follow_the_schema():
+    recs = profile.profile_records(("xla", "cudnn"), batch=1, seq=128, heads=2, head_dim=32, dtype="float32",
+                                   causal=(True,), repeats=3, max_seconds=0.2, min_sample_ms=2.0, profiled_calls=2)  # fmt: skip
+    assert [(r["impl"], r["causal"]) for r in recs] == [("xla", True), ("cudnn", True)]
+    assert all(check_record(r) == [] for r in recs), [check_record(r) for r in recs]
+    xla = recs[0]
+    assert xla["status"] == "ok" and xla["device_ms"] > 0 and xla["kernels"]
+    assert xla["device_ratio"] == pytest.approx(xla["median_ms"] / xla["device_ms"])
+    assert xla["time_source"] == ("host" if ON_CPU else "device")
+    if ON_CPU:
+        assert recs[1]["status"] == "unsupported" and "GPU" in recs[1]["reason"]
+
+
+@pytest.mark.gpu
+def test_device_time_agrees_with_pipelined_time_for_a_long_cudnn_call():
+    from attention_tutorial.inputs import make_qkv
+    from attention_tutorial.kernels.fused import dot_product_attention
+
+    q, k, v = make_qkv(4, 8192, 16, 128, dtype="bfloat16")
+    rec = profile.compare_with_timing(
+        lambda q, k, v: dot_product_attention(q, k, v, implementation="cudnn"), q, k, v, repeats=20, profiled_calls=10
+    )
+    assert rec["time_source"] == "device"
+    assert any(k["kind"] == "kernel" for k in rec["kernels"])
+    assert rec["device_ms"] >= 1.0, rec
+    assert profile.agreement_pct(rec) <= 3.0, rec
