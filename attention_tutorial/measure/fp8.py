@@ -23,12 +23,13 @@ from flax.core import meta
 
 from ..inputs import AttentionShape, make_qkv
 from .compiled import compile_stats
-from .flops import attention_flops
-from .sweep import Point, empty_record, failure_fields
+from .flops import attention_flops, gemm_flops
+from .sweep import Point, empty_record, failure_fields, gemm_record, timed_record
 from .timing import time_fn
 
 E4M3_MAX = 448.0
 FP8_SHAPES = ((8, 4096), (4, 8192), (2, 16384))  # (B, T): 32k tokens each, N=16, H=128
+DENSE_SHAPE = (8, 4096, 4096, 4096)  # TE DenseGeneral: x (8, 4096 tokens, 4096 in) -> 4096 out
 
 
 def rel_error(x, ref) -> float:
@@ -63,12 +64,14 @@ def _point(impl, shape: AttentionShape, causal, dtype) -> Point:
 
 
 def _record(impl, shape: AttentionShape, causal, dtype, t, *, flops, peak, **extra):
-    tflops = flops / (t.median_ms * 1e-3) / 1e12
-    return {
-        **empty_record(_point(impl, shape, causal, dtype)), "status": "ok", "median_ms": t.median_ms,
-        "p10_ms": t.p10_ms, "p90_ms": t.p90_ms, "compile_s": t.compile_s, "tflops": tflops,
-        "pct_peak": 100 * tflops / peak if peak else None, **extra,
-    }  # fmt: skip
+    """An attention record; ``peak`` is the bf16 matmul ceiling (FP8 dtypes are judged against twice it)."""
+    return timed_record(empty_record(_point(impl, shape, causal, dtype)), t, flops=flops, peak_tflops=peak, **extra)
+
+
+def _gemm(impl, dtype) -> dict:
+    """The TE DenseGeneral GEMM's record before measuring: (8·4096, 4096) × (4096, 4096)."""
+    m_b, m_t, k_in, n_out = DENSE_SHAPE
+    return gemm_record(impl, m=m_b * m_t, k=k_in, n=n_out, dtype=dtype, experiment="te_dense")
 
 
 def _failed(impl, shape, causal, dtype, status, reason) -> list[dict]:
@@ -154,10 +157,9 @@ def te_records(peak=None, **timing) -> list[dict]:
         te_jax = te.import_te()
         te_flax = te_jax.flax
 
-        m_b, m_t, k_in, n_out = 8, 4096, 4096, 4096
-        gemm = AttentionShape(m_b, m_t, k_in, 1, 1, n_out)
+        m_b, m_t, k_in, n_out = DENSE_SHAPE
         x = jax.random.normal(jax.random.key(0), (m_b, m_t, k_in), jnp.bfloat16)
-        flops = 2.0 * m_b * m_t * k_in * n_out
+        flops = gemm_flops(m_b * m_t, k_in, n_out)
         layer = te_flax.DenseGeneral(features=n_out, use_bias=False, dtype=jnp.bfloat16)
         out = []
         for impl, enabled in (("te_dense_bf16", False), ("te_dense_fp8", True)):
@@ -169,15 +171,17 @@ def te_records(peak=None, **timing) -> list[dict]:
                 types = list(te.hlo_fp8_types(fn, variables, x))
             w = meta.unbox(variables["params"]["kernel"]).astype(jnp.float32)  # TE boxes params with sharding axes
             ref = jnp.einsum("btk,kn->btn", x.astype(jnp.float32), w, precision="highest")
-            out.append(_record(impl, gemm, False, "float8" if enabled else "bfloat16", t, flops=flops, peak=peak,
-                               experiment="te_dense", gemm_mkn=[m_b * m_t, k_in, n_out], fp8_types_in_hlo=types,
-                               rel_error=rel_error(y, ref)))  # fmt: skip
+            base = _gemm(impl, "float8" if enabled else "bfloat16")
+            out.append(timed_record(base, t, flops=flops, peak_tflops=peak, fp8_types_in_hlo=types,
+                                    rel_error=rel_error(y, ref)))  # fmt: skip
             del ref, y
         return out
 
-    return _guarded("te_autocast", shape, True, "bfloat16", attention) + _guarded(
-        "te_dense_fp8", AttentionShape(8, 4096, 4096, 1, 1, 4096), False, "bfloat16", dense
-    )
+    try:
+        dense_recs = dense()
+    except Exception as err:
+        dense_recs = [{**_gemm("te_dense_fp8", "float8"), **failure_fields(err)}]
+    return _guarded("te_autocast", shape, True, "bfloat16", attention) + dense_recs
 
 
 def fp8_records(peak_tflops=None, **timing) -> list[dict]:

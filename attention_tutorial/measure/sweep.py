@@ -1,16 +1,21 @@
 """A named grid of attention problems -> one record per point; out-of-memory and unsupported points are
 recorded (with the reason) and the sweep goes on.
 
-A record holds the problem (impl, batch, seq_q, seq_kv, heads, kv_heads, head_dim, dtype, causal, pass),
-``status`` (ok / oom / unsupported / error) with ``reason``, and for ok points the timing (median/p10/p90 ms,
-single-call and dispatch ms, compile s), ``tflops`` (FLOP model in :mod:`attention_tutorial.measure.flops`),
-``pct_peak`` (against the matmul ceiling measured in the same run, when given), ``gbps`` (fewest bytes over time),
-``temp_bytes`` (XLA's compiled temporaries) and ``kernel`` (what computed the attention).
+This module owns the record schema: every record (sweeps, the FP8 experiments, the recorder, the CLI) is built by
+:func:`empty_record` / :func:`gemm_record` (the problem, null timings) and :func:`timed_record` (a measurement)
+or :func:`failure_fields` (why not), and checked by :func:`check_record`. An attention record holds the problem
+(impl, batch, seq_q, seq_kv, heads, kv_heads, head_dim, dtype, causal, mask, pass); a GEMM record (``problem``:
+"gemm") holds m, k, n instead. Both hold ``status`` (ok / oom / unsupported / error) with ``reason``, and for ok
+points the timing (median/p10/p90 ms, compile s), ``tflops`` (FLOP model in :mod:`attention_tutorial.measure.flops`:
+only the score positions the mask keeps), ``pct_peak`` and its ``peak_basis`` (the bf16 matmul ceiling measured in
+the same run, ×2 for FP8), and for attention sweeps single-call and dispatch ms, ``gbps`` (fewest bytes over
+time), ``temp_bytes`` (XLA's compiled temporaries) and ``kernel`` (what computed the attention).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import asdict, dataclass
 
 import jax
@@ -18,12 +23,25 @@ import jax.numpy as jnp
 
 from .. import registry
 from ..inputs import AttentionShape, make_qkv
-from ..kernels.masks import mask_args, split_static
+from ..kernels.masks import MASK_KINDS, mask_args, split_static
 from .compiled import compile_stats
-from .flops import PASSES, attention_bytes, attention_flops
-from .timing import time_fn
+from .flops import PASSES, attention_bytes, attention_flops, peak_for
+from .timing import Timing, time_fn
 
 STATUSES = ("ok", "oom", "unsupported", "error")
+PROBLEMS = ("attention", "gemm")  # a record's ``problem`` (absent: attention)
+# The record schema: fields every record has, the sizes each problem has, and numbers that may never be negative.
+COMMON_FIELDS = {
+    "impl": str, "dtype": str, "pass": str, "status": str, "median_ms": (int, float, type(None)),
+    "p10_ms": (int, float, type(None)), "p90_ms": (int, float, type(None)), "tflops": (int, float, type(None)),
+}  # fmt: skip
+SIZE_FIELDS = {
+    "attention": ("batch", "seq_q", "seq_kv", "heads", "kv_heads", "head_dim"),
+    "gemm": ("m", "k", "n"),
+}
+TIMED_FIELDS = ("median_ms", "p10_ms", "p90_ms")
+NON_NEGATIVE = (*TIMED_FIELDS, "tflops", "pct_peak", "single_call_ms", "dispatch_ms", "compile_s", "gbps",
+                "temp_bytes", "pct_read", "repeats", "rel_error")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -112,38 +130,32 @@ def run_point(point: Point, *, peak_tflops: float | None = None, seed: int = 0, 
     finally:
         args = q = k = v = None  # free device memory before the next point
     flops = attention_flops(point.batch, point.seq_q, point.seq_kv, point.heads, point.head_dim,
-                            causal=point.causal, pass_=point.pass_)  # fmt: skip
+                            causal=point.causal, pass_=point.pass_, mask=point.mask, seed=seed)  # fmt: skip
     nbytes = attention_bytes(point.batch, point.seq_q, point.seq_kv, point.heads, point.kv_heads, point.head_dim,
                              point.dtype)  # fmt: skip
-    tflops = flops / (t.median_ms * 1e-3) / 1e12
     extra = {"backend": _backend(impl, point)} if impl.backend else {}
-    return {
-        **extra,
-        **rec,
-        "status": "ok",
-        "median_ms": t.median_ms,
-        "p10_ms": t.p10_ms,
-        "p90_ms": t.p90_ms,
-        "single_call_ms": t.single_call_ms,
-        "dispatch_ms": t.dispatch_ms,
-        "repeats": t.repeats,
-        "compile_s": stats.compile_s,
-        "tflops": tflops,
-        "pct_peak": 100 * tflops / peak_tflops if peak_tflops else None,
-        "gbps": nbytes / (t.median_ms * 1e-3) / 1e9,
-        "temp_bytes": stats.temp_bytes,
-        "kernel": stats.attention_kernel,
-    }
+    return timed_record(
+        rec, t, flops=flops, peak_tflops=peak_tflops, single_call_ms=t.single_call_ms, dispatch_ms=t.dispatch_ms,
+        repeats=t.repeats, compile_s=stats.compile_s, gbps=nbytes / (t.median_ms * 1e-3) / 1e9,
+        temp_bytes=stats.temp_bytes, kernel=stats.attention_kernel, **extra,
+    )  # fmt: skip
 
 
-def run_sweep(points, *, peak_tflops: float | None = None, progress: bool = False, **timing) -> list[dict]:
-    """Run every point in order (see :func:`run_point`); ``progress`` shows a tqdm bar on long sweeps."""
+def run_sweep(points, *, peak_tflops: float | None = None, progress: bool = False, on_record=None,
+              **timing) -> list[dict]:  # fmt: skip
+    """Run every point in order (see :func:`run_point`); ``progress`` shows a tqdm bar on long sweeps;
+    ``on_record(record)`` is called after each point (to save as it goes)."""
     points = list(points)
     if progress:
         from tqdm.auto import tqdm
 
         points = tqdm(points, desc="sweep", unit="pt")
-    return [run_point(p, peak_tflops=peak_tflops, **timing) for p in points]
+    records = []
+    for p in points:
+        records.append(run_point(p, peak_tflops=peak_tflops, **timing))
+        if on_record is not None:
+            on_record(records[-1])
+    return records
 
 
 def _backend(impl, point: Point) -> str:
@@ -184,9 +196,90 @@ def _exceeds_memory(temp_bytes, args) -> bool:
     return temp_bytes + sum(a.nbytes for a in args) > limit
 
 
+NO_TIMING = {"median_ms": None, "p10_ms": None, "p90_ms": None, "tflops": None}
+
+
 def empty_record(point: Point) -> dict:
     """A point's record before measuring: its fields, and null timings (what a failed point keeps)."""
-    return {**point.as_record(), "median_ms": None, "p10_ms": None, "p90_ms": None, "tflops": None}
+    return {**point.as_record(), **NO_TIMING}
+
+
+def gemm_record(impl: str, *, m: int, k: int, n: int, dtype: str, **extra) -> dict:
+    """An (m, k) × (k, n) matrix product's record before measuring (``problem`` "gemm"), null timings."""
+    return {"impl": impl, "problem": "gemm", "m": m, "k": k, "n": n, "dtype": dtype, "pass": "fwd", **NO_TIMING,
+            **extra}  # fmt: skip
+
+
+def timed_record(base: dict, t: Timing, *, flops: float, peak_tflops: float | None = None, **extra) -> dict:
+    """``base`` (from :func:`empty_record` / :func:`gemm_record`) measured: status ok, the timing, TFLOP/s from
+    ``flops``, and % of the peak for its dtype (``peak_tflops`` is the measured bf16 matmul ceiling; FP8 gets ×2,
+    named in ``peak_basis``)."""
+    tflops = flops / (t.median_ms * 1e-3) / 1e12
+    peak, basis = peak_for(base["dtype"], peak_tflops)
+    judged = {"pct_peak": 100 * tflops / peak, "peak_basis": basis} if peak else {"pct_peak": None}
+    return {**base, "status": "ok", "median_ms": t.median_ms, "p10_ms": t.p10_ms, "p90_ms": t.p90_ms,
+            "compile_s": t.compile_s, "tflops": tflops, **judged, **extra}  # fmt: skip
+
+
+POINT_FIELDS = ("grid", "problem", "experiment", "impl", *SIZE_FIELDS["attention"], *SIZE_FIELDS["gemm"], "dtype",
+                "causal", "mask", "pass")  # fmt: skip
+
+
+def point_key(rec: dict) -> tuple:
+    """What identifies a record's point (grid, problem, impl, sizes, dtype, mask, pass): a new measurement of the
+    same point replaces the old one when results are merged."""
+    return tuple(rec.get(f) for f in POINT_FIELDS)
+
+
+def check_record(rec) -> list[str]:
+    """Every way ``rec`` breaks the record schema, as messages; an empty list means it is valid."""
+    if not isinstance(rec, dict):
+        return [f"is a {type(rec).__name__}, not an object"]
+    problem = rec.get("problem", "attention")
+    if problem not in PROBLEMS:
+        return [f"has unknown problem {problem!r} (known: {PROBLEMS})"]
+    out = []
+    types = {**COMMON_FIELDS, **dict.fromkeys(SIZE_FIELDS[problem], int)}
+    if problem == "attention":
+        types.update(causal=bool)
+    for field, want in types.items():
+        value = rec.get(field)
+        if field not in rec:
+            out.append(f"lacks {field!r}")
+        elif not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
+            out.append(f"{field!r} has type {type(value).__name__}")
+        elif field in SIZE_FIELDS[problem] and value <= 0:
+            out.append(f"{field!r} must be positive; got {value}")
+    for field in NON_NEGATIVE:
+        value = rec.get(field)
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            if value is not None:
+                out.append(f"{field!r} has type {type(value).__name__}")
+        elif math.isnan(value) or math.isinf(value) or value < 0:
+            out.append(f"{field!r} must be a finite number >= 0; got {value}")
+    status = rec.get("status")
+    if status not in STATUSES:
+        out.append(f"has unknown status {status!r} (known: {STATUSES})")
+    elif status == "ok":
+        if not all(isinstance(rec.get(f), (int, float)) for f in (*TIMED_FIELDS, "tflops")):
+            out.append("is ok but has no median_ms/p10_ms/p90_ms/tflops")
+        elif rec["median_ms"] <= 0:
+            out.append(f"is ok but its median_ms is {rec['median_ms']}")
+    else:
+        if not rec.get("reason"):
+            out.append(f"has status {status!r} but no reason")
+        if any(rec.get(f) is not None for f in (*TIMED_FIELDS, "tflops")):
+            out.append(f"has status {status!r} but carries timings")
+    if rec.get("pass") not in PASSES:
+        out.append(f"has unknown pass {rec.get('pass')!r} (known: {PASSES})")
+    if problem == "attention":
+        if rec.get("mask", "none") not in MASK_KINDS:
+            out.append(f"has unknown mask {rec.get('mask')!r} (known: {MASK_KINDS})")
+        if not out and rec["heads"] % rec["kv_heads"]:
+            out.append(f"heads {rec['heads']} is not a multiple of kv_heads {rec['kv_heads']}")
+    if "grid" in rec and not (isinstance(rec["grid"], str) and rec["grid"]):
+        out.append(f"has a malformed grid name {rec['grid']!r}")
+    return out
 
 
 def failure_fields(err: Exception) -> dict:

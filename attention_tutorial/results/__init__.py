@@ -7,6 +7,28 @@ The store's functions are re-exported here: ``from attention_tutorial import res
 This layer may import everything below it (``kernels``, ``measure`` and the top-level modules).
 """
 
-from .store import RESULTS_DIR, describe, load, recorded, save, select, slug, validate
+from .store import (
+    RESULTS_DIR,
+    ResultFileError,
+    describe,
+    load,
+    recorded,
+    result_files,
+    save,
+    select,
+    slug,
+    validate,
+)
 
-__all__ = ["RESULTS_DIR", "describe", "load", "recorded", "save", "select", "slug", "validate"]
+__all__ = [
+    "RESULTS_DIR",
+    "ResultFileError",
+    "describe",
+    "load",
+    "recorded",
+    "result_files",
+    "save",
+    "select",
+    "slug",
+    "validate",
+]

@@ -1,10 +1,13 @@
 """The FP8 experiments' bookkeeping, on any machine (the measurements themselves need a GPU)."""
 
 import jax
+import pytest
 
-from attention_tutorial import results
 from attention_tutorial.inputs import AttentionShape
 from attention_tutorial.measure import fp8
+from attention_tutorial.measure.flops import FP8_PEAK
+from attention_tutorial.measure.sweep import check_record
+from attention_tutorial.measure.timing import Timing
 
 SHAPE = AttentionShape(2, 128, 128, 4, 4, 64)
 
@@ -26,9 +29,7 @@ def test_failures_become_schema_valid_records_classified_like_a_sweep():
         (rec,) = fp8._guarded("cudnn_fp8_s1", SHAPE, True, "float8_e4m3fn", _raise(err))
         assert rec["status"] == status and str(err) in rec["reason"]
         assert (rec["batch"], rec["seq_q"], rec["head_dim"], rec["causal"]) == (2, 128, 64, True)
-    prov = {"gpu": "g", "driver": "d", "jax": "j", "jaxlib": "j", "cudnn": "c", "transformer_engine": None,
-            "python": "p", "created": "t", "command": "c", "matmul_bf16_tflops": 1.0, "copy_gbps": 1.0}  # fmt: skip
-    assert results.validate({"provenance": prov, "records": [rec]}) == []
+        assert check_record(rec) == []
 
 
 def test_te_records_say_why_without_a_gpu_or_te():
@@ -43,9 +44,21 @@ def test_rel_error():
 
 
 def test_ok_record_carries_the_timing_and_tflops():
-    from attention_tutorial.measure.timing import Timing
-
     t = Timing(2.0, 1.9, 2.2, 10, 3, 0.5, 2.1)
     rec = fp8._record("cudnn", SHAPE, False, "bfloat16", t, flops=4e12, peak=4000.0, rel_error=0.01)
     assert rec["status"] == "ok" and rec["dtype"] == "bfloat16" and rec["median_ms"] == 2.0
     assert abs(rec["tflops"] - 2000.0) < 1e-9 and abs(rec["pct_peak"] - 50.0) < 1e-9 and rec["rel_error"] == 0.01
+
+
+def test_fp8_records_are_judged_against_twice_the_bf16_peak():
+    t = Timing(2.0, 1.9, 2.2, 10, 3, 0.5, 2.1)
+    rec = fp8._record("cudnn_fp8_s1", SHAPE, False, "float8_e4m3fn", t, flops=4e12, peak=1000.0)
+    assert rec["tflops"] == pytest.approx(2000.0) and rec["pct_peak"] == pytest.approx(100.0)
+    assert rec["peak_basis"] == FP8_PEAK and check_record(rec) == []
+
+
+def test_the_gemm_is_a_gemm_record_not_an_attention_shape():
+    rec = fp8._gemm("te_dense_fp8", "float8")
+    assert (rec["problem"], rec["m"], rec["k"], rec["n"]) == ("gemm", 8 * 4096, 4096, 4096)
+    assert not {"batch", "seq_q", "seq_kv", "heads", "head_dim", "causal"} & set(rec)
+    assert check_record({**rec, "status": "error", "reason": "simulated"}) == []

@@ -3,7 +3,7 @@ import pytest
 
 from attention_tutorial import registry
 from attention_tutorial.measure.flops import attention_flops
-from attention_tutorial.measure.sweep import Point, grid, run_point, run_sweep
+from attention_tutorial.measure.sweep import Point, check_record, grid, point_key, run_point, run_sweep
 
 
 def test_grid_is_the_cartesian_product():
@@ -36,6 +36,17 @@ def test_ok_record_fields_and_tflops_from_the_flop_model():
 def test_forward_backward_point_runs():
     rec = run_point(Point("xla", 1, 32, 32, 2, 2, 16, "float32", pass_="fwd+bwd"), repeats=5)
     assert rec["status"] == "ok" and rec["pass"] == "fwd+bwd"
+
+
+def test_a_mask_point_counts_only_the_positions_its_mask_keeps_and_records_are_schema_valid():
+    p = Point("xla", 2, 64, 64, 2, 2, 16, "float32", causal=True, mask="window")
+    seen = []
+    (rec,) = run_sweep([p], peak_tflops=1.0, repeats=3, on_record=seen.append)
+    assert seen == [rec] and rec["status"] == "ok" and check_record(rec) == []
+    # window 256 > T = 64 with causal: the causal triangle, 64 * 65 / 2 pairs per (batch, head)
+    flops = 4 * 2 * 2 * 16 * (64 * 65 // 2)
+    assert rec["tflops"] == pytest.approx(flops / (rec["median_ms"] * 1e-3) / 1e12)
+    assert rec["peak_basis"].startswith("bf16") and point_key(rec) != point_key({**rec, "mask": "none"})
 
 
 def test_mask_point_runs_and_unsupported_mask_is_recorded():

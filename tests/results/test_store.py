@@ -1,10 +1,17 @@
 import copy
 import json
+import math
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from attention_tutorial import results
+from attention_tutorial.measure.flops import peak_for
+from attention_tutorial.results import store
 
 RESULTS = Path(__file__).resolve().parents[2] / "attention_tutorial" / "results" / "data"
 
@@ -40,15 +47,67 @@ def test_good_file_validates():
         (lambda d: d["records"][0].update(status="slow"), "unknown status"),
         (lambda d: d["records"][0].update(batch=1.5), "'batch' has type float"),
         (lambda d: d["records"][0].update(causal=1), "'causal' has type int"),
-        (lambda d: d["records"][0].update(tflops=None), "no median_ms/tflops"),
+        (lambda d: d["records"][0].update(tflops=None), "no median_ms/p10_ms/p90_ms/tflops"),
         (lambda d: d["records"][1].pop("reason"), "no reason"),
         (lambda d: d["records"][1].update({"pass": "bwd"}), "unknown pass"),
+        (lambda d: d["records"][0].update(median_ms=math.nan), "'median_ms' must be a finite number"),
+        (lambda d: d["records"][0].update(p10_ms=-0.5), "'p10_ms' must be a finite number >= 0"),
+        (lambda d: d["records"][0].update(tflops=math.inf), "'tflops' must be a finite number"),
+        (lambda d: d["records"][0].update(median_ms=0.0), "median_ms is 0.0"),
+        (lambda d: d["records"][0].update(seq_kv=0), "'seq_kv' must be positive"),
+        (lambda d: d["records"][0].update(heads=-4), "'heads' must be positive"),
+        (lambda d: d["records"][0].update(heads=3, kv_heads=2), "not a multiple of kv_heads"),
+        (lambda d: d["records"][0].update(mask="stripes"), "unknown mask"),
+        (lambda d: d["records"][0].update(problem="conv"), "unknown problem"),
+        (lambda d: d["records"][1].update(median_ms=1.0), "carries timings"),
+        (lambda d: d["records"].append("not a record"), "not an object"),
+        (lambda d: d["provenance"].update(created="yesterday"), "'created' is not an ISO date"),
+        (lambda d: d["provenance"].pop("copy_gbps"), "lacks 'copy_gbps'"),
+        (lambda d: d["provenance"].update(copy_gbps=-1.0), "'copy_gbps' must be a positive number or null"),
+        (lambda d: d["provenance"].update(gpu=None), "'gpu' has type NoneType"),
+        (lambda d: d["provenance"].update(grids=["a"]), "'grids' must be an object"),
+        (lambda d: d["provenance"].update(grids={"a": 3}), "grid 'a' must be an object"),
+        (lambda d: d["provenance"].update(grids={"a": {"created": "soon"}}), "grid 'a' has no ISO 'created'"),
+        (lambda d: d["provenance"].update(grids={"a": {"created": "2026-01-01", "seconds": -1}}), "'seconds'"),
+        (
+            lambda d: (
+                d["provenance"].update(grids={"a": {"created": "2026-12-02"}}),
+                d["records"][0].update(grid="b"),
+            ),
+            "which the provenance's grids lack",
+        ),
+        (lambda d: d["records"][0].update(grid=""), "malformed grid name"),
     ],
 )
 def test_each_defect_is_reported(mutate, message):
     bad = copy.deepcopy(GOOD)
     mutate(bad)
     assert any(message in p for p in results.validate(bad)), results.validate(bad)
+
+
+def test_each_defect_is_reported_on_top_of_a_valid_file_with_grids():
+    # the grid rules need a provenance with grids; the other cases hold with or without them
+    data = copy.deepcopy(GOOD)
+    data["provenance"]["grids"] = {"a": {"created": "2026-12-02T00:00:00+00:00", "seconds": 1.0}}
+    for rec in data["records"]:
+        rec["grid"] = "a"
+    assert results.validate(data) == []
+
+
+def test_a_cpu_file_with_no_ceilings_is_valid_and_described():
+    cpu = copy.deepcopy(GOOD)
+    cpu["provenance"].update(backend="cpu", gpu=None, driver=None, cudnn=None, cpu="x86_64",
+                             matmul_bf16_tflops=None, copy_gbps=None)  # fmt: skip
+    assert results.validate(cpu) == []
+    assert results.describe(cpu["provenance"]).startswith("CPU (x86_64), JAX 0.11.2")
+
+
+def test_a_gemm_record_has_its_own_sizes():
+    gemm = {"impl": "te_dense_fp8", "problem": "gemm", "m": 32768, "k": 4096, "n": 4096, "dtype": "float8",
+            "pass": "fwd", "status": "ok", "median_ms": 1.0, "p10_ms": 0.9, "p90_ms": 1.1, "tflops": 1100.0}  # fmt: skip
+    assert results.validate({**GOOD, "records": [gemm]}) == []
+    bad = {**gemm, "k": 0, "seq_kv": 4096}
+    assert any("'k' must be positive" in p for p in results.validate({**GOOD, "records": [bad]}))
 
 
 def test_save_keeps_other_grids_and_refuses_invalid(tmp_path):
@@ -61,7 +120,8 @@ def test_save_keeps_other_grids_and_refuses_invalid(tmp_path):
     results.save(path, GOOD["provenance"], [dict(b[0], median_ms=3.0)])
     assert [r["median_ms"] for r in results.load(path)["records"] if r["grid"] == "b"] == [3.0]
     with pytest.raises(ValueError, match="invalid result file"):
-        results.save(path, {}, a)
+        results.save(tmp_path / "new.json", {}, a)
+    assert not (tmp_path / "new.json").exists()
 
 
 def test_select_and_slug_and_describe():
@@ -99,3 +159,144 @@ def test_describe_names_each_grid_s_own_run():
     old = results.describe(prov, "old")  # written before grids kept their versions: TE unknown, not claimed
     assert "TransformerEngine" not in old and "2026-11-30" in old
     assert results.describe(prov, "missing") == results.describe(prov)
+
+
+# --- writing files that survive faults -------------------------------------------------------------------------
+
+
+def _rec(grid, **kw):
+    return dict(GOOD["records"][0], grid=grid, **kw)
+
+
+def test_a_failed_write_leaves_the_previous_file_whole(tmp_path, monkeypatch):
+    path = tmp_path / "gpu.json"
+    results.save(path, GOOD["provenance"], [_rec("a")])
+    before = path.read_bytes()
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    for target in ("replace", "fsync"):
+        with monkeypatch.context() as m:
+            m.setattr(store.os, target, boom)
+            with pytest.raises(OSError, match="disk full"):
+                results.save(path, GOOD["provenance"], [_rec("b")])
+        assert path.read_bytes() == before
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu.json"]  # no temporary file left behind
+    with monkeypatch.context() as m:
+        m.setattr(store.json, "dumps", boom)
+        with pytest.raises(OSError):
+            results.save(path, GOOD["provenance"], [_rec("b")])
+    assert path.read_bytes() == before
+
+
+KILLED_WRITER = """
+import os, sys, time
+from attention_tutorial.results import store
+def slow_fsync(fd):  # the new contents are in the temporary file: stall here, before the rename
+    print("writing", flush=True)
+    time.sleep(60)
+store.os.fsync = slow_fsync
+store.save(sys.argv[1], {prov!r}, [{rec!r}])
+"""
+
+
+def test_a_writer_killed_mid_write_leaves_the_previous_file_whole(tmp_path):
+    path = tmp_path / "gpu.json"
+    results.save(path, GOOD["provenance"], [_rec("a")])
+    before = path.read_bytes()
+    code = KILLED_WRITER.format(prov=GOOD["provenance"], rec=_rec("b", median_ms=9.0))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "JAX_PLATFORMS": "cpu"}
+    with subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, env=env, text=True) as proc:
+        try:
+            assert proc.stdout.readline().strip() == "writing"
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert path.read_bytes() == before and [r["grid"] for r in results.load(path)["records"]] == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "is empty"),
+        (b"   \n", "is empty"),
+        (json.dumps(GOOD).encode()[:200], "not valid JSON"),
+        (b"\xff\xfe\x00", "not UTF-8"),
+        (b"[1, 2, 3]", "not a result file"),
+        (b'{"name": "my notes"}', "not a result file"),
+        (json.dumps({**GOOD, "records": [dict(GOOD["records"][0], median_ms=-1.0)]}).encode(), "not a valid result"),
+    ],
+    ids=["empty", "blank", "truncated", "binary", "list", "other-json", "schema"],
+)
+def test_loading_a_broken_file_says_which_and_what(tmp_path, content, message):
+    path = tmp_path / "broken.json"
+    path.write_bytes(content)
+    with pytest.raises(results.ResultFileError, match=message) as err:
+        results.load(path)
+    assert str(path) in str(err.value)
+    # and nothing is merged into it: the file stays as it was
+    with pytest.raises(results.ResultFileError, match="refusing to merge"):
+        results.save(path, GOOD["provenance"], [_rec("a")])
+    assert path.read_bytes() == content
+    results.save(path, GOOD["provenance"], [_rec("a")], overwrite=True)  # only when told to
+    assert results.load(path)["records"][0]["grid"] == "a"
+
+
+def test_truncation_is_named(tmp_path):
+    path = tmp_path / "cut.json"
+    path.write_text(json.dumps(GOOD, indent=1)[:-40])
+    with pytest.raises(results.ResultFileError, match="truncated"):
+        results.load(path)
+
+
+def test_merge_modes_never_drop_records_they_were_not_asked_to(tmp_path):
+    path = tmp_path / "gpu.json"
+    a1, a2 = _rec("a", impl="xla"), _rec("a", impl="cudnn")
+    results.save(path, GOOD["provenance"], [a1, a2, _rec("b")])
+    # point merge: only the very same point is replaced; a new point is added; nothing else moves
+    results.save(path, GOOD["provenance"], [dict(a1, median_ms=5.0), _rec("c")], replace_grids=False)
+    recs = results.load(path)["records"]
+    assert sorted((r["grid"], r["impl"], r["median_ms"]) for r in recs) == [
+        ("a", "cudnn", 1.0), ("a", "xla", 5.0), ("b", "cudnn", 1.0), ("c", "cudnn", 1.0)]  # fmt: skip
+    # grid merge (the recorder): grid a is re-measured as a whole, b and c stay
+    results.save(path, GOOD["provenance"], [dict(a2, median_ms=7.0)])
+    recs = results.load(path)["records"]
+    assert sorted((r["grid"], r["impl"], r["median_ms"]) for r in recs) == [
+        ("a", "cudnn", 7.0), ("b", "cudnn", 1.0), ("c", "cudnn", 1.0)]  # fmt: skip
+
+
+def test_merge_keeps_provenance_history_and_refuses_another_device(tmp_path):
+    path = tmp_path / "gpu.json"
+    note = {"created": "2026-12-02T00:00:00+00:00", "script": "x", "what": "y"}
+    results.save(path, {**GOOD["provenance"], "history": [note]}, [_rec("a")])
+    results.save(path, GOOD["provenance"], [_rec("b")])
+    assert results.load(path)["provenance"]["history"] == [note]
+    other = {**GOOD["provenance"], "gpu": "NVIDIA L4"}
+    with pytest.raises(results.ResultFileError, match="holds results of"):
+        results.save(path, other, [_rec("c")])
+    assert {r["grid"] for r in results.load(path)["records"]} == {"a", "b"}
+
+
+def test_result_files_list_the_reference_first(tmp_path):
+    for name in ("nvidia-a100", "nvidia-h200", "nvidia-l4"):
+        (tmp_path / f"{name}.json").write_text("{}")
+    assert [p.stem for p in results.result_files(tmp_path)] == ["nvidia-h200", "nvidia-a100", "nvidia-l4"]
+    assert results.result_files()[0].name == "nvidia-h200.json"
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("*.json")), ids=lambda p: p.name)
+def test_no_committed_record_exceeds_its_own_peak(path):
+    """tflops is consistent with the FLOP model's peak for its dtype (FP8: 2 x bf16), and never above 100 %."""
+    data = results.load(path)
+    grids = data["provenance"].get("grids", {})
+    for rec in data["records"]:
+        if rec["status"] != "ok" or rec.get("pct_peak") is None:
+            continue
+        bf16 = grids.get(rec.get("grid"), {}).get("matmul_bf16_tflops") or data["provenance"]["matmul_bf16_tflops"]
+        peak, basis = peak_for(rec["dtype"], bf16)
+        where = f"{rec.get('grid')} {rec['impl']} {rec['dtype']} mask={rec.get('mask')} T={rec.get('seq_q')}"
+        assert rec["peak_basis"] == basis, where
+        assert rec["pct_peak"] == pytest.approx(100 * rec["tflops"] / peak, rel=1e-9), where
+        assert rec["pct_peak"] <= 100, where
