@@ -209,3 +209,58 @@ def _profile_point(point: Point, peak_tflops, profiled_calls, seed, timing) -> d
                fields["compile_s"], fields["single_call_ms"])  # fmt: skip
     flops = attention_flops(point.batch, point.seq_q, point.seq_kv, point.heads, point.head_dim, causal=point.causal)
     return timed_record(rec, t, flops=flops, peak_tflops=peak_tflops, **fields)
+
+
+AGREE_PCT = 3.0  # the target: pipelined and summed device time agree within this, for calls of MIN_MS or more
+MIN_MS = 1.0
+
+
+def summary_row(rec: dict) -> dict:
+    """A record's comparison as table cells (readable keys, formatted numbers; '–' where not measured)."""
+
+    def fmt(v, spec):
+        return "–" if v is None else format(v, spec)
+
+    src = {"device": "GPU kernels", "host": "host XLA ops (no device plane)"}.get(rec.get("time_source"), "–")
+    return {
+        "impl": rec["impl"], "causal": rec["causal"], "status": rec["status"],
+        "pipelined median (ms)": fmt(rec.get("median_ms"), ".4g"),
+        "p10–p90 (ms)": "–" if rec.get("p10_ms") is None else f"{rec['p10_ms']:.4g}–{rec['p90_ms']:.4g}",
+        "summed profile (ms)": fmt(rec.get("device_ms"), ".4g"), "summed over": src,
+        "pipelined / summed": fmt(rec.get("device_ratio"), ".3f"),
+        "dispatch (ms)": fmt(rec.get("dispatch_ms"), ".3g"), "reason": rec.get("reason"),
+    }  # fmt: skip
+
+
+def kernel_rows(records, top: int = 3) -> list[dict]:
+    """The ``top`` longest kernels (or host ops) of each ok record, as table cells."""
+    return [
+        {"impl": r["impl"], "causal": r["causal"], "kernel": k["name"], "kind": k["kind"],
+         "µs per call": f"{k['us']:.4g}", "launches per call": f"{k['count']:.3g}"}
+        for r in records if r.get("status") == "ok" for k in r.get("kernels", [])[:top]
+    ]  # fmt: skip
+
+
+def agreement_sentence(records, *, within: float = AGREE_PCT, min_ms: float = MIN_MS) -> str:
+    """What the records say about pipelined vs summed device time, worded from the data."""
+    ok = [r for r in records if r.get("status") == "ok" and r.get("device_ratio") is not None]
+    long = [r for r in ok if r.get("time_source") == "device" and r["device_ms"] >= min_ms]
+    if not ok:
+        return "No call was profiled here."
+    if not long:
+        lo, hi = min(r["device_ratio"] for r in ok), max(r["device_ratio"] for r in ok)
+        what = "host XLA op times (no device plane)" if ok[0]["time_source"] == "host" else "device time"
+        return (f"No call here did {min_ms:g} ms or more of GPU work, so the {within:g} % agreement is not tested on "
+                f"this build. The summed profile here is {what}; pipelined / summed ranges over "
+                f"{lo:.2f}–{hi:.2f} for the {len(ok)} profiled calls.")  # fmt: skip
+    worst = max(long, key=agreement_pct)
+    pct = agreement_pct(worst)
+    verdict = f"inside the {within:g} % target" if pct <= within else f"outside the {within:g} % target"
+    mask = "causal" if worst["causal"] else "no mask"
+    text = (f"For the {len(long)} calls with {min_ms:g} ms or more of GPU work, the pipelined median and the summed "
+            f"kernel time agree within {pct:.1f} % ({verdict}; the largest gap: {worst['impl']}, {mask}).")  # fmt: skip
+    short = [r["device_ratio"] for r in ok if r.get("time_source") == "device" and r["device_ms"] < min_ms]
+    if short:
+        text += (f" For the {len(short)} shorter calls, pipelined / summed ranges over "
+                 f"{min(short):.2f}–{max(short):.2f}.")  # fmt: skip
+    return text

@@ -107,3 +107,20 @@ def test_device_time_agrees_with_pipelined_time_for_a_long_cudnn_call():
     assert any(k["kind"] == "kernel" for k in rec["kernels"])
     assert rec["device_ms"] >= 1.0, rec
     assert profile.agreement_pct(rec) <= 3.0, rec
+
+
+def _rec(impl, ratio, dev_ms, source="device", causal=False):
+    return {"impl": impl, "causal": causal, "status": "ok", "device_ratio": ratio, "device_ms": dev_ms,
+            "time_source": source}  # fmt: skip
+
+
+def test_agreement_sentence_is_worded_from_the_data():
+    recs = [_rec("cudnn", 1.012, 2.0), _rec("xla", 0.975, 5.0, causal=True), _rec("te", 1.5, 0.2)]
+    text = profile.agreement_sentence(recs)
+    assert "2 calls with 1 ms or more" in text and "agree within 2.5 %" in text and "inside the 3 % target" in text
+    assert "largest gap: xla, causal" in text and "1 shorter calls" in text and "1.50–1.50" in text
+    worse = profile.agreement_sentence([*recs, _rec("mosaic", 1.04, 3.0)])
+    assert "agree within 4.0 %" in worse and "outside the 3 % target" in worse and "mosaic, no mask" in worse
+    cpu = profile.agreement_sentence([_rec("xla", 1.2, 3.0, "host"), _rec("blockwise", 0.9, 0.5, "host")])
+    assert "not tested on this build" in cpu and "host XLA op times" in cpu and "0.90–1.20" in cpu
+    assert profile.agreement_sentence([{"status": "unsupported"}]) == "No call was profiled here."
