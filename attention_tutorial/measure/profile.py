@@ -235,10 +235,14 @@ def summary_row(rec: dict) -> dict:
 def kernel_rows(records, top: int = 3) -> list[dict]:
     """The ``top`` longest kernels (or host ops) of each ok record, as table cells."""
     return [
-        {"impl": r["impl"], "causal": r["causal"], "kernel": k["name"], "kind": k["kind"],
-         "µs per call": f"{k['us']:.4g}", "launches per call": f"{k['count']:.3g}"}
+        {"impl": r["impl"], "causal": r["causal"], "kernel or op": _short(k["name"]), "kind": k["kind"],
+         "µs per call": f"{k['us']:.4g}" if k["us"] < 1e4 else f"{k['us']:.0f}", "launches per call": f"{k['count']:.3g}"}
         for r in records if r.get("status") == "ok" for k in r.get("kernels", [])[:top]
     ]  # fmt: skip
+
+
+def _short(name: str, width: int = 90) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"
 
 
 def agreement_sentence(records, *, within: float = AGREE_PCT, min_ms: float = MIN_MS) -> str:

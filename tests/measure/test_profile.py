@@ -124,3 +124,17 @@ def test_agreement_sentence_is_worded_from_the_data():
     cpu = profile.agreement_sentence([_rec("xla", 1.2, 3.0, "host"), _rec("blockwise", 0.9, 0.5, "host")])
     assert "not tested on this build" in cpu and "host XLA op times" in cpu and "0.90–1.20" in cpu
     assert profile.agreement_sentence([{"status": "unsupported"}]) == "No call was profiled here."
+
+
+def test_table_rows_format_records():
+    rec = {**_rec("cudnn", 1.0123, 2.5), "median_ms": 2.53, "p10_ms": 2.5, "p90_ms": 2.6, "dispatch_ms": 0.012,
+           "kernels": [{"name": "k" * 200, "us": 12345.6, "count": 1.0, "kind": "kernel"},
+                       {"name": "fmha", "us": 99.94, "count": 2.0, "kind": "kernel"}]}  # fmt: skip
+    row = profile.summary_row(rec)
+    assert row["pipelined / summed"] == "1.012" and row["p10–p90 (ms)"] == "2.5–2.6"
+    assert row["summed over"] == "GPU kernels" and row["dispatch (ms)"] == "0.012"
+    skipped = profile.summary_row({"impl": "te", "causal": True, "status": "unsupported", "reason": "no TE"})
+    assert skipped["pipelined median (ms)"] == "–" and skipped["reason"] == "no TE"
+    rows = profile.kernel_rows([rec, {"status": "unsupported"}], top=2)
+    assert [r["µs per call"] for r in rows] == ["12346", "99.94"] and rows[1]["launches per call"] == "2"
+    assert len(rows[0]["kernel or op"]) == 90 and rows[0]["kernel or op"].endswith("…")
