@@ -1,0 +1,5 @@
+"""A small GPT-style language model trained with any differentiable attention implementation of the registry.
+
+``data`` reads the corpus (the Python standard library's own source, byte-level tokens), ``model`` is the flax
+GPT whose attention is a registry implementation, ``loop`` trains it and returns result records.
+"""

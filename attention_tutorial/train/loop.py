@@ -1,0 +1,158 @@
+"""Training: AdamW steps on the stdlib corpus, timed one by one, returned as result records.
+
+``train_records(impl, steps=..., config=..., seed=...)`` trains a fresh model with the attention ``impl`` and
+returns one record per logged step (loss, step time, tokens/s, TFLOP/s, peak device memory) and a summary. The
+same seed gives the same initial parameters and the same batches whatever the attention, so runs compare
+directly. Timing: the train step is compiled first (``compile_s``) and run once on a throw-away copy of the state
+(warm-up), then every step is timed from dispatch to ``block_until_ready`` of its outputs; the next batch is
+already on the device, so the time is the step's own.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .. import registry
+from ..inputs import AttentionShape
+from ..measure.compiled import compile_stats
+from ..measure.flops import attention_flops
+from ..measure.timing import summarize
+from .data import batch_at, load_corpus
+from .model import GPT, TINY, Config, matmul_flops_per_token
+
+
+class TrainResult(NamedTuple):
+    """Per-step records and the run's summary record."""
+
+    records: list[dict]
+    summary: dict
+
+
+def loss_fn(model, params, tokens):
+    """Mean next-byte cross-entropy (nats) of ``tokens`` (B, T + 1)."""
+    logits = model.apply({"params": params}, tokens[:, :-1])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+
+def optimizer(config: Config, steps: int):
+    """AdamW with linear warm-up and cosine decay to a tenth, gradients clipped to norm 1."""
+    warmup = min(config.warmup_steps, max(steps - 1, 0))
+    schedule = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, warmup, max(steps, warmup + 1),
+                                                  end_value=config.learning_rate / 10)  # fmt: skip
+    return optax.chain(optax.clip_by_global_norm(1.0),
+                       optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=config.weight_decay))  # fmt: skip
+
+
+def init_params(config: Config, seed: int):
+    """The model's initial parameters for ``seed`` (independent of the attention implementation)."""
+    tokens = jnp.zeros((1, config.seq_len), jnp.int32)
+    return GPT(config).init(jax.random.key(seed), tokens)["params"]
+
+
+def make_step(model, opt):
+    """(params, opt_state, tokens) -> (params, opt_state, loss): one AdamW step."""
+
+    def step(params, opt_state, tokens):
+        loss, grads = jax.value_and_grad(lambda p: loss_fn(model, p, tokens))(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+def step_flops(config: Config) -> float:
+    """Model FLOPs of one training step: 3 × the forward matmuls (forward + backward) plus causal attention."""
+    c = config
+    tokens = c.batch * c.seq_len
+    attn = attention_flops(c.batch, c.seq_len, c.seq_len, c.heads, c.head_dim, causal=True, pass_="fwd+bwd")
+    return 3.0 * matmul_flops_per_token(c) * tokens + c.layers * attn
+
+
+def peak_bytes() -> int | None:
+    """The device's peak bytes in use so far in this process (None where the backend does not report it)."""
+    stats = jax.devices()[0].memory_stats()
+    return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
+
+
+_jit_loss = jax.jit(loss_fn, static_argnums=0)
+
+
+def evaluate(model, params, tokens: np.ndarray, config: Config, *, seed: int, batches: int) -> float:
+    """Mean loss over ``batches`` fixed batches of ``tokens`` (the held-out split)."""
+    losses = [_jit_loss(model, params, batch_at(tokens, batch=config.batch, seq_len=config.seq_len, seed=seed, step=i))
+              for i in range(batches)]  # fmt: skip
+    return float(np.mean([float(x) for x in losses]))
+
+
+def _base(impl: str, config: Config, seed: int, steps: int) -> dict:
+    c = config
+    return {"impl": impl, "batch": c.batch, "seq_q": c.seq_len, "seq_kv": c.seq_len, "heads": c.heads,
+            "kv_heads": c.heads, "head_dim": c.head_dim, "dtype": c.dtype, "causal": True, "pass": "fwd+bwd",
+            "seed": seed, "steps": steps, **{f"cfg_{k}": v for k, v in c.fields().items()}}  # fmt: skip
+
+
+def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0, log_every: int = 1,
+                  eval_batches: int = 4, corpus=None) -> TrainResult:  # fmt: skip
+    """Train ``steps`` AdamW steps with attention ``impl`` and return the per-step records and a summary.
+
+    A step record (``kind`` "step", one every ``log_every`` steps and at the last) holds the loss of that step's
+    batch before its update and the median/p10/p90 step time since the previous record. The summary (``kind``
+    "summary") holds the held-out loss before and after training, the median step time over all steps, compile
+    time, compiled temporaries, peak device memory and which attention kernel the compiled step calls. When the
+    registry says ``impl`` cannot run this shape here, the summary alone comes back with status "unsupported".
+    """
+    if steps < 1 or log_every < 1:
+        raise ValueError(f"steps and log_every must be >= 1; got steps={steps}, log_every={log_every}.")
+    c = config
+    base = _base(impl, c, seed, steps)
+    shape = AttentionShape(c.batch, c.seq_len, c.seq_len, c.heads, c.heads, c.head_dim)
+    reason = registry.why_not(impl, shape, c.dtype, causal=True)
+    if reason:
+        return TrainResult([], {**base, "kind": "summary", "status": "unsupported", "reason": reason,
+                                "median_ms": None, "p10_ms": None, "p90_ms": None, "tflops": None})  # fmt: skip
+    corpus = corpus or load_corpus()
+    model, opt = GPT(c, impl), optimizer(c, steps)
+    params = init_params(c, seed)
+    opt_state = opt.init(params)
+    batch = lambda s: jax.device_put(batch_at(corpus.train, batch=c.batch, seq_len=c.seq_len, seed=seed, step=s))  # noqa: E731
+    eval_before = evaluate(model, params, corpus.held_out, c, seed=seed, batches=eval_batches)
+    stats = compile_stats(make_step(model, opt), params, opt_state, batch(0))
+    jax.block_until_ready(stats.compiled(params, opt_state, batch(0)))  # warm-up, result thrown away
+    flops, tokens = step_flops(c), c.batch * c.seq_len
+    records, times, window = [], [], []
+    nxt = batch(0)
+    for s in range(steps):
+        tokens_in, nxt = nxt, None
+        t0 = time.perf_counter()
+        params, opt_state, loss = stats.compiled(params, opt_state, tokens_in)
+        jax.block_until_ready((params, opt_state, loss))
+        ms = (time.perf_counter() - t0) * 1e3
+        times.append(ms)
+        window.append(ms)
+        nxt = batch(s + 1) if s + 1 < steps else None
+        if s % log_every == 0 or s == steps - 1:
+            records.append(_timed({**base, "kind": "step", "step": s, "loss": float(loss)}, window, flops, tokens))
+            window = []
+    eval_after = evaluate(model, params, corpus.held_out, c, seed=seed, batches=eval_batches)
+    summary = _timed({**base, "kind": "summary", "final_loss": records[-1]["loss"], "eval_loss_init": eval_before,
+                      "eval_loss": eval_after, "compile_s": stats.compile_s, "temp_bytes": stats.temp_bytes,
+                      "attention_kernel": stats.attention_kernel, "params": _count(params),
+                      "step_flops": flops, **corpus.describe()}, times, flops, tokens)  # fmt: skip
+    return TrainResult(records, summary)
+
+
+def _timed(rec: dict, samples_ms, flops: float, tokens: int) -> dict:
+    median, p10, p90 = summarize(samples_ms)
+    return {**rec, "status": "ok", "median_ms": median, "p10_ms": p10, "p90_ms": p90, "step_ms": median,
+            "tokens_per_s": tokens / (median / 1e3), "tflops": flops / (median / 1e3) / 1e12,
+            "peak_bytes": peak_bytes()}  # fmt: skip
+
+
+def _count(params) -> int:
+    return int(sum(np.size(x) for x in jax.tree.leaves(params)))

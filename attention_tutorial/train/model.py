@@ -1,0 +1,109 @@
+"""A GPT-style causal language model in flax whose attention is any implementation of the registry.
+
+Pre-LayerNorm blocks: x + out(attention(LN(x))), then x + MLP(LN(x)); learned position embeddings; an output
+layer of its own (tying it to the embedding would favour repeating the current byte at initialisation; a separate
+small-weight head makes every byte about equally likely, loss ≈ ln 256). The attention is called exactly as the
+registry calls every implementation, ``fn(q, k, v, is_causal=True)`` on (B, T, N, H) arrays, so swapping "xla"
+for "cudnn" or our kernels changes nothing else. Parameters are float32; ``dtype`` is the compute type (bfloat16
+on a GPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from .. import registry
+from .data import VOCAB
+
+
+@dataclass(frozen=True)
+class Config:
+    """Model and optimiser sizes. ``heads`` × ``head_dim`` is the attention width (usually ``d_model``)."""
+
+    layers: int = 2
+    d_model: int = 64
+    heads: int = 4
+    head_dim: int = 16
+    seq_len: int = 64  # T
+    batch: int = 4  # B
+    dtype: str = "float32"
+    learning_rate: float = 3e-3
+    warmup_steps: int = 2
+    weight_decay: float = 0.1
+    vocab: int = VOCAB
+
+    def __post_init__(self):
+        for name in ("layers", "d_model", "heads", "head_dim", "seq_len", "batch", "vocab"):
+            if not (isinstance(getattr(self, name), int) and getattr(self, name) > 0):
+                raise ValueError(f"Config.{name} must be a positive int; got {getattr(self, name)!r}.")
+        jnp.dtype(self.dtype)  # raises TypeError for an unknown dtype name
+
+    def fields(self) -> dict:
+        """The config as record fields."""
+        return dataclasses.asdict(self)
+
+
+TINY = Config()  # seconds on a CPU
+H200 = Config(layers=6, d_model=768, heads=6, head_dim=128, seq_len=2048, batch=8, dtype="bfloat16",
+              learning_rate=1e-3, warmup_steps=30)  # fmt: skip
+
+
+def attention_fn(attention: str | Callable) -> Callable:
+    """A registry name's callable (``fn(q, k, v, is_causal=...)``), or ``attention`` itself if callable."""
+    return attention if callable(attention) else registry.get(attention).fn
+
+
+class Block(nn.Module):
+    """One transformer block: causal self-attention and an MLP, each pre-normalised with a residual."""
+
+    config: Config
+    attention: Callable
+
+    @nn.compact
+    def __call__(self, x):
+        c, dt = self.config, jnp.dtype(self.config.dtype)
+        init = nn.initializers.normal(0.02)
+        proj_init = nn.initializers.normal(0.02 / (2 * c.layers) ** 0.5)  # residual projections, GPT-2 style
+        h = nn.LayerNorm(dtype=dt, name="ln_attn")(x)
+        qkv = nn.DenseGeneral((3, c.heads, c.head_dim), dtype=dt, kernel_init=init, name="qkv")(h)  # (B,T,3,N,H)
+        out = self.attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], is_causal=True)  # (B, T, N, H)
+        x = x + nn.DenseGeneral(c.d_model, axis=(-2, -1), dtype=dt, kernel_init=proj_init, name="out")(out)
+        h = nn.LayerNorm(dtype=dt, name="ln_mlp")(x)
+        h = nn.gelu(nn.Dense(4 * c.d_model, dtype=dt, kernel_init=init, name="up")(h))
+        return x + nn.Dense(c.d_model, dtype=dt, kernel_init=proj_init, name="down")(h)
+
+
+class GPT(nn.Module):
+    """Byte tokens (B, T) -> next-token logits (B, T, vocab), float32."""
+
+    config: Config
+    attention: str | Callable = "xla"
+
+    @nn.compact
+    def __call__(self, tokens):
+        c, dt = self.config, jnp.dtype(self.config.dtype)
+        B, T = tokens.shape
+        if T > c.seq_len:
+            raise ValueError(f"tokens have T={T} positions; the model was built for at most seq_len={c.seq_len}.")
+        embed = nn.Embed(c.vocab, c.d_model, dtype=dt, embedding_init=nn.initializers.normal(0.02), name="embed")
+        pos = self.param("pos", nn.initializers.normal(0.02), (c.seq_len, c.d_model))
+        x = (embed(tokens) + pos[:T].astype(dt)).astype(dt)
+        fn = attention_fn(self.attention)
+        for i in range(c.layers):
+            x = Block(c, fn, name=f"block{i}")(x)
+        x = nn.LayerNorm(dtype=dt, name="ln_out")(x)
+        head = nn.Dense(c.vocab, use_bias=False, dtype=dt, kernel_init=nn.initializers.normal(0.02), name="head")
+        return head(x).astype(jnp.float32)
+
+
+def matmul_flops_per_token(config: Config) -> float:
+    """Forward FLOPs per token of the model's matrix products, attention scores excluded: 2 per weight used."""
+    c = config
+    attn = c.heads * c.head_dim
+    per_layer = c.d_model * 3 * attn + attn * c.d_model + 2 * c.d_model * 4 * c.d_model
+    return 2.0 * (c.layers * per_layer + c.d_model * c.vocab)
