@@ -10,6 +10,10 @@ several threads can overlap, so their sum is CPU time, not elapsed time).
 :func:`~attention_tutorial.measure.timing.time_fn` (and its dispatch overhead, a waited single call minus the
 pipelined time), and :func:`profile_records` does so for each attention implementation at one shape, as result
 records (grid "device_time").
+
+Under an active profiler XLA runs a program's CUDA graphs (command buffers) op by op unless
+``--xla_enable_command_buffers_during_profiling`` is set: the kernels are the same, their launches are not, which is
+one more reason to compare the two methods only where the kernels are long.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ from .flops import attention_flops
 from .sweep import Point, empty_record, failure_fields, timed_record
 from .timing import Timing, time_fn
 
-DEVICE_KINDS = ("kernel", "memcpy", "memset")  # device work summed into device_ms; "other" is listed, not summed
+DEVICE_KINDS = ("kernel", "memcpy", "memset")  # device work summed into device_ms; "graph"/"other" are listed only
 HOST_KIND = "host op"
-# stat that marks each kind of device event (names from XLA's CUPTI collector)
-KIND_STATS = {"kernel_details": "kernel", "memcpy_details": "memcpy", "memset_details": "memset"}
+# stat that marks each kind of device event (names from XLA's CUPTI collector); a CUDA graph's span would count its
+# kernels twice, so it is listed, not summed
+KIND_STATS = {"kernel_details": "kernel", "memcpy_details": "memcpy", "memset_details": "memset",
+              "cuda_graph_exec_id": "graph"}  # fmt: skip
 RECORD_KERNELS = 8  # kernels kept in a record, longest first
 
 
