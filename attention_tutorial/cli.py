@@ -6,13 +6,20 @@ Examples::
     python -m attention_tutorial bench --impl xla cudnn --seq 1024 4096 --heads 16 --head-dim 128 --causal
     python -m attention_tutorial bench --grid seq_long --save seq.json --plot seq.png
     python -m attention_tutorial record            # on a GPU: writes attention_tutorial/results/data/<gpu>.json
+
+``bench --save`` checks both paths before measuring, then saves after every point (an interrupted sweep keeps
+what it measured; Ctrl-C prints the partial table). An existing result file of the same device is merged into
+(a point measured again replaces its old record); any other file is left alone unless ``--force``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
+from pathlib import Path
 
 from .kernels.masks import MASK_KINDS
 from .measure.flops import PASSES
@@ -41,11 +48,16 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--pass", dest="passes", nargs="+", default=["fwd"], choices=PASSES)
     b.add_argument("--repeats", type=int, default=30)
     b.add_argument("--ceilings", action="store_true", help="measure the matmul peak first and report % of it")
-    b.add_argument("--save", metavar="JSON", help="write the records and the environment here")
-    b.add_argument("--plot", metavar="PNG", help="plot TFLOP/s against T here")
+    b.add_argument("--save", metavar="JSON", help="save the records and the environment here (merged into an "
+                   "existing result file of this device), after every point")  # fmt: skip
+    b.add_argument("--plot", metavar="PNG", help="plot TFLOP/s against T here (png, pdf, svg, ...)")
+    b.add_argument("--force", action="store_true", help="replace a --save file that is not a result file of this "
+                   "device (it is lost)")  # fmt: skip
     b.add_argument("--progress", action="store_true", help="show a progress bar")
 
-    r = sub.add_parser("record", help="on a GPU: run the pages' grids and write attention_tutorial/results/data/<gpu>.json")
+    r = sub.add_parser(
+        "record", help="on a GPU: run the pages' grids and write attention_tutorial/results/data/<gpu>.json"
+    )
     r.add_argument("--grids", nargs="*", default=list(GRID_NAMES), choices=GRID_NAMES)
     r.add_argument("--extras", nargs="*", default=["fp8", "kernel_code"], choices=["fp8", "kernel_code"])
     r.add_argument("--out", help="result file (default: attention_tutorial/results/data/<gpu>.json)")
@@ -58,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.command == "env":
         from .env import environment
 
@@ -77,13 +90,66 @@ def main(argv=None) -> int:
     return _bench(args)
 
 
+def check_outputs(save, plot, *, force=False, provenance=None) -> list[str]:
+    """What is wrong with the --save and --plot paths, checked before anything is measured."""
+    from .results import store
+
+    problems = []
+    if save and plot and Path(save).resolve() == Path(plot).resolve():
+        return [f"--save and --plot name the same file {save}"]
+    for flag, path in (("--save", save), ("--plot", plot)):
+        if not path:
+            continue
+        path = Path(path)
+        folder = path.parent.resolve()
+        if path.is_dir():
+            problems.append(f"{flag} {path} is a folder; name a file")
+        elif not folder.is_dir():
+            problems.append(f"{flag} {path}: the folder {folder} does not exist")
+        elif not os.access(folder, os.W_OK):
+            problems.append(f"{flag} {path}: the folder {folder} is not writable")
+    if plot and not Path(plot).is_dir():
+        formats = _plot_formats()
+        if Path(plot).suffix.lstrip(".").lower() not in formats:
+            problems.append(f"--plot {plot}: name an image file ending in one of {', '.join(sorted(formats))}")
+    if save and Path(save).is_file() and not force:
+        try:
+            old = store.load(save)
+        except store.ResultFileError as err:
+            problems.append(f"--save {save} exists and is not a result file ({err}); refusing to overwrite it: "
+                            "choose another path, or pass --force to replace it")  # fmt: skip
+        else:
+            here = provenance or {}
+            theirs = (old["provenance"].get("backend", "gpu"), old["provenance"].get("gpu"))
+            if provenance and theirs != (here.get("backend", "gpu"), here.get("gpu")):
+                problems.append(f"--save {save} holds results of {theirs[1] or theirs[0]}, not of this device: "
+                                "choose another path, or pass --force to replace it")  # fmt: skip
+    return problems
+
+
+def _plot_formats() -> set[str]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    return set(FigureCanvasAgg(Figure()).get_supported_filetypes())
+
+
 def _bench(args) -> int:
-    from .env import environment
+    from .env import environment, timestamp
     from .measure.ceilings import measure_ceilings
     from .measure.grids import points
     from .measure.sweep import grid, run_sweep
-    from .results.plotting import markdown_table, plot_records
+    from .results import store
+    from .results.plotting import markdown_table
+    from .results.record import GRID_VERSIONS, provenance
 
+    env = environment()
+    command = "python -m attention_tutorial " + " ".join(args.argv)
+    prov = provenance(env, {}, command)
+    problems = check_outputs(args.save, args.plot, force=args.force, provenance=prov)
+    if problems:
+        print("error: " + "\nerror: ".join(problems), file=sys.stderr)
+        return 2
     if args.grid:
         pts = points(args.grid)
     else:
@@ -94,19 +160,55 @@ def _bench(args) -> int:
         )  # fmt: skip
     ceilings = measure_ceilings() if args.ceilings else {}
     peak = ceilings.get("matmul_bf16_tflops")
-    recs = run_sweep(pts, peak_tflops=peak, progress=args.progress, repeats=args.repeats)
+    prov = provenance(env, ceilings, command)
+    started, recs, replace = time.perf_counter(), [], args.force
+
+    def keep(rec):  # save after every point: an interrupted sweep keeps what it measured
+        nonlocal replace
+        if args.grid:
+            rec["grid"] = args.grid
+        recs.append(rec)
+        if args.save:
+            if args.grid:
+                seconds = round(time.perf_counter() - started, 1)
+                prov["grids"] = {args.grid: {"created": timestamp(), "seconds": seconds, "command": command,
+                                             "matmul_bf16_tflops": peak, **{k: env[k] for k in GRID_VERSIONS}}}  # fmt: skip
+            store.save(args.save, prov, [rec], replace_grids=False, overwrite=replace)
+            replace = False  # --force replaces the old file once, then this run's points merge
+
+    interrupted = False
+    try:
+        run_sweep(pts, peak_tflops=peak, progress=args.progress, repeats=args.repeats, on_record=keep)
+    except KeyboardInterrupt:
+        interrupted = True
     cols = ["impl", "batch", "seq_q", "seq_kv", "heads", "kv_heads", "head_dim", "dtype", "causal", "mask", "pass",
             "median_ms", "p10_ms", "p90_ms", "tflops"] + (["pct_peak"] if peak else []) + ["kernel", "reason"]  # fmt: skip
-    print(markdown_table(recs, cols))
+    if recs:
+        print(markdown_table(recs, cols))
+    if interrupted:
+        print(f"\ninterrupted: {len(recs)} of {len(pts)} points measured", file=sys.stderr)
     if peak:
         print(f"\npeak: {peak:.1f} TFLOP/s (bf16 matmul, measured now)")
-    if args.save:
-        with open(args.save, "w") as f:
-            json.dump({"provenance": {**environment(), **ceilings, "command": " ".join(sys.argv)}, "records": recs}, f,
-                      indent=1)  # fmt: skip
+    if args.save and recs:
         print(f"saved {len(recs)} records to {args.save}")
-    if args.plot:
-        plot_records(recs, x="seq_q", y="tflops", by=("impl", "causal"), hline=peak,
-                     hline_label="bf16 matmul peak").savefig(args.plot, dpi=120)  # fmt: skip
+    if args.plot and any(r["status"] == "ok" for r in recs):
+        _plot(recs, args.plot, peak)
         print(f"plot: {args.plot}")
+    if interrupted:
+        return 130
     return 0 if any(r["status"] == "ok" for r in recs) else 1
+
+
+def _plot(recs, path, peak):
+    """Plot TFLOP/s against T into ``path``, written atomically (a temporary file, then ``os.replace``)."""
+    from .results.plotting import plot_records
+
+    path = Path(path)
+    fig = plot_records(recs, x="seq_q", y="tflops", by=("impl", "causal"), hline=peak,
+                       hline_label="bf16 matmul peak")  # fmt: skip
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".").lower())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

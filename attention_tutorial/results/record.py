@@ -21,8 +21,11 @@ from . import store
 
 
 def provenance(env: dict, ceilings: dict, command: str) -> dict:
-    """The result file's provenance block from an environment report and the measured ceilings."""
+    """The result file's provenance block from an environment report and the measured ceilings (null where they
+    were not measured); on a CPU, gpu, driver and cudnn are null and ``cpu`` names the processor."""
     return {
+        "backend": env.get("backend", "gpu"),
+        "cpu": env.get("cpu"),
         "gpu": env["gpu"],
         "driver": env["driver"],
         "jax": env["jax"],
@@ -32,6 +35,8 @@ def provenance(env: dict, ceilings: dict, command: str) -> dict:
         "python": env["python"],
         "created": env["created"],
         "command": command,
+        "matmul_bf16_tflops": ceilings.get("matmul_bf16_tflops"),
+        "copy_gbps": ceilings.get("copy_gbps"),
         **ceilings,
         "environment": env,
     }

@@ -107,7 +107,7 @@ def validate(data) -> list[str]:
     grids = prov.get("grids") if isinstance(prov.get("grids"), dict) else None
     for i, rec in enumerate(records):
         problems += [f"record {i} {p}" for p in check_record(rec)]
-        if grids is not None and isinstance(rec, dict) and rec.get("grid") not in grids:
+        if grids is not None and isinstance(rec, dict) and "grid" in rec and rec["grid"] not in grids:
             problems.append(f"record {i} belongs to grid {rec.get('grid')!r}, which the provenance's grids lack")
     return problems
 
@@ -122,7 +122,9 @@ def load(path) -> dict:
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as err:
-        raise ResultFileError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start}), not a result file.") from None
+        raise ResultFileError(
+            f"{path} is not UTF-8 text ({err.reason} at byte {err.start}), not a result file."
+        ) from None
     except json.JSONDecodeError as err:
         cut = err.msg.startswith("Unterminated") or err.pos >= len(raw.rstrip()) - 1
         end = " (it ends early: truncated?)" if cut else ""
