@@ -52,10 +52,13 @@ class Kernel(NamedTuple):
 
 
 def profile_data_class():
-    """JAX's trace reader: public ``jax.profiler.ProfileData`` (jax >= 0.4.36), else the private one."""
+    """JAX's trace reader: public ``jax.profiler.ProfileData`` (jax 0.10 and 0.11 have it), else the private one."""
     cls = getattr(jax.profiler, "ProfileData", None)
     if cls is None:  # pragma: no cover - older jax
-        from jax._src.profiler import ProfileData as cls
+        try:
+            from jax._src.profiler import ProfileData as cls
+        except ImportError as err:
+            raise ImportError(f"jax {jax.__version__} has no ProfileData trace reader; upgrade jax.") from err
     return cls
 
 
