@@ -1,14 +1,61 @@
-"""Our Pallas kernel: in Pallas's interpreter on the CPU, compiled through Triton on the GPU."""
+"""Our Pallas kernel: in Pallas's interpreter on the CPU, compiled through Triton on the GPU; forward and gradients."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attention_tutorial.inputs import AttentionShape, make_qkv
 from attention_tutorial.kernels.pallas_flash import _block_why_not, flash_attention, jax_bundled_mha
 from attention_tutorial.kernels.reference import reference_attention
 from attention_tutorial.measure.compiled import kernels_used
+
+
+def reference_grads(q, k, v, d_out, *, is_causal=False, scale=None):
+    """dq, dk, dv of softmax(q kᵀ · scale, masked) v against d_out: float64 NumPy written from the math, loops over
+    heads (independent of every kernel and of JAX's autodiff)."""
+    q, k, v, d_out = (np.asarray(x, np.float64) for x in (q, k, v, d_out))
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    scale = 1.0 / np.sqrt(H) if scale is None else scale
+    allowed = np.arange(S)[None, :] <= np.arange(T)[:, None] if is_causal else np.ones((T, S), bool)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for b in range(B):
+        for n in range(N):
+            h = n // (N // K)
+            s = np.where(allowed, q[b, :, n] @ k[b, :, h].T * scale, -np.inf)
+            p = np.exp(s - s.max(axis=1, keepdims=True))
+            p /= p.sum(axis=1, keepdims=True)
+            dp = d_out[b, :, n] @ v[b, :, h].T  # dL/dp
+            ds = p * (dp - (p * dp).sum(axis=1, keepdims=True))  # through the softmax's Jacobian
+            dv[b, :, h] += p.T @ d_out[b, :, n]
+            dq[b, :, n] = ds @ k[b, :, h] * scale
+            dk[b, :, h] += ds.T @ q[b, :, n] * scale
+    return dq, dk, dv
+
+
+def reference_lse(q, k, *, is_causal=False):
+    """Each row's natural log-sum-exp of the scaled, masked scores, (B, N, T), float64."""
+    q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
+    T, N, H, S, K = q.shape[1], q.shape[2], q.shape[3], k.shape[1], k.shape[2]
+    s = np.einsum("btnh,bsnh->bnts", q, np.repeat(k, N // K, axis=2)) / np.sqrt(H)
+    if is_causal:
+        s = np.where(np.arange(S)[None, :] <= np.arange(T)[:, None], s, -np.inf)
+    m = s.max(axis=-1)
+    return m + np.log(np.exp(s - m[..., None]).sum(axis=-1))
+
+
+def assert_grads_close(fn, q, k, v, *, causal, tol):
+    """jax.vjp through ``fn`` against :func:`reference_grads` with a random output gradient."""
+    d_out = jax.random.normal(jax.random.key(7), q.shape, jnp.float32).astype(q.dtype)
+    _, vjp = jax.vjp(fn, q, k, v)
+    grads = jax.jit(vjp)(d_out)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, reference_grads(q, k, v, d_out, is_causal=causal)):
+        got = np.asarray(got, np.float64)
+        assert got.shape == want.shape and np.isfinite(got).all(), name
+        np.testing.assert_allclose(got, want, atol=tol, rtol=tol, err_msg=name)
 
 
 @pytest.mark.parametrize(
@@ -22,14 +69,92 @@ from attention_tutorial.measure.compiled import kernels_used
 )
 def test_interpreted_kernel_matches_reference(t, s, n, k, causal, bq, bk):
     q, kk, v = make_qkv(1, t, n, 16, seq_kv=s, kv_heads=k, seed=t + s)
-    out = flash_attention(q, kk, v, is_causal=causal, block_q=bq, block_k=bk, interpret=True)
+    out, lse = flash_attention(q, kk, v, is_causal=causal, block_q=bq, block_k=bk, interpret=True, return_lse=True)
     np.testing.assert_allclose(out, reference_attention(q, kk, v, is_causal=causal), atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(lse, reference_lse(q, kk, is_causal=causal), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("t", "s", "n", "k", "causal"),
+    [(64, 64, 2, 2, False), (64, 32, 4, 2, True), (32, 64, 4, 1, True)],  # MHA, GQA with T > S, MQA with T < S
+)
+def test_interpreted_gradients_match_float64(t, s, n, k, causal):
+    q, kk, v = make_qkv(1, t, n, 16, seq_kv=s, kv_heads=k, seed=t * s)
+
+    def fn(q, k, v):
+        return flash_attention(q, k, v, is_causal=causal, block_q=16, block_k=16, interpret=True)
+
+    assert_grads_close(fn, q, kk, v, causal=causal, tol=2e-5)
+
+
+@settings(max_examples=3, deadline=None)
+@given(
+    t_blocks=st.integers(1, 3),
+    s_blocks=st.integers(1, 3),
+    groups=st.sampled_from([(2, 2), (2, 1), (4, 2)]),
+    causal=st.booleans(),
+    seed=st.integers(0, 99),
+)
+def test_interpreted_gradients_property(t_blocks, s_blocks, groups, causal, seed):
+    n, k = groups
+    q, kk, v = make_qkv(1, 16 * t_blocks, n, 16, seq_kv=16 * s_blocks, kv_heads=k, seed=seed)
+
+    def fn(q, k, v):
+        return flash_attention(q, k, v, is_causal=causal, block_q=16, block_k=16, interpret=True)
+
+    assert_grads_close(fn, q, kk, v, causal=causal, tol=5e-5)
+
+
+def test_lse_cotangent_reaches_the_inputs():
+    """A loss on the returned log-sum-exp differentiates too (context parallelism merges partials with it)."""
+    q, k, v = make_qkv(1, 32, 2, 16, seed=4)
+
+    def loss(q, k):
+        return flash_attention(q, k, v, is_causal=True, block_q=16, block_k=16, interpret=True, return_lse=True)[
+            1
+        ].sum()
+
+    def loss64(q, k):  # the same loss in float64 NumPy: d lse_i / d s_ij = scale · p_ij
+        q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
+        s = np.einsum("tnh,snh->nts", q[0], k[0]) / 4.0
+        s = np.where(np.arange(32)[None, :] <= np.arange(32)[:, None], s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        return np.einsum("nts,snh->tnh", p, k[0])[None] / 4.0, np.einsum("nts,tnh->snh", p, q[0])[None] / 4.0
+
+    dq, dk = jax.grad(loss, argnums=(0, 1))(q, k)
+    want_dq, want_dk = loss64(q, k)
+    np.testing.assert_allclose(dq, want_dq, atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(dk, want_dk, atol=2e-5, rtol=2e-5)
+
+
+def test_runs_with_x64_enabled():
+    """JAX_ENABLE_X64=1 turns Python ints into int64: the loop bounds must stay int32 (issue 13)."""
+    q, k, v = make_qkv(1, 32, 2, 16, seed=2)
+    with jax.enable_x64(True):
+        out = flash_attention(q, k, v, is_causal=True, block_q=16, block_k=16, interpret=True)
+        dq = jax.grad(lambda q: flash_attention(q, k, v, is_causal=True, block_q=16, block_k=16).sum())(q)
+    np.testing.assert_allclose(out, reference_attention(q, k, v, is_causal=True), atol=2e-5, rtol=2e-5)
+    assert dq.dtype == q.dtype and np.isfinite(np.asarray(dq)).all()
 
 
 def test_block_divisibility_error():
     q, k, v = make_qkv(1, 48, 1, 16)
     with pytest.raises(ValueError, match="multiples of block_q"):
         flash_attention(q, k, v, block_q=32, interpret=True)
+
+
+@pytest.mark.parametrize(("option", "value"), [("block_q", 0), ("block_k", -16), ("num_warps", 0)])
+def test_non_positive_sizes_are_refused(option, value):
+    q, k, v = make_qkv(1, 32, 1, 16)
+    with pytest.raises(ValueError, match=f"{option} must be a positive integer"):
+        flash_attention(q, k, v, interpret=True, **{option: value})
+
+
+def test_bad_scale_is_refused():
+    q, k, v = make_qkv(1, 32, 1, 16)
+    with pytest.raises(ValueError, match="scale must be finite"):
+        flash_attention(q, k, v, scale=float("nan"), interpret=True)
 
 
 def test_why_not_names_dtype_and_head_dim():
@@ -51,6 +176,20 @@ def test_gpu_kernel_matches_reference(causal, head_dim, dtype):
         np.testing.assert_allclose(out[:, :256], ref, atol=1e-2, rtol=1e-2)
         assert np.isfinite(out).all()
         assert not any(t.startswith("__cudnn") for t in kernels_used(fn, q, kk, v))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_gpu_gradients_match_float64(causal, head_dim, dtype):
+    for b, t, s, n, k in ((1, 512, 512, 4, 4), (1, 256, 512, 4, 2), (1, 512, 256, 4, 1)):  # MHA, GQA T<S, MQA T>S
+        q, kk, v = make_qkv(b, t, n, head_dim, seq_kv=s, kv_heads=k, dtype=dtype, seed=t + s)
+
+        def fn(q, k, v):
+            return flash_attention(q, k, v, is_causal=causal)
+
+        assert_grads_close(fn, q, kk, v, causal=causal, tol=3e-2)
 
 
 @pytest.mark.gpu
