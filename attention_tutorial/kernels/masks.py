@@ -12,15 +12,43 @@ kind           what it means                                                argu
 =============  ===========================================================  ==============================
 
 ``mask_args`` builds the arrays for a problem; every kind is checked against the naive reference in the tests.
+
+Causal alignment when T != S. ``is_causal`` (JAX, this package's default, ``"top_left"``) lets query i see keys
+j <= i: query 0 lines up with key 0. Decoding and chunked prefill need ``"bottom_right"`` (FlashAttention >= 2.1,
+PyTorch's ``causal_lower_right``): the last query lines up with the last key, so query i sees keys j <= i + S - T.
+``jax.nn.dot_product_attention`` has no flag for it; ``causal_args`` gives the arguments that express it (an
+explicit mask), and ``causal_mask`` the (T, S) matrix itself. Example, T=2 queries against S=4 keys::
+
+    top_left      bottom_right
+    1 0 0 0       1 1 1 0
+    1 1 0 0       1 1 1 1
+
+With T > S and ``"bottom_right"`` the first T - S queries see no key at all (see "rows with nothing to see" in
+:mod:`attention_tutorial.kernels.reference`). ``local_window_size`` is always measured from j == i, as in JAX.
+
+Accepted shapes (``check_mask_args`` enforces them for every implementation here):
+
+* ``mask``: boolean, (T, S) or (B|1, N|1, T|1, S|1). A rank-3 mask is refused: (B, T, S) and (N, T, S) look alike,
+  and JAX would silently read the first axis as heads; write ``mask[:, None]`` (per batch row) or ``mask[None]``
+  (per head). Additive masks (0 / -inf) belong in ``bias``.
+* ``bias``: real numbers, the same shapes as ``mask``.
+* ``query_seq_lengths`` / ``key_value_seq_lengths``: (B,) integers in [0, T] / [0, S] (lists accepted).
+* ``local_window_size``: an int w >= 0 or a pair (left, right) of ints >= 0 (NumPy integers accepted).
 """
 
 from __future__ import annotations
+
+import numbers
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ..inputs import AttentionShape
+
+Alignment = Literal["top_left", "bottom_right"]
+ALIGNMENTS = ("top_left", "bottom_right")
 
 MASK_KINDS = ("none", "padding", "window", "dense", "bias")
 WINDOW = 256
@@ -53,3 +81,125 @@ def split_static(kwargs: dict) -> tuple[dict, dict]:
     """(array arguments, static arguments): arrays go into a jitted function as inputs, not as constants."""
     arrays = {k: v for k, v in kwargs.items() if isinstance(v, jax.Array)}
     return arrays, {k: v for k, v in kwargs.items() if k not in arrays}
+
+
+def causal_mask(seq_q: int, seq_kv: int, *, alignment: Alignment = "top_left") -> np.ndarray:
+    """The (T, S) causal 'may attend' matrix: j <= i (top_left) or j <= i + S - T (bottom_right)."""
+    _check_alignment(alignment)
+    return np.tril(np.ones((seq_q, seq_kv), bool), k=0 if alignment == "top_left" else seq_kv - seq_q)
+
+
+def causal_args(seq_q: int, seq_kv: int, *, alignment: Alignment = "top_left") -> dict:
+    """``jax.nn.dot_product_attention`` keywords for a causal mask of either alignment.
+
+    top_left (or T == S, where both agree): ``is_causal=True``. bottom_right: an explicit (1, 1, T, S) ``mask``;
+    AND it with any mask of your own.
+    """
+    if _check_alignment(alignment) == "top_left" or seq_q == seq_kv:
+        return {"is_causal": True}
+    return {"mask": jnp.asarray(causal_mask(seq_q, seq_kv, alignment=alignment))[None, None]}
+
+
+def _check_alignment(alignment) -> str:
+    if alignment not in ALIGNMENTS:
+        raise ValueError(f"causal_alignment must be one of {ALIGNMENTS}; got {alignment!r:.60}.")
+    return alignment
+
+
+def check_mask_args(shape: AttentionShape, *, is_causal=False, causal_alignment="top_left", mask=None, bias=None,
+                    local_window_size=None, query_seq_lengths=None, key_value_seq_lengths=None) -> dict:  # fmt: skip
+    """Validate the masking keywords for ``shape``; return them normalised, or raise ``ValueError`` naming the fix.
+
+    Normalised: ``mask``/``bias`` rank 4 (B|1, N|1, T|1, S|1); the window a pair of ints; lengths int32 arrays
+    (NumPy when concrete, so the float64 reference stays NumPy). Lengths are range-checked unless traced.
+    """
+    if not isinstance(is_causal, (bool, np.bool_)):
+        raise ValueError(f"is_causal must be True or False; got {type(is_causal).__name__} {is_causal!r:.60}.")
+    if _check_alignment(causal_alignment) != "top_left" and not is_causal:
+        raise ValueError(f"causal_alignment={causal_alignment!r} only applies to a causal mask; pass is_causal=True.")
+    B, T, S, N = shape.batch, shape.seq_q, shape.seq_kv, shape.heads
+    return {
+        "is_causal": bool(is_causal),
+        "causal_alignment": causal_alignment,
+        "mask": _mask_or_bias("mask", mask, (B, N, T, S)),
+        "bias": _mask_or_bias("bias", bias, (B, N, T, S)),
+        "local_window_size": _window(local_window_size),
+        "query_seq_lengths": _lengths("query_seq_lengths", query_seq_lengths, B, T, "T"),
+        "key_value_seq_lengths": _lengths("key_value_seq_lengths", key_value_seq_lengths, B, S, "S"),
+    }
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _window(w):
+    if w is None:
+        return None
+    pair = (w, w) if _is_int(w) else w
+    fix = "pass an int w >= 0 (w keys each side) or a pair (left, right) of ints >= 0, e.g. (128, 0)"
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not all(_is_int(x) for x in pair):
+        raise ValueError(f"local_window_size must be integers; got {type(w).__name__} {w!r:.60}; {fix}.")
+    if min(pair) < 0:
+        raise ValueError(f"local_window_size must not be negative; got {tuple(int(x) for x in pair)}; {fix}.")
+    return int(pair[0]), int(pair[1])
+
+
+def _mask_or_bias(name, x, full):
+    if x is None:
+        return None
+    what = "boolean" if name == "mask" else "real-valued"
+    if not isinstance(x, (np.ndarray, jax.Array)):
+        raise ValueError(f"{name} must be a {what} array; got {type(x).__name__}. Convert it with jnp.asarray({name}).")
+    dt = x.dtype
+    if name == "mask" and dt != np.bool_:
+        raise ValueError(
+            f"mask must be boolean (True = may attend); got dtype {dt}. Use mask.astype(bool) for 0/1 values; "
+            "an additive mask (0 / -inf) belongs in bias=."
+        )
+    if name == "bias" and not (jnp.issubdtype(dt, jnp.floating) or jnp.issubdtype(dt, jnp.integer)):
+        raise ValueError(
+            f"bias must hold real numbers; got dtype {dt}. A boolean belongs in mask=; else cast to float."
+        )
+    legend = f"(B|1, N|1, T|1, S|1) = ({full[0]}|1, {full[1]}|1, {full[2]}|1, {full[3]}|1)"
+    if x.ndim == 3:
+        raise ValueError(
+            f"a rank-3 {name} {x.shape} is ambiguous ((B, T, S) or (N, T, S)?). Write {name}[:, None] for one per "
+            f"batch row or {name}[None] for one per head, to get the rank-4 {legend}."
+        )
+    if x.ndim == 2:
+        x = x[None, None]
+    if x.ndim != 4 or any(n not in (1, f) for n, f in zip(x.shape, full)):
+        raise ValueError(f"{name} must have shape (T, S) = {full[2:]} or {legend}; got {x.shape}.")
+    return x
+
+
+def _lengths(name, x, B, limit, axis):
+    if x is None:
+        return None
+    if isinstance(x, (list, tuple)):
+        try:
+            x = np.asarray(x)
+        except ValueError:
+            raise ValueError(f"{name} must be a flat list of {B} ints (one per batch row).") from None
+    if not isinstance(x, (np.ndarray, jax.Array)):
+        raise ValueError(
+            f"{name} must be a (B,) = ({B},) integer array, one length per batch row; got {type(x).__name__} "
+            f"{x!r:.40}. For one length for all rows use jnp.full(({B},), length, jnp.int32)."
+        )
+    if x.shape != (B,):
+        raise ValueError(f"{name} must have shape (B,) = ({B},), one length per batch row; got shape {x.shape}.")
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise ValueError(f"{name} must be integers; got dtype {x.dtype}. Cast with jnp.asarray({name}, jnp.int32).")
+    try:
+        values = np.asarray(x)
+    except jax.errors.TracerArrayConversionError:  # traced under jit: only shape and dtype can be checked
+        return x.astype(jnp.int32)
+    bad = np.flatnonzero((values < 0) | (values > limit))
+    if bad.size:
+        row = int(bad[0])
+        raise ValueError(
+            f"{name} must lie in [0, {axis}] = [0, {limit}]; batch row {row} has {int(values[row])} "
+            f"({bad.size} row(s) out of range). Lengths count valid positions from the start."
+        )
+    return values.astype(np.int32)

@@ -2,27 +2,34 @@
 
 Shapes follow :mod:`attention_tutorial.inputs`: q (B, T, N, H), k and v (B, S, K, H), out (B, T, N, H).
 
-Mask conventions (the same as ``jax.nn.dot_product_attention``):
+Mask conventions (the same as ``jax.nn.dot_product_attention``; accepted shapes and the worked T != S
+example in :mod:`attention_tutorial.kernels.masks`):
 
 * ``is_causal``: query i sees keys j <= i, aligned **top-left** (query 0 with key 0) also when T != S.
-  For decoding one new token against a cache (T=1), do not pass ``is_causal``: top-left alignment would
-  let it see key 0 only. Use ``key_value_seq_lengths`` for the cache's valid length instead.
-* ``mask``: boolean, broadcastable to (B, N, T, S); True means "may attend".
+  ``causal_alignment="bottom_right"`` aligns the last query with the last key instead (j <= i + S - T): what
+  decoding against a cache and chunked prefill need.
+* ``mask``: boolean, (T, S) or (B|1, N|1, T|1, S|1); True means "may attend". ``bias``: real, the same shapes.
 * ``local_window_size=(left, right)``: query i sees keys i - left <= j <= i + right; an int w means (w, w).
-* ``query_seq_lengths`` / ``key_value_seq_lengths``: (B,) int, padding: positions at or past the length are masked.
-* A query row that may attend to no key at all gets an output of **zeros** here (never NaN). JAX's XLA path
-  gives the mean of v for a row emptied by ``mask`` and zeros for a row past ``query_seq_lengths``.
+* ``query_seq_lengths`` / ``key_value_seq_lengths``: (B,) ints, padding: positions at or past the length are masked.
+
+Every bad value raises ``ValueError`` naming the fix (:func:`~attention_tutorial.kernels.masks.check_mask_args`).
+
+Rows with nothing to see (every key masked): the output is **zeros** here and in the float64 reference, never
+NaN. JAX's XLA path (:mod:`.fused`) instead gives the mean of v over all S keys for a row emptied by ``mask``,
+``is_causal``, a window or ``key_value_seq_lengths``, and zeros for a row at or past ``query_seq_lengths``.
+Scores are clamped to the finite range before masking, so a huge ``|scale|`` or an infinite bias gives no NaN.
 """
 
 from __future__ import annotations
-
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..inputs import attention_shape
+from ..inputs import attention_shape, resolve_scale
+from .masks import Alignment, check_mask_args
+
+F32_MAX = float(np.finfo(np.float32).max)
 
 
 def naive_attention(
@@ -32,6 +39,7 @@ def naive_attention(
     *,
     scale: float | None = None,
     is_causal: bool = False,
+    causal_alignment: Alignment = "top_left",
     mask=None,
     bias=None,
     local_window_size: int | tuple[int, int] | None = None,
@@ -43,30 +51,36 @@ def naive_attention(
     softmax(q kᵀ · scale + bias, masked) v, with ``scale`` defaulting to 1/sqrt(H). Scores and the softmax
     are computed in float32 and the output has q's dtype. GQA: each kv head serves N // K query heads.
     """
-    B, T, S, N, K, H = attention_shape(q, k, v)
-    scale = 1.0 / math.sqrt(H) if scale is None else scale
+    B, T, S, N, K, H = shape = attention_shape(q, k, v)
+    scale = resolve_scale(scale, H)
+    opt = check_mask_args(shape, is_causal=is_causal, causal_alignment=causal_alignment, mask=mask, bias=bias,
+                          local_window_size=local_window_size, query_seq_lengths=query_seq_lengths,
+                          key_value_seq_lengths=key_value_seq_lengths)  # fmt: skip
     qg = q.reshape(B, T, K, N // K, H)  # group the query heads by the kv head they share
 
     # 1. scores: every query against every key -> (B, K, G, T, S), float32 accumulation
     scores = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
     scores = scores.reshape(B, N, T, S)
-    if bias is not None:
-        scores = scores + jnp.asarray(bias, jnp.float32)
-    # 2. mask: positions a query may not see get a large negative score
-    allowed = _allowed(B, T, S, is_causal, mask, local_window_size, query_seq_lengths, key_value_seq_lengths)
+    if opt["bias"] is not None:
+        scores = scores + jnp.asarray(opt["bias"], jnp.float32)
+    scores = jnp.clip(scores, -F32_MAX, F32_MAX)  # a huge |scale| overflows to ±inf; inf - inf would be NaN
+    # 2. mask: positions a query may not see get a score of -inf (weight exactly 0)
+    allowed = _allowed(T, S, opt)
     if allowed is not None:
-        scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
-    # 3. softmax over the keys: the (B, N, T, S) weight matrix, O(T·S) memory
-    weights = jax.nn.softmax(scores, axis=-1)
-    if allowed is not None:  # rows with no allowed key: zeros, not a uniform average
-        weights = jnp.where(jnp.any(allowed, axis=-1, keepdims=True), weights, 0.0)
+        scores = jnp.where(allowed, scores, -jnp.inf)
+    # 3. softmax over the keys, written out: the (B, N, T, S) weight matrix, O(T·S) memory
+    row_max = jnp.max(scores, axis=-1, keepdims=True)
+    row_max = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0.0))  # -inf: the row sees nothing
+    e = jnp.exp(scores - row_max)
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    weights = e / jnp.where(total > 0, total, 1.0)  # rows with nothing to see: all weights 0, output zeros
     # 4. weighted sum of the values -> (B, T, N, H)
     weights = weights.astype(v.dtype).reshape(B, K, N // K, T, S)
     out = jnp.einsum("bkgts,bskh->btkgh", weights, v, preferred_element_type=jnp.float32)
     return out.reshape(B, T, N, H).astype(q.dtype)
 
 
-def _allowed(B, T, S, is_causal, mask, window, q_lens, kv_lens):
+def _allowed(T, S, opt):
     """The boolean (B|1, N|1, T, S) 'may attend' matrix, or None when nothing is masked."""
     i = jnp.arange(T)[:, None]  # query positions
     j = jnp.arange(S)[None, :]  # key positions
@@ -75,17 +89,18 @@ def _allowed(B, T, S, is_causal, mask, window, q_lens, kv_lens):
     def both(a, b):
         return b if a is None else jnp.logical_and(a, b)
 
-    if mask is not None:
-        allowed = both(allowed, jnp.asarray(mask, bool))
-    if is_causal:
-        allowed = both(allowed, j <= i)
-    if window is not None:
-        left, right = (window, window) if isinstance(window, int) else window
+    if opt["mask"] is not None:
+        allowed = both(allowed, jnp.asarray(opt["mask"], bool))
+    if opt["is_causal"]:
+        shift = S - T if opt["causal_alignment"] == "bottom_right" else 0  # bottom-right: last query meets last key
+        allowed = both(allowed, j <= i + shift)
+    if opt["local_window_size"] is not None:
+        left, right = opt["local_window_size"]
         allowed = both(allowed, (j >= i - left) & (j <= i + right))
-    if q_lens is not None:
-        allowed = both(allowed, (i[None] < jnp.asarray(q_lens)[:, None, None])[:, None])
-    if kv_lens is not None:
-        allowed = both(allowed, (j[None] < jnp.asarray(kv_lens)[:, None, None])[:, None])
+    if opt["query_seq_lengths"] is not None:
+        allowed = both(allowed, (i[None] < jnp.asarray(opt["query_seq_lengths"])[:, None, None])[:, None])
+    if opt["key_value_seq_lengths"] is not None:
+        allowed = both(allowed, (j[None] < jnp.asarray(opt["key_value_seq_lengths"])[:, None, None])[:, None])
     return allowed
 
 
@@ -96,6 +111,7 @@ def reference_attention(
     *,
     scale: float | None = None,
     is_causal: bool = False,
+    causal_alignment: Alignment = "top_left",
     mask=None,
     bias=None,
     local_window_size: int | tuple[int, int] | None = None,
@@ -103,26 +119,28 @@ def reference_attention(
     key_value_seq_lengths=None,
 ) -> np.ndarray:
     """The same function in float64 NumPy, written independently with loops over heads: the tests' ground truth."""
+    B, T, S, N, K, H = shape = attention_shape(q, k, v)
+    scale = resolve_scale(scale, H)
+    opt = check_mask_args(shape, is_causal=is_causal, causal_alignment=causal_alignment, mask=mask, bias=bias,
+                          local_window_size=local_window_size, query_seq_lengths=query_seq_lengths,
+                          key_value_seq_lengths=key_value_seq_lengths)  # fmt: skip
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-    B, T, N, H = q.shape
-    S, K = k.shape[1], k.shape[2]
-    scale = 1.0 / np.sqrt(H) if scale is None else scale
     ok = np.ones((B, N, T, S), bool)
-    if mask is not None:
-        ok &= np.broadcast_to(np.asarray(mask, bool), ok.shape)
+    if opt["mask"] is not None:
+        ok &= np.broadcast_to(np.asarray(opt["mask"], bool), ok.shape)
     rows, cols = np.meshgrid(np.arange(T), np.arange(S), indexing="ij")
     if is_causal:
-        ok &= cols <= rows
-    if local_window_size is not None:
-        w = local_window_size
-        left, right = (w, w) if isinstance(w, int) else w
+        ok &= cols - rows <= (S - T if causal_alignment == "bottom_right" else 0)
+    if opt["local_window_size"] is not None:
+        left, right = opt["local_window_size"]
         ok &= (cols >= rows - left) & (cols <= rows + right)
     for b in range(B):
-        if query_seq_lengths is not None:
-            ok[b, :, int(query_seq_lengths[b]) :, :] = False
-        if key_value_seq_lengths is not None:
-            ok[b, :, :, int(key_value_seq_lengths[b]) :] = False
-    bias = None if bias is None else np.broadcast_to(np.asarray(bias, np.float64), ok.shape)
+        if opt["query_seq_lengths"] is not None:
+            ok[b, :, int(opt["query_seq_lengths"][b]) :, :] = False
+        if opt["key_value_seq_lengths"] is not None:
+            ok[b, :, :, int(opt["key_value_seq_lengths"][b]) :] = False
+    bias = None if opt["bias"] is None else np.broadcast_to(np.asarray(opt["bias"], np.float64), ok.shape)
+    big = np.finfo(np.float64).max
     out = np.zeros((B, T, N, H))
     for b in range(B):
         for n in range(N):
@@ -130,9 +148,10 @@ def reference_attention(
             s = q[b, :, n] @ k[b, :, kv_head].T * scale
             if bias is not None:
                 s = s + bias[b, n]
-            s = np.where(ok[b, n], s, -np.inf)
+            s = np.where(ok[b, n], np.clip(s, -big, big), -np.inf)
             m = s.max(axis=-1, keepdims=True)
-            e = np.where(ok[b, n], np.exp(s - np.where(np.isfinite(m), m, 0.0)), 0.0)
+            with np.errstate(over="ignore"):  # -big - big overflows to -inf: a weight of exactly 0, as it should be
+                e = np.where(ok[b, n], np.exp(s - np.where(np.isfinite(m), m, 0.0)), 0.0)
             den = e.sum(axis=-1, keepdims=True)
             p = np.divide(e, den, out=np.zeros_like(e), where=den > 0)
             out[b, :, n] = p @ v[b, :, kv_head]
