@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from typing import NamedTuple
 
 import jax
@@ -56,10 +57,28 @@ def make_qkv(
     """
     seq_kv = seq_q if seq_kv is None else seq_kv
     kv_heads = heads if kv_heads is None else kv_heads
-    shape = AttentionShape(batch, seq_q, seq_kv, heads, kv_heads, head_dim)
+    sizes = {
+        "batch": batch,
+        "seq_q": seq_q,
+        "seq_kv": seq_kv,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": head_dim,
+    }
+    for name, n in {**sizes, "seed": seed}.items():
+        if not _is_int(n):
+            raise ValueError(f"{name} must be an int; got {type(n).__name__} {n!r:.60}. Pass e.g. {name}=int({name}).")
+    shape = AttentionShape(*(int(n) for n in sizes.values()))
     _check_sizes(shape)
-    if not jnp.issubdtype(jnp.dtype(dtype), jnp.floating):
-        raise ValueError(f"dtype must be a floating type (float32, bfloat16, float16); got {jnp.dtype(dtype)}.")
+    try:
+        dtype = jnp.dtype(dtype)
+    except TypeError:
+        raise ValueError(
+            f"dtype must be a floating type (jnp.float32, jnp.bfloat16, ...); got {dtype!r:.60}."
+        ) from None
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"dtype must be a floating type (float32, bfloat16, float16); got {dtype}.")
+    _check_fits(shape, dtype)
     kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
     q = jax.random.normal(kq, (batch, seq_q, heads, head_dim), jnp.float32).astype(dtype)
     k = jax.random.normal(kk, (batch, seq_kv, kv_heads, head_dim), jnp.float32).astype(dtype)
@@ -92,7 +111,7 @@ def resolve_scale(scale, head_dim: int) -> float:
 
 def check_block_size(name: str, value) -> int:
     """``value`` as a positive Python int (NumPy integers accepted); ``ValueError`` naming ``name`` otherwise."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
+    if not _is_int(value):
         raise ValueError(
             f"{name} must be a positive integer (e.g. 64 or 128); got {type(value).__name__} {value!r:.60}. "
             f"Pass an int, e.g. {name}=int({name})."
@@ -100,6 +119,33 @@ def check_block_size(name: str, value) -> int:
     if value <= 0:
         raise ValueError(f"{name} must be a positive integer (e.g. 64 or 128); got {int(value)}.")
     return int(value)
+
+
+def memory_limit_bytes(device: jax.Device | None = None) -> int | None:
+    """How many bytes arrays may take on ``device`` (default: the first): the GPU's ``bytes_limit``, else RAM."""
+    device = jax.devices()[0] if device is None else device
+    if device.platform != "cpu":
+        stats = device.memory_stats() or {}
+        return stats.get("bytes_limit")
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows) or the name is unknown
+        return None
+
+
+def _check_fits(shape: AttentionShape, dtype) -> None:
+    """Refuse inputs that cannot fit in memory, with the sizes, before XLA aborts the process trying."""
+    B, T, S, N, K, H = shape
+    itemsize = jnp.dtype(dtype).itemsize
+    draw = 0 if itemsize == 4 else 4 * max(B * T * N * H, B * S * K * H)  # one float32 draw alive while it is cast
+    need = (B * T * N * H + 2 * B * S * K * H) * itemsize + draw
+    limit = memory_limit_bytes()
+    if limit is not None and need > limit:
+        raise ValueError(
+            f"q, k, v of {dict(zip(shape._fields, shape))} in {jnp.dtype(dtype).name} need about {need / 2**30:.1f} GiB "
+            f"to create, more than the {limit / 2**30:.1f} GiB this {jax.devices()[0].platform.upper()} has; "
+            "choose smaller sizes (batch or sequence length)."
+        )
 
 
 def attention_shape(q, k, v) -> AttentionShape:
@@ -132,6 +178,30 @@ def attention_shape(q, k, v) -> AttentionShape:
     if len(dtypes) != 1:
         raise ValueError(f"q, k and v must share one dtype; got {sorted(str(d) for d in dtypes)}. Cast them alike.")
     return shape
+
+
+def invalid_reason(shape, dtype) -> str | None:
+    """Why ``shape`` (an AttentionShape or 6 ints) in ``dtype`` is no valid attention problem, or None if it is.
+
+    The checks ``attention_shape`` and ``make_qkv`` make, as a sentence: every ``why_not`` starts with them, so
+    "can run" never covers a problem the function would refuse.
+    """
+    if not (isinstance(shape, tuple) and len(shape) == 6 and all(_is_int(n) for n in shape)):
+        return f"shape must be an AttentionShape(B, T, S, N, K, H) of 6 ints; got {type(shape).__name__} {shape!r:.80}."
+    try:
+        _check_sizes(AttentionShape(*(int(n) for n in shape)))
+        dt = jnp.dtype(dtype)
+    except ValueError as e:
+        return str(e)
+    except TypeError:
+        return f"dtype must be a floating dtype (float32, bfloat16, float16); got {dtype!r:.60}."
+    if not jnp.issubdtype(dt, jnp.floating):
+        return f"inputs must be floating point (float32, bfloat16, float16); got {dt}. Cast them, e.g. .astype(jnp.bfloat16)."
+    return None
+
+
+def _is_int(n) -> bool:
+    return isinstance(n, (numbers.Integral, np.integer)) and not isinstance(n, (bool, np.bool_))
 
 
 def _check_sizes(shape: AttentionShape) -> None:

@@ -2,7 +2,15 @@
 
 ``implementation`` picks the path: ``"xla"`` (einsums + softmax, compiled by XLA; runs everywhere),
 ``"cudnn"`` (NVIDIA's fused flash-attention kernel; GPU, fp16/bf16 only) or ``None`` (JAX chooses; see the
-"which kernel ran" page for what it really picks). Shapes as in :mod:`attention_tutorial.inputs`.
+"which kernel ran" page for what it really picks). Shapes as in :mod:`attention_tutorial.inputs`; the masking
+keywords and their accepted shapes as in :mod:`attention_tutorial.kernels.masks` (checked before JAX sees them).
+
+``causal_alignment="bottom_right"`` (which ``jax.nn`` has no flag for) is passed to JAX as an explicit mask
+(:func:`~attention_tutorial.kernels.masks.causal_args`), ANDed with any mask of the caller's.
+
+Rows with nothing to see: the XLA path returns the mean of v over all S keys for a row emptied by a mask, the
+causal triangle, a window or ``key_value_seq_lengths`` (JAX masks with a large finite negative number, so the
+softmax of such a row is uniform), and zeros for rows at or past ``query_seq_lengths`` (JAX zeroes those).
 """
 
 from __future__ import annotations
@@ -12,7 +20,8 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-from ..inputs import AttentionShape, attention_shape
+from ..inputs import AttentionShape, attention_shape, invalid_reason, resolve_scale
+from .masks import Alignment, causal_mask, check_mask_args
 
 Implementation = Literal["xla", "cudnn"] | None
 CUDNN_DTYPES = ("bfloat16", "float16")
@@ -25,6 +34,7 @@ def dot_product_attention(
     *,
     implementation: Implementation = None,
     is_causal: bool = False,
+    causal_alignment: Alignment = "top_left",
     scale: float | None = None,
     mask=None,
     bias=None,
@@ -34,28 +44,42 @@ def dot_product_attention(
 ) -> jax.Array:
     """``jax.nn.dot_product_attention`` after checking shapes (and, for cuDNN, what cuDNN accepts).
 
-    q (B, T, N, H), k and v (B, S, K, H) -> (B, T, N, H). Causal masks are aligned top-left (see
-    :mod:`attention_tutorial.kernels.reference`). Raises ``ValueError`` with the fix for bad shapes or dtypes.
+    q (B, T, N, H), k and v (B, S, K, H) -> (B, T, N, H). Causal masks are aligned top-left unless
+    ``causal_alignment="bottom_right"``. Raises ``ValueError`` naming the fix for any bad shape, dtype or option.
     """
     shape = attention_shape(q, k, v)
     if implementation not in (None, "xla", "cudnn"):
-        raise ValueError(f'implementation must be None, "xla" or "cudnn"; got {implementation!r}.')
+        raise ValueError(f'implementation must be None, "xla" or "cudnn"; got {implementation!r:.60}.')
+    scale = resolve_scale(scale, shape.head_dim)
+    opt = check_mask_args(shape, is_causal=is_causal, causal_alignment=causal_alignment, mask=mask, bias=bias,
+                          local_window_size=local_window_size, query_seq_lengths=query_seq_lengths,
+                          key_value_seq_lengths=key_value_seq_lengths)  # fmt: skip
+    mask, is_causal = opt["mask"], opt["is_causal"]
+    if is_causal and causal_alignment == "bottom_right" and shape.seq_q != shape.seq_kv:
+        tri = jnp.asarray(causal_mask(shape.seq_q, shape.seq_kv, alignment="bottom_right"))[None, None]
+        mask, is_causal = (tri if mask is None else jnp.logical_and(mask, tri)), False
     if implementation == "cudnn":
         reason = cudnn_why_not(shape, jnp.result_type(q))
+        window = opt["local_window_size"]
+        if reason is None and window is not None and window[1] != 0 and not is_causal:
+            reason = f"its windows look left only; got local_window_size={window}. Use (left, 0), or the XLA path."
         if reason:
             raise ValueError(f"cuDNN attention cannot run this: {reason}")
+    lengths = {
+        n: None if opt[n] is None else jnp.asarray(opt[n], jnp.int32)
+        for n in ("query_seq_lengths", "key_value_seq_lengths")
+    }
     return jax.nn.dot_product_attention(
         q,
         k,
         v,
-        bias,
+        opt["bias"],
         mask,
         scale=scale,
         is_causal=is_causal,
-        query_seq_lengths=query_seq_lengths,
-        key_value_seq_lengths=key_value_seq_lengths,
-        local_window_size=local_window_size,
+        local_window_size=opt["local_window_size"],
         implementation=implementation,
+        **lengths,
     )
 
 
@@ -66,6 +90,8 @@ def cudnn_why_not(shape: AttentionShape, dtype, *, device: jax.Device | None = N
     a CUDA GPU of compute capability >= 8.0, fp16/bf16 inputs, head_dim a multiple of 8 and at most 128
     (256 from Hopper, sm_90, on).
     """
+    if reason := invalid_reason(shape, dtype):
+        return reason
     device = jax.devices()[0] if device is None else device
     if device.platform != "gpu" or "cuda" not in getattr(device.client, "platform_version", "").lower():
         return f"it needs an NVIDIA GPU; this build runs on {device.platform.upper()} ({device.device_kind})."
