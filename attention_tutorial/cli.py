@@ -24,6 +24,10 @@ from pathlib import Path
 from .kernels.masks import MASK_KINDS
 from .measure.flops import PASSES
 
+# The core grids ``compare`` runs, with the axis each is plotted against and the fields that make its lines.
+COMPARE_X = {"seq_long": ("seq_q", ("impl", "causal")), "batch": ("batch", ("impl",)),
+             "decode": ("seq_kv", ("impl", "kv_heads"))}  # fmt: skip
+
 
 def _parser() -> argparse.ArgumentParser:
     from .measure.grids import GRID_NAMES
@@ -64,6 +68,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--repeats", type=int, default=20)
     r.add_argument("--max-seconds", type=float, default=1.0, help="cap on timed seconds per point")
 
+    c = sub.add_parser("compare", help="run the core grids here and plot them beside the recorded reference GPU")
+    c.add_argument("--grids", nargs="+", default=list(COMPARE_X), choices=GRID_NAMES)
+    c.add_argument("--out", default="compare", help="folder for the plots and this machine's result file")
+    c.add_argument("--reference", default="nvidia-h200", help="the recorded result file to compare with")
+    c.add_argument("--repeats", type=int, default=10)
+
     sub.add_parser("env", help="print the environment report (devices, versions) as JSON")
     return p
 
@@ -87,6 +97,8 @@ def main(argv=None) -> int:
             return 2
         print(f"wrote {path}")
         return 0
+    if args.command == "compare":
+        return _compare(args)
     return _bench(args)
 
 
@@ -212,3 +224,62 @@ def _plot(recs, path, peak):
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _compare(args) -> int:
+    """Run ``args.grids`` here (their live size for this backend), save them, and plot each beside the recorded
+    reference, both provenances in the titles."""
+    import textwrap
+
+    import matplotlib.pyplot as plt
+
+    from .env import environment, timestamp
+    from .measure.grids import points
+    from .measure.sweep import run_sweep
+    from .results import store
+    from .results.plotting import plot_records
+    from .results.record import GRID_VERSIONS, provenance
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        print(f"error: --out {out} is a file; name a folder", file=sys.stderr)
+        return 2
+    ref = store.recorded(args.reference)
+    if ref is None:
+        print(f"error: no recorded results for {args.reference} in {store.RESULTS_DIR}", file=sys.stderr)
+        return 2
+    env = environment()
+    here = store.slug(env["gpu"]) if env["gpu"] else env["backend"]
+    saved = out / f"{here}.json"
+    prov = provenance(env, {}, "python -m attention_tutorial " + " ".join(args.argv))
+    problems = check_outputs(str(saved), None, provenance=prov) if out.is_dir() else []
+    if problems:
+        print("error: " + "\n".join(problems), file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    for name in args.grids:
+        x, by = COMPARE_X.get(name, ("seq_q", ("impl",)))
+        t0 = time.perf_counter()
+        live = run_sweep(points(name, live=True), repeats=args.repeats, max_seconds=0.3)
+        for rec in live:
+            rec["grid"] = name
+        prov["grids"] = {name: {"created": timestamp(), "seconds": round(time.perf_counter() - t0, 1),
+                                "command": prov["command"], **{k: env[k] for k in GRID_VERSIONS}}}  # fmt: skip
+        data = store.save(saved, prov, live)
+        recorded = store.select(ref["records"], grid=name)
+        fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), facecolor="white", layout="constrained")
+        for ax, recs, where, p in ((axes[0], live, "this machine", data["provenance"]),
+                                   (axes[1], recorded, "recorded", ref["provenance"])):  # fmt: skip
+            if any(r["status"] == "ok" for r in recs):
+                plot_records(recs, x=x, y="tflops", by=by, ax=ax)
+            else:
+                ax.text(0.5, 0.5, "no measured points", ha="center", va="center", transform=ax.transAxes)
+            ax.set_title(textwrap.fill(f"{name}, {where}: {store.describe(p, name)}", 70), fontsize=9)
+        png = out / f"compare-{name}.png"
+        fig.savefig(png, dpi=110)
+        plt.close(fig)
+        ok = sum(r["status"] == "ok" for r in live)
+        print(f"{name}: {ok}/{len(live)} points ok here, {len(recorded)} recorded; plot: {png}")
+    print(f"this machine: {store.describe(data['provenance'])}\nrecorded:     {store.describe(ref['provenance'])}")
+    print(f"results: {saved}")
+    return 0

@@ -107,3 +107,18 @@ def test_record_refuses_without_gpu(capsys):
 def test_bad_arguments_exit_with_usage():
     with pytest.raises(SystemExit):
         main(["bench", "--impl", "flash9"])
+
+
+def test_compare_runs_a_tiny_grid_here_and_plots_it_beside_the_recorded_h200(tmp_path, capsys, monkeypatch):
+    from attention_tutorial.measure import grids
+    from attention_tutorial.measure.sweep import Point
+
+    tiny = [Point("xla", 1, t, t, 2, 2, 16, "float32") for t in (16, 32)]
+    monkeypatch.setattr(grids, "points", lambda name, live=False: tiny)
+    assert main(["compare", "--grids", "seq_long", "--out", str(tmp_path), "--repeats", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "seq_long: 2/2 points ok here" in text and "recorded:     NVIDIA H200" in text
+    assert (tmp_path / "compare-seq_long.png").stat().st_size > 5000
+    saved = results.load(tmp_path / f"{jax.default_backend()}.json" if jax.default_backend() != "gpu" else
+                         next(tmp_path.glob("*.json")))  # fmt: skip
+    assert [r["seq_q"] for r in saved["records"]] == [16, 32] and "seq_long" in saved["provenance"]["grids"]

@@ -3,14 +3,19 @@
 ``points(name)`` gives the grid for the backend this runs on. The recorder (``python -m attention_tutorial
 record``) runs the GPU size of every grid on the GPU and saves the records with their provenance; the pages run
 the size that fits their build live and show the recorded GPU results beside it.
+
+The GPU sizes were chosen on an H200 (141 GB). ``plan(name, memory=device_memory())`` sizes a grid for the GPU at
+hand (an L4, an A100): points whose inputs, outputs and (for implementations that materialise the T × S scores)
+score matrices cannot fit its memory are not run but recorded as ``oom`` with the estimate as the reason.
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from ..kernels.masks import MASK_KINDS
-from .sweep import Point, grid
+from .sweep import Point, empty_record, grid
 
 KIB = 1024
 
@@ -203,3 +208,44 @@ def points(name: str, *, gpu: bool | None = None, live: bool = False) -> list[Po
         raise ValueError(f"unknown grid {name!r}; choose from {sorted(grids)}.")
     keep = LIVE_ON_GPU.get(name, {}) if (gpu and live) else {}
     return [p for p in grids[name] if all(getattr(p, k) in v for k, v in keep.items())]
+
+
+# Implementations that hold the whole (B, N, T, S) score matrix, and the bytes per score they were measured to need
+# on the H200 (float32 logits + probabilities; the backward pass keeps more): see ``temp_bytes`` in its results.
+MATERIALISE_SCORES = ("naive", "xla")
+SCORE_BYTES = {"fwd": 6, "fwd+bwd": 10}
+
+
+def device_memory() -> int | None:
+    """Bytes the default device lets XLA allocate (its ``bytes_limit``), or None where it does not say (a CPU)."""
+    try:
+        return int(jax.devices()[0].memory_stats()["bytes_limit"])
+    except (TypeError, KeyError, AttributeError, jax.errors.JaxRuntimeError):
+        return None
+
+
+def footprint(point: Point) -> int:
+    """An estimate of the bytes ``point`` needs on the device: q, k, v, the output (and for fwd+bwd the output
+    gradient and dq, dk, dv) plus the score matrices of implementations that materialise them."""
+    B, T, S, N, K, H = point.shape
+    item = jnp.dtype(point.dtype).itemsize
+    tensors = (2 * B * T * N * H + 2 * B * S * K * H) * item
+    if point.pass_ == "fwd+bwd":
+        tensors *= 2
+    scores = B * N * T * S * SCORE_BYTES[point.pass_] if point.impl in MATERIALISE_SCORES else 0
+    return tensors + scores
+
+
+def plan(name: str, *, gpu: bool | None = None, memory: int | None = None) -> tuple[list[Point], list[dict]]:
+    """(points of grid ``name`` to run, records of those that cannot fit ``memory`` bytes, status oom, with the
+    estimate as the reason). ``memory`` None (unknown) runs every point."""
+    run, skipped = [], []
+    for p in points(name, gpu=gpu):
+        need = footprint(p)
+        if memory is not None and need > memory:
+            reason = (f"needs about {need / 2**30:.1f} GiB (inputs, outputs and score matrices, estimated) and "
+                      f"this device lets XLA use {memory / 2**30:.1f} GiB: not run")  # fmt: skip
+            skipped.append({**empty_record(p), "status": "oom", "reason": reason, "estimated_bytes": need})
+        else:
+            run.append(p)
+    return run, skipped

@@ -1,7 +1,8 @@
 """The recorder: run every named grid on the GPU and write the reference result file the pages show.
 
 ``python -m attention_tutorial record`` (or ``nox -s record``) measures the ceilings, then each grid of
-:mod:`attention_tutorial.measure.grids` in its GPU size, and writes ``attention_tutorial/results/data/<gpu>.json`` after every grid, so an
+:mod:`attention_tutorial.measure.grids` in its GPU size, sized to this GPU's memory (points that cannot fit are
+recorded as oom with the estimate, not run), and writes ``attention_tutorial/results/data/<gpu>.json`` after every grid, so an
 interrupted run keeps what it measured. Records of grids not re-run are kept from the existing file.
 """
 
@@ -15,7 +16,7 @@ import jax
 
 from ..env import environment, timestamp
 from ..measure.ceilings import measure_ceilings
-from ..measure.grids import GRID_NAMES, points
+from ..measure.grids import GRID_NAMES, device_memory, plan
 from ..measure.sweep import run_sweep
 from . import store
 
@@ -46,6 +47,14 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
            extras=("fp8", "kernel_code"), command: str | None = None) -> Path:  # fmt: skip
     """Measure ``grid_names`` (and the ``extras`` experiments: "fp8", "kernel_code") on this GPU and write the
     result file."""
+    for extra in extras:
+        if extra not in ("fp8", "kernel_code"):
+            raise ValueError(f"unknown extra experiment {extra!r}; choose from fp8, kernel_code")
+    if not grid_names and not extras:
+        raise ValueError(
+            "nothing to record: no grids and no extras were named. Name grids (--grids seq_long ...; all by default) "
+            "or extras (--extras fp8 kernel_code)."
+        )
     if jax.default_backend() != "gpu":
         raise RuntimeError(
             "record measures the reference results on a GPU; this machine runs JAX on "
@@ -58,12 +67,9 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
     prov = provenance(env, ceilings, command)
     print(f"ceilings: {ceilings['matmul_bf16_tflops']:.0f} TFLOP/s bf16 matmul, "
           f"{ceilings['copy_gbps']:.0f} GB/s copy, {ceilings['read_gbps']:.0f} GB/s read", flush=True)  # fmt: skip
-    peak = ceilings["matmul_bf16_tflops"]
-    steps = [(name, lambda name=name: run_sweep(points(name, gpu=True), peak_tflops=peak, progress=progress,
-                                                repeats=repeats, max_seconds=max_seconds)) for name in grid_names]  # fmt: skip
-    for extra in extras:
-        if extra not in ("fp8", "kernel_code"):
-            raise ValueError(f"unknown extra experiment {extra!r}; choose from fp8, kernel_code")
+    peak, memory = ceilings["matmul_bf16_tflops"], device_memory()
+    steps = [(name, lambda name=name: _sized_sweep(name, memory, peak_tflops=peak, progress=progress,
+                                                   repeats=repeats, max_seconds=max_seconds)) for name in grid_names]  # fmt: skip
     if "fp8" in extras:
         steps.append(("fp8", lambda: _fp8_records(peak, repeats=repeats, max_seconds=max_seconds)))
     for name, measure in steps:
@@ -93,6 +99,12 @@ GRID_VERSIONS = ("gpu", "driver", "jax", "jaxlib", "cudnn", "transformer_engine"
 def _grid_provenance(env, seconds, command, peak) -> dict:
     return {"created": timestamp(), "seconds": seconds, "command": command, "matmul_bf16_tflops": peak,
             **{key: env[key] for key in GRID_VERSIONS}}  # fmt: skip
+
+
+def _sized_sweep(name, memory, **options) -> list[dict]:
+    """Grid ``name`` in its GPU size: the points that fit ``memory`` measured, the others recorded as oom."""
+    run, skipped = plan(name, gpu=True, memory=memory)
+    return run_sweep(run, **options) + skipped
 
 
 def _fp8_records(peak, **timing):

@@ -18,7 +18,9 @@ def fake_gpu(monkeypatch):
                                                               "read_gbps": 20.0})  # fmt: skip
     # the CPU size of each grid, the float32 points only, so the measuring itself runs here for real
     monkeypatch.setattr(
-        rec_mod, "points", lambda name, gpu: [p for p in points(name, gpu=False) if p.dtype == "float32"][:2]
+        rec_mod,
+        "plan",
+        lambda name, gpu, memory: ([p for p in points(name, gpu=False) if p.dtype == "float32"][:2], []),
     )
     monkeypatch.setattr(rec_mod, "_fp8_records", lambda peak, **t: [
         {"impl": "cudnn_fp8_s1", "batch": 1, "seq_q": 8, "seq_kv": 8, "heads": 1, "kv_heads": 1, "head_dim": 8,
@@ -55,3 +57,23 @@ def test_record_writes_a_valid_file_grid_by_grid_and_merges(fake_gpu, tmp_path, 
 def test_unknown_extra(fake_gpu, tmp_path):
     with pytest.raises(ValueError, match="unknown extra"):
         rec_mod.record([], out=tmp_path / "x.json", extras=("int4",))
+
+
+def test_unknown_extra_and_nothing_to_do(fake_gpu, tmp_path):
+    with pytest.raises(ValueError, match="nothing to record"):
+        rec_mod.record([], out=tmp_path / "x.json", extras=())
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_points_that_do_not_fit_the_gpu_are_recorded_not_run(fake_gpu, tmp_path, monkeypatch):
+    from attention_tutorial.measure import grids
+
+    monkeypatch.setattr(rec_mod, "plan", grids.plan)
+    monkeypatch.setattr(rec_mod, "device_memory", lambda: 2**20)  # a 1 MiB "GPU"
+    monkeypatch.setattr(grids, "points", lambda name, gpu: [p for p in points(name, gpu=False)
+                                                            if p.dtype == "float32"][:2])  # fmt: skip
+    out = tmp_path / "small.json"
+    rec_mod.record(["seq_long"], out=out, repeats=3, max_seconds=0.1, progress=False, extras=(), command="t")
+    recs = results.load(out)["records"]
+    assert len(recs) == 2 and {r["status"] for r in recs} == {"oom"}
+    assert all("1.0 MiB" not in r["reason"] and "0.0 GiB" in r["reason"] for r in recs)
