@@ -11,9 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax.numpy as jnp
+import numpy as np
 
-from .inputs import AttentionShape
-from .kernels.fused import cudnn_why_not, dot_product_attention
+from .inputs import AttentionShape, invalid_reason
+from .kernels.fused import cudnn_why_not, dot_product_attention, xla_why_not
 from .kernels.masks import MASK_KINDS
 from .kernels.reference import naive_attention
 
@@ -30,6 +31,23 @@ class Implementation:
     # For library front ends that choose among several backends: (shape, dtype, causal, training) -> its name.
     backend: Callable | None = None
 
+    def __post_init__(self):  # every why_not first asks whether the problem is valid at all
+        object.__setattr__(self, "why_not", _checked(self.why_not))
+
+
+def _checked(check: Callable) -> Callable:
+    """``check`` behind the checks every implementation makes (``invalid_reason``): int8 is never "can run"."""
+
+    @functools.wraps(check)
+    def why_not(shape, dtype, causal=False):
+        if not isinstance(causal, (bool, np.bool_)):
+            raise ValueError(f"causal must be True or False; got {type(causal).__name__} {causal!r:.60}.")
+        if reason := invalid_reason(shape, dtype):
+            return reason
+        return check(AttentionShape(*(int(n) for n in shape)), jnp.dtype(dtype), bool(causal))
+
+    return why_not
+
 
 def _always(shape, dtype, causal):
     return None
@@ -37,6 +55,10 @@ def _always(shape, dtype, causal):
 
 def _cudnn(shape, dtype, causal):
     return cudnn_why_not(shape, dtype)
+
+
+def _xla(shape, dtype, causal):
+    return xla_why_not(shape, dtype)
 
 
 def _lazy(module: str, attr: str):
@@ -54,14 +76,12 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
     impl.name: impl
     for impl in (
         Implementation("naive", "naive (from scratch)", naive_attention, _always, MASK_KINDS),
-        Implementation(
-            "xla", "XLA", functools.partial(dot_product_attention, implementation="xla"), _always, MASK_KINDS
-        ),
+        Implementation("xla", "XLA", functools.partial(dot_product_attention, implementation="xla"), _xla, MASK_KINDS),
         Implementation(
             "default",
             "jax.nn default",
             functools.partial(dot_product_attention, implementation=None),
-            _always,
+            _xla,
             MASK_KINDS,
         ),
         Implementation(
@@ -114,5 +134,5 @@ def get(name: str) -> Implementation:
 
 
 def why_not(name: str, shape: AttentionShape, dtype, causal: bool = False) -> str | None:
-    """Why ``name`` cannot run ``shape``/``dtype``/``causal`` here, or None if it can."""
-    return get(name).why_not(shape, jnp.dtype(dtype), causal)
+    """Why ``name`` cannot run ``shape``/``dtype``/``causal`` here, or None if it can (it then accepts them)."""
+    return get(name).why_not(shape, dtype, causal)

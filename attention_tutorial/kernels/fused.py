@@ -25,6 +25,7 @@ from .masks import Alignment, causal_mask, check_mask_args
 
 Implementation = Literal["xla", "cudnn"] | None
 CUDNN_DTYPES = ("bfloat16", "float16")
+XLA_DTYPES = ("bfloat16", "float16", "float32", "float64")  # not FP8: jax.nn refuses to promote 8-bit floats
 
 
 def dot_product_attention(
@@ -50,6 +51,8 @@ def dot_product_attention(
     shape = attention_shape(q, k, v)
     if implementation not in (None, "xla", "cudnn"):
         raise ValueError(f'implementation must be None, "xla" or "cudnn"; got {implementation!r:.60}.')
+    if reason := xla_why_not(shape, jnp.result_type(q)):
+        raise ValueError(f"jax.nn.dot_product_attention cannot run this: {reason}")
     scale = resolve_scale(scale, shape.head_dim)
     opt = check_mask_args(shape, is_causal=is_causal, causal_alignment=causal_alignment, mask=mask, bias=bias,
                           local_window_size=local_window_size, query_seq_lengths=query_seq_lengths,
@@ -81,6 +84,15 @@ def dot_product_attention(
         implementation=implementation,
         **lengths,
     )
+
+
+def xla_why_not(shape: AttentionShape, dtype) -> str | None:
+    """Why ``jax.nn.dot_product_attention`` (XLA path) cannot run ``shape`` in ``dtype``, or None."""
+    if reason := invalid_reason(shape, dtype):
+        return reason
+    if jnp.dtype(dtype).name not in XLA_DTYPES:
+        return f"it takes {', '.join(XLA_DTYPES)} inputs, not {jnp.dtype(dtype).name}; cast with .astype(jnp.bfloat16)."
+    return None
 
 
 def cudnn_why_not(shape: AttentionShape, dtype, *, device: jax.Device | None = None) -> str | None:

@@ -19,7 +19,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from ..inputs import AttentionShape, attention_shape
+from ..inputs import AttentionShape, attention_shape, invalid_reason
+from .masks import check_mask_args
 
 INSTALL_HINT = "pip install 'attention-tutorial[te]' on a CUDA GPU builder (README: 'TransformerEngine')"
 
@@ -45,6 +46,8 @@ def installed() -> bool:
 
 def why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
     """Why TE attention cannot run here, or None."""
+    if reason := invalid_reason(shape, dtype):
+        return reason
     if jax.default_backend() != "gpu":
         return f"TransformerEngine needs an NVIDIA GPU; this build runs on {jax.default_backend().upper()}."
     if not installed():
@@ -71,8 +74,10 @@ def te_attention(q, k, v, *, is_causal: bool = False) -> jax.Array:
     """TransformerEngine's fused ``DotProductAttention``: q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H)."""
     import warnings
 
+    shape = attention_shape(q, k, v)
+    check_mask_args(shape, is_causal=is_causal)
     te_flax = import_te().flax
-    module = te_flax.DotProductAttention(**te_config(attention_shape(q, k, v), is_causal))
+    module = te_flax.DotProductAttention(**te_config(shape, is_causal))
     with warnings.catch_warnings():  # TE 2.20's module itself calls fused_attn the deprecated way when unmasked
         warnings.filterwarnings("ignore", message="Pass mask to fused_attn is deprecated", category=DeprecationWarning)
         return module.apply({}, q, k, v, deterministic=True)
