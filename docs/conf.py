@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+import tomllib
 from pathlib import Path
+from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -15,12 +17,24 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import attention_tutorial  # noqa: E402
 
+# The checkout this builds from (also when another conf.py execs this one, as tests/test_docs.py does).
+CHECKOUT = Path(attention_tutorial.__file__).resolve().parents[1]
+sys.path.insert(0, str(CHECKOUT / "docs" / "_ext"))
+
 project = "Attention on NVIDIA GPUs with JAX"
 author = "attention-tutorial contributors"
 copyright = "2026, attention-tutorial contributors"
 release = attention_tutorial.__version__
 
-extensions = ["myst_nb", "sphinx.ext.autodoc", "sphinx.ext.viewcode", "sphinx_copybutton"]
+extensions = [
+    "myst_nb",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.viewcode",
+    "sphinx_copybutton",
+    "sphinx_sitemap",
+    "sphinxext.opengraph",
+    "publish",  # docs/_ext: pages as notebooks (download, Colab), a "last executed" stamp on each page
+]
 exclude_patterns = ["_build", "jupyter_execute", "**.ipynb_checkpoints"]
 
 # --- execution: every page runs at build time; a failing cell fails the build -------------------------------
@@ -50,3 +64,22 @@ html_theme_options = {
     "use_download_button": True,
     "home_page_in_toc": True,
 }
+
+# --- publishing: addresses, notebooks, sitemap, OpenGraph, 404 ---------------------------------------------------
+# The addresses live in pyproject.toml's [project.urls]; CI overrides them with the real repository's.
+_URLS = tomllib.loads((CHECKOUT / "pyproject.toml").read_text())["project"]["urls"]
+publish_repo_url = os.environ.get("ATTENTION_TUTORIAL_REPO_URL") or _URLS["Repository"]
+publish_notebooks_branch = os.environ.get("ATTENTION_TUTORIAL_NOTEBOOKS_BRANCH", "notebooks")
+publish_preview_page = "benchmarks"  # its first plot is the site's preview image (preview.png)
+html_baseurl = (os.environ.get("ATTENTION_TUTORIAL_BASEURL") or _URLS["Documentation"]).rstrip("/") + "/"
+html_theme_options |= {"repository_url": publish_repo_url, "use_repository_button": True}
+sitemap_url_scheme = "{link}"
+sitemap_excludes = ["404.html", "search.html", "genindex.html", "py-modindex.html"]
+ogp_site_url = html_baseurl
+ogp_site_name = project
+ogp_description_length = 200
+ogp_use_first_image = True  # a page's own plot; pages without one fall back to ogp_image
+ogp_image = html_baseurl + "preview.png"
+if (Path(__file__).parent / "404.md").exists():  # not when another conf.py execs this one for a test site
+    extensions.append("notfound.extension")
+    notfound_urls_prefix = urlparse(html_baseurl).path  # 404.html's links work from any missing address

@@ -1,0 +1,123 @@
+"""Sphinx extension: every executable page as a notebook (download, Colab) and a "last executed" stamp at its end.
+
+- ``_notebooks/<page>.ipynb`` in the built site, made from the page by jupytext (``notebooks.py``), first cell
+  installing the package from ``publish_repo_url``;
+- on each executable page: "Open in Colab" and ".ipynb" links (in the header and at the end of the page) and the
+  device, versions and date that produced its live outputs (``attention_tutorial.results.stamp``), taken from the
+  environment the notebook kernels run in and myst-nb's record of when the page ran;
+- ``preview.png``: the first plot of ``publish_preview_page``, the site's OpenGraph image.
+Colab opens notebooks from GitHub: CI publishes ``_notebooks/`` to the branch ``publish_notebooks_branch``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from docutils import nodes
+from myst_nb.sphinx_ import NbMetadataCollector
+from notebooks import is_executable, write_notebook
+from sphinx.errors import ExtensionError
+from sphinx.util import logging
+
+from attention_tutorial.results.stamp import last_executed
+
+LOG = logging.getLogger(__name__)
+NB_DIR = "_notebooks"
+COLAB_ICON = "_static/images/logo_colab.png"  # shipped by sphinx-book-theme
+
+
+def colab_url(repo_url: str, branch: str, docname: str) -> str | None:
+    """Colab's address for the page's notebook on the repository's notebooks branch (GitHub only, else None)."""
+    m = re.match(r"^https://github\.com/([^/]+)/([^/]+?)(?:\.git)?/?$", repo_url)
+    return f"https://colab.research.google.com/github/{m[1]}/{m[2]}/blob/{branch}/{docname}.ipynb" if m else None
+
+
+def _executable(app, docname: str) -> bool:
+    return is_executable(Path(app.env.doc2path(docname)))
+
+
+def _kernel_environment(app) -> dict:
+    """The environment report of a fresh Python with the notebook kernels' environment (once per build)."""
+    if not hasattr(app, "_publish_env"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "attention_tutorial", "env"], capture_output=True, text=True, timeout=300,
+            env=os.environ.copy(),
+        )  # fmt: skip
+        if proc.returncode:
+            raise ExtensionError(f"`python -m attention_tutorial env` failed:\n{proc.stderr[-2000:]}")
+        app._publish_env = json.loads(proc.stdout)
+    return app._publish_env
+
+
+def _notebook_uri(docname: str) -> str:
+    return "../" * docname.count("/") + f"{NB_DIR}/{docname}.ipynb"
+
+
+def _run_yourself(app, docname: str) -> nodes.Node:
+    box = nodes.admonition(classes=["tip", "run-this-page"])
+    box += nodes.title(text="Run this page yourself")
+    para = nodes.paragraph()
+    links = [("Download it as a notebook (.ipynb)", _notebook_uri(docname))]
+    if url := colab_url(app.config.publish_repo_url, app.config.publish_notebooks_branch, docname):
+        links.insert(0, ("Open it in Colab", url))
+    for i, (text, uri) in enumerate(links):
+        para += nodes.Text(" · " if i else "")
+        para += nodes.reference(text, text, refuri=uri)
+    para += nodes.Text(": its first cell installs the package.")
+    box += para
+    data = NbMetadataCollector.get_exec_data(app.env, docname) if docname in app.env.all_docs else None
+    if data and data.get("succeeded"):
+        stamp = last_executed(_kernel_environment(app), executed=data["mtime"], runtime_s=data.get("runtime"))
+        box += nodes.paragraph(text=f"{stamp} (This build's live outputs; recorded results name their own.)")
+    return box
+
+
+def _on_doctree_resolved(app, doctree, docname):
+    if app.builder.format != "html" or not _executable(app, docname):
+        return
+    doctree += _run_yourself(app, docname)
+    if docname == app.config.publish_preview_page and (img := doctree.next_node(nodes.image)) is not None:
+        app._publish_preview = img["uri"]
+
+
+def _on_page_context(app, pagename, templatename, context, doctree):
+    buttons = context.get("header_buttons")
+    if buttons is None or doctree is None or not _executable(app, pagename):
+        return
+    links = [{"type": "link", "text": ".ipynb", "tooltip": "Download this page as a notebook",
+              "icon": "fas fa-file-code", "url": context["pathto"](f"{NB_DIR}/{pagename}.ipynb", 1),
+              "label": "notebook-download-button"}]  # fmt: skip
+    if url := colab_url(app.config.publish_repo_url, app.config.publish_notebooks_branch, pagename):
+        links.insert(0, {"type": "link", "text": "Colab", "tooltip": "Open this page in Colab", "url": url,
+                         "icon": context["pathto"](COLAB_ICON, 1), "label": "colab-button"})  # fmt: skip
+    buttons.append({"type": "group", "tooltip": "Run this page", "icon": "fas fa-rocket", "buttons": links,
+                    "label": "run-buttons"})  # fmt: skip
+
+
+def _on_build_finished(app, exception):
+    if exception is not None or app.builder.format != "html":
+        return
+    out = Path(app.outdir)
+    pages = [d for d in sorted(app.env.found_docs) if _executable(app, d)]
+    for docname in pages:
+        write_notebook(Path(app.env.doc2path(docname)), app.config.publish_repo_url, out / NB_DIR)
+    LOG.info(f"publish: {len(pages)} notebooks in {out / NB_DIR}")
+    preview = getattr(app, "_publish_preview", None)
+    if preview and (src := out / "_images" / Path(preview).name).exists():
+        shutil.copyfile(src, out / "preview.png")
+
+
+def setup(app):
+    app.add_config_value("publish_repo_url", "", "html", types=[str])
+    app.add_config_value("publish_notebooks_branch", "notebooks", "html", types=[str])
+    app.add_config_value("publish_preview_page", "", "html", types=[str])
+    app.connect("doctree-resolved", _on_doctree_resolved)
+    app.connect("html-page-context", _on_page_context, priority=600)  # after the theme has made its buttons
+    app.connect("build-finished", _on_build_finished)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
