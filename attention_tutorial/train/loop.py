@@ -98,14 +98,15 @@ def _base(impl: str, config: Config, seed: int, steps: int) -> dict:
 
 
 def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0, log_every: int = 1,
-                  eval_batches: int = 4, corpus=None) -> TrainResult:  # fmt: skip
+                  eval_batches: int = 4, corpus=None, peak_tflops: float | None = None) -> TrainResult:  # fmt: skip
     """Train ``steps`` AdamW steps with attention ``impl`` and return the per-step records and a summary.
 
-    A step record (``kind`` "step", one every ``log_every`` steps and at the last) holds the loss of that step's
-    batch before its update and the median/p10/p90 step time since the previous record. The summary (``kind``
-    "summary") holds the held-out loss before and after training, the median step time over all steps, compile
-    time, compiled temporaries, peak device memory and which attention kernel the compiled step calls. When the
-    registry says ``impl`` cannot run this shape here, the summary alone comes back with status "unsupported".
+        A step record (``kind`` "step", one every ``log_every`` steps and at the last) holds the loss of that step's
+        batch before its update and the median/p10/p90 step time since the previous record. The summary (``kind``
+        "summary") holds the held-out loss before and after training, the median step time over all steps, compile
+        time, compiled temporaries and footprint, peak device memory and which attention kernel the compiled step calls
+    (``pct_peak`` too, given the measured bf16 matmul ``peak_tflops``). When the
+        registry says ``impl`` cannot run this shape here, the summary alone comes back with status "unsupported".
     """
     if steps < 1 or log_every < 1:
         raise ValueError(f"steps and log_every must be >= 1; got steps={steps}, log_every={log_every}.")
@@ -137,21 +138,34 @@ def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0
         window.append(ms)
         nxt = batch(s + 1) if s + 1 < steps else None
         if s % log_every == 0 or s == steps - 1:
-            records.append(_timed({**base, "kind": "step", "step": s, "loss": float(loss)}, window, flops, tokens))
+            records.append(
+                _timed({**base, "kind": "step", "step": s, "loss": float(loss)}, window, flops, tokens, peak_tflops)
+            )
             window = []
     eval_after = evaluate(model, params, corpus.held_out, c, seed=seed, batches=eval_batches)
     summary = _timed({**base, "kind": "summary", "final_loss": records[-1]["loss"], "eval_loss_init": eval_before,
                       "eval_loss": eval_after, "compile_s": stats.compile_s, "temp_bytes": stats.temp_bytes,
                       "attention_kernel": stats.attention_kernel, "params": _count(params),
-                      "step_flops": flops, **corpus.describe()}, times, flops, tokens)  # fmt: skip
+                      "step_bytes": _footprint(stats.compiled), "step_flops": flops, **corpus.describe()},
+                     times, flops, tokens, peak_tflops)  # fmt: skip
     return TrainResult(records, summary)
 
 
-def _timed(rec: dict, samples_ms, flops: float, tokens: int) -> dict:
+def _timed(rec: dict, samples_ms, flops: float, tokens: int, peak_tflops: float | None) -> dict:
     median, p10, p90 = summarize(samples_ms)
+    tflops = flops / (median / 1e3) / 1e12
+    pct = {"pct_peak": 100 * tflops / peak_tflops} if peak_tflops else {}
     return {**rec, "status": "ok", "median_ms": median, "p10_ms": p10, "p90_ms": p90, "step_ms": median,
-            "tokens_per_s": tokens / (median / 1e3), "tflops": flops / (median / 1e3) / 1e12,
-            "peak_bytes": peak_bytes()}  # fmt: skip
+            "tokens_per_s": tokens / (median / 1e3), "tflops": tflops, **pct, "peak_bytes": peak_bytes()}  # fmt: skip
+
+
+def _footprint(compiled) -> int | None:
+    """Bytes the compiled step needs on the device: its arguments, outputs and temporaries (None if unknown)."""
+    try:
+        m = compiled.memory_analysis()
+        return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes)
+    except (AttributeError, NotImplementedError, TypeError):
+        return None
 
 
 def _count(params) -> int:

@@ -1,0 +1,80 @@
+"""The "train" grid: the same model, seed and data trained with several attention implementations.
+
+``train_grid(impls, steps=..., config=...)`` returns every run's records (per logged step and a summary), each
+implementation in a fresh Python process by default, so that the device's peak memory of each run is its own
+(a process's peak only grows) and no run inherits another's compiled programs or allocator state. A run that
+fails becomes a summary record with status oom / unsupported / error and the reason. Run as a module
+(``python -m attention_tutorial.train.grid IMPL STEPS CONFIG SEED LOG_EVERY OUT``) it trains one implementation
+and writes its records to OUT as JSON: that is what each child process does.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ..measure.sweep import failure_fields
+from .loop import _base, train_records
+from .model import H200, TINY, Config
+
+CONFIGS = {"tiny": TINY, "h200": H200}
+DEFAULT_IMPLS = ("cudnn", "xla", "blockwise")
+
+
+def train_grid(impls=DEFAULT_IMPLS, *, steps: int = 300, config: str = "h200", seed: int = 0, log_every: int = 5,
+               isolate: bool = True, peak_tflops: float | None = None, timeout_s: float = 600) -> list[dict]:  # fmt: skip
+    """Train ``config`` (a name in ``CONFIGS``) with each of ``impls``; all their records, in order."""
+    if config not in CONFIGS:
+        raise ValueError(f"unknown config {config!r}; choose from {sorted(CONFIGS)}.")
+    records = []
+    for impl in impls:
+        if isolate:
+            records += _in_child(impl, steps, config, seed, log_every, peak_tflops, timeout_s)
+        else:
+            records += _in_process(impl, steps, CONFIGS[config], seed, log_every, peak_tflops)
+    return records
+
+
+def _in_process(impl, steps, cfg: Config, seed, log_every, peak_tflops) -> list[dict]:
+    try:
+        run = train_records(impl, steps=steps, config=cfg, seed=seed, log_every=log_every, peak_tflops=peak_tflops)
+    except Exception as err:  # a failing implementation is a result, not the end of the grid
+        return [_failed(impl, cfg, seed, steps, failure_fields(err))]
+    return [*run.records, run.summary]
+
+
+def _in_child(impl, steps, config, seed, log_every, peak_tflops, timeout_s) -> list[dict]:
+    cfg = CONFIGS[config]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "records.json"
+        cmd = [sys.executable, "-m", __name__, impl, str(steps), config, str(seed), str(log_every), str(out),
+               str(peak_tflops or 0)]  # fmt: skip
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return [_failed(impl, cfg, seed, steps, {"status": "error", "reason": f"timed out after {timeout_s} s"})]
+        if done.returncode != 0 or not out.exists():
+            tail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1][:300]
+            return [_failed(impl, cfg, seed, steps, {"status": "error", "reason": tail})]
+        return json.loads(out.read_text())
+
+
+def _failed(impl, cfg: Config, seed, steps, fields: dict) -> dict:
+    return {**_base(impl, cfg, seed, steps), "kind": "summary", **fields, "median_ms": None, "p10_ms": None,
+            "p90_ms": None, "tflops": None}  # fmt: skip
+
+
+def _child(argv) -> None:
+    impl, steps, config, seed, log_every, out, peak = argv
+    recs = _in_process(impl, int(steps), CONFIGS[config], int(seed), int(log_every), float(peak) or None)
+    Path(out).write_text(json.dumps(recs))
+    s = recs[-1]
+    done = f"{s.get('median_ms') or 0:.1f} ms/step, eval loss {s.get('eval_loss')}" if s["status"] == "ok" else s
+    print(f"{impl}: {s['status']} {done}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1:])
