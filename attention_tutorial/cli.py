@@ -92,7 +92,7 @@ def main(argv=None) -> int:
         try:
             path = record(args.grids, out=args.out, repeats=args.repeats, max_seconds=args.max_seconds,
                           extras=tuple(args.extras))  # fmt: skip
-        except RuntimeError as err:
+        except (RuntimeError, ValueError) as err:  # no GPU; nothing to record; a broken --out file
             print(f"error: {err}", file=sys.stderr)
             return 2
         print(f"wrote {path}")

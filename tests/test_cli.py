@@ -122,3 +122,8 @@ def test_compare_runs_a_tiny_grid_here_and_plots_it_beside_the_recorded_h200(tmp
     saved = results.load(tmp_path / f"{jax.default_backend()}.json" if jax.default_backend() != "gpu" else
                          next(tmp_path.glob("*.json")))  # fmt: skip
     assert [r["seq_q"] for r in saved["records"]] == [16, 32] and "seq_long" in saved["provenance"]["grids"]
+
+
+def test_record_with_nothing_to_do_says_so(capsys):
+    assert main(["record", "--grids", "--extras"]) == 2
+    assert "nothing to record" in capsys.readouterr().err

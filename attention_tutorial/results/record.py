@@ -63,6 +63,11 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
     env = environment()
     out = Path(out or store.RESULTS_DIR / f"{store.slug(env['gpu'])}.json")
     command = command or "python -m attention_tutorial record " + " ".join(sys.argv[2:])
+    if out.exists():  # before measuring anything: a file that is not a result file is not merged into
+        try:
+            store.load(out)
+        except store.ResultFileError as err:
+            raise store.ResultFileError(f"refusing to record into {out}: {err}") from None
     ceilings = measure_ceilings()
     prov = provenance(env, ceilings, command)
     print(f"ceilings: {ceilings['matmul_bf16_tflops']:.0f} TFLOP/s bf16 matmul, "

@@ -77,3 +77,12 @@ def test_points_that_do_not_fit_the_gpu_are_recorded_not_run(fake_gpu, tmp_path,
     recs = results.load(out)["records"]
     assert len(recs) == 2 and {r["status"] for r in recs} == {"oom"}
     assert all("1.0 MiB" not in r["reason"] and "0.0 GiB" in r["reason"] for r in recs)
+
+
+def test_a_broken_out_file_is_refused_before_measuring(fake_gpu, tmp_path, monkeypatch):
+    out = tmp_path / "gpu.json"
+    out.write_text('{"records": [')
+    monkeypatch.setattr(rec_mod, "measure_ceilings", lambda: pytest.fail("measured before checking --out"))
+    with pytest.raises(results.ResultFileError, match="refusing to record into"):
+        rec_mod.record(["decode"], out=out, extras=())
+    assert out.read_text() == '{"records": ['
