@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..inputs import AttentionShape, attention_shape
+from ..inputs import AttentionShape, attention_shape, check_block_size, resolve_scale
 
 LOG2E = math.log2(math.e)
 
@@ -44,18 +44,31 @@ LOG2E = math.log2(math.e)
 @dataclasses.dataclass(frozen=True)
 class MosaicConfig:
     """Tile sizes: ``block_q`` rows per compute warpgroup (wgmma's M is 64), ``block_kv`` keys per step, and
-    ``stages`` k/v slots in flight."""
+    ``stages`` k/v slots in flight; ``bwd_*`` the same for the backward kernels (both blocks 64: each compute
+    warpgroup there holds two float32 accumulators, dK and dV or dQ, plus two score-sized tiles)."""
 
     block_q: int = 64
     block_kv: int = 128
     stages: int = 2
+    bwd_block_q: int = 64
+    bwd_block_kv: int = 64
+    bwd_stages: int = 2
+
+    def __post_init__(self):
+        for name in ("block_q", "block_kv", "stages", "bwd_block_q", "bwd_block_kv", "bwd_stages"):
+            check_block_size(f"MosaicConfig.{name}", getattr(self, name))
+        for name in ("block_q", "block_kv", "bwd_block_q", "bwd_block_kv"):
+            if getattr(self, name) % 64:
+                raise ValueError(
+                    f"MosaicConfig.{name} must be a multiple of 64 (wgmma's tile); got {getattr(self, name)}."
+                )
 
 
-def _kernel(q_ref, k_ref, v_ref, o_ref, scoped, *, causal, cfg, stages, seq_kv, groups, scale):
+def _kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, causal, cfg, stages, seq_kv, groups, scale):
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
-    (qo_smem2, k_smem, v_smem), (k_ready, v_ready, q_ready), (k_free, v_free), schedule = scoped
+    (qo_smem2, k_smem, v_smem, lse_smem2), (k_ready, v_ready, q_ready), (k_free, v_free), schedule = scoped
     bq, bkv, dtype = cfg.block_q, cfg.block_kv, q_ref.dtype
     head_dim = q_ref.shape[-1]
     batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
@@ -148,8 +161,10 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, scoped, *, causal, cfg, stages, seq_kv, 
 
         pl.when(wg == 0)(take_turn)  # balance warpgroup 1's extra half turn
         qo_smem[...] = (acc / lax.broadcast_in_dim(l, acc.shape, [0])).astype(dtype)
+        lse_smem2.at[wg][...] = m + jnp.log(l) * LOG2E  # base-2 log-sum-exp: the backward's residual
         plgpu.commit_smem()  # make the stores visible to the TMA engine
         plgpu.copy_smem_to_gmem(qo_smem, o_ref.at[batch, pl.ds(row0, bq), head])
+        plgpu.copy_smem_to_gmem(lse_smem2.at[wg], lse_ref.at[batch, head, pl.ds(row0, bq)])
         plgpu.wait_smem_to_gmem(0)
 
     @pl.when(wg == 2)
@@ -171,51 +186,382 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, scoped, *, causal, cfg, stages, seq_kv, 
             plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem.at[slot], v_ready.at[slot])
 
 
-def mosaic_flash_attention(
-    q, k, v, *, is_causal: bool = False, scale: float | None = None, config: MosaicConfig | None = None
-) -> jax.Array:
-    """Our Mosaic GPU FlashAttention forward: q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H). Hopper only.
-
-    float16 or bfloat16; H = 64 or 128; T a multiple of 2·block_q (128), S a multiple of block_kv (128). Causal
-    masks align top-left, as everywhere on this site.
-    """
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, scoped, *, causal, bq, bkv, stages, seq_kv,
+               groups, scale):  # fmt: skip
+    """dQ: each compute warpgroup owns ``bq`` query rows and walks the key blocks they see, as the forward does."""
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
+    (q_smem2, do_smem2, lse_smem2, delta_smem2, k_smem, v_smem), ready, (k_free, v_free) = scoped
+    q_ready, do_ready, lse_ready, delta_ready, k_ready, v_ready = ready
+    dtype, head_dim = q_ref.dtype, q_ref.shape[-1]
+    batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
+    cta_rows = lax.axis_index("q_seq") * (2 * bq)
+    n_kv = seq_kv // bkv
+    cta_steps = jnp.minimum(pl.cdiv(cta_rows + 2 * bq, jnp.array(bkv, jnp.int32)), n_kv) if causal else n_kv
+    c = scale * LOG2E
+
+    @pl.when(wg < 2)
+    def _compute():
+        plgpu.set_max_registers(232, action="increase")
+        q_smem, do_smem, lse_smem, delta_smem = q_smem2.at[wg], do_smem2.at[wg], lse_smem2.at[wg], delta_smem2.at[wg]
+        row0 = cta_rows + wg * bq
+        steps = jnp.minimum(pl.cdiv(row0 + bq, jnp.array(bkv, jnp.int32)), n_kv) if causal else n_kv
+        rows = (batch, pl.ds(row0, bq), head)
+        plgpu.copy_gmem_to_smem(q_ref.at[rows], q_smem, q_ready.at[wg])
+        plgpu.copy_gmem_to_smem(do_ref.at[rows], do_smem, do_ready.at[wg])
+        plgpu.copy_gmem_to_smem(lse_ref.at[batch, head, pl.ds(row0, bq)], lse_smem, lse_ready.at[wg])
+        plgpu.copy_gmem_to_smem(delta_ref.at[batch, head, pl.ds(row0, bq)], delta_smem, delta_ready.at[wg])
+        for barrier in (q_ready, do_ready, lse_ready, delta_ready):
+            plgpu.barrier_wait(barrier.at[wg])
+        lse = plgpu.load(lse_smem, (), layout=plgpu.Layout.WGMMA.reduce(1))
+        delta = plgpu.load(delta_smem, (), layout=plgpu.Layout.WGMMA.reduce(1))
+        dq = plgpu.layout_cast(jnp.full((bq, head_dim), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+
+        def step(j, dq, masked=False):
+            slot = lax.rem(j, jnp.array(stages, j.dtype))
+            plgpu.barrier_wait(k_ready.at[slot])
+
+            def qk(s_ref):  # s = q kᵀ
+                plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
+                return s_ref[...]
+
+            s = pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32))
+            if masked:
+                r = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=plgpu.Layout.WGMMA) + row0
+                col = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=plgpu.Layout.WGMMA) + j * bkv
+                s = jnp.where(col <= r, s, -jnp.inf)
+            p = jnp.exp2(s * c - lax.broadcast_in_dim(lse, s.shape, [0]))  # the forward's weights, recomputed
+            plgpu.barrier_wait(v_ready.at[slot])
+
+            def dov(dp_ref):  # dP = dO vᵀ
+                plgpu.wgmma(dp_ref, do_smem, v_smem.at[slot].transpose((1, 0)))
+                return dp_ref[...]
+
+            dp = pl.run_scoped(dov, plgpu.ACC((bq, bkv), jnp.float32))
+            plgpu.barrier_arrive(v_free.at[slot])
+            ds = (p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))).astype(dtype)
+
+            def dsk(dq_ref):  # dQ += dS k
+                plgpu.wgmma(dq_ref, ds, k_smem.at[slot])
+
+            dq = pl.run_state(dsk)(plgpu.ACC.init(dq))
+            plgpu.barrier_arrive(k_free.at[slot])
+            return dq
+
+        if not causal:
+            dq = lax.fori_loop(0, n_kv, step, dq)
+        else:
+            unmasked = jnp.minimum(lax.div(row0, jnp.array(bkv, jnp.int32)), steps)
+            dq = lax.fori_loop(0, unmasked, step, dq)
+            dq = lax.fori_loop(unmasked, steps, functools.partial(step, masked=True), dq)
+
+            @pl.loop(steps, cta_steps)
+            def _(j):  # warpgroup 0 ends early: keep freeing slots so warpgroup 1 goes on
+                slot = lax.rem(j, jnp.array(stages, j.dtype))
+                plgpu.barrier_arrive(k_free.at[slot])
+                plgpu.barrier_arrive(v_free.at[slot])
+
+        q_smem[...] = (dq * scale).astype(dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[rows])
+        plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == 2)
+    def _copy():
+        plgpu.set_max_registers(40, action="decrease")
+        kv_head = lax.div(head, jnp.array(groups, head.dtype))
+
+        def fetch(j, slot):
+            rows = (batch, pl.ds(j * bkv, bkv), kv_head)
+            plgpu.copy_gmem_to_smem(k_ref.at[rows], k_smem.at[slot], k_ready.at[slot])
+            plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem.at[slot], v_ready.at[slot])
+
+        for i in range(stages):
+            pl.when(i < cta_steps)(functools.partial(fetch, i, i))
+
+        @pl.loop(0, cta_steps - stages)
+        def _(j):
+            slot = lax.rem(j, jnp.array(stages, j.dtype))
+            plgpu.barrier_wait(k_free.at[slot])
+            plgpu.barrier_wait(v_free.at[slot])
+            fetch(j + stages, slot)
+
+
+def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, scoped, *, causal, bq, bkv, stages,
+                seq_q, groups, scale):  # fmt: skip
+    """dK, dV: each compute warpgroup owns ``bkv`` keys of one kv head and walks, for each of the N // K query
+    heads sharing it (GQA: summed here, in registers), the query blocks that see them."""
+    import jax.experimental.pallas as pl
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    (k_smem2, v_smem2, q_smem, do_smem, lse_smem, delta_smem), ready, tile_free = scoped
+    k_ready, v_ready, q_ready, do_ready, lse_ready, delta_ready = ready
+    dtype, head_dim = q_ref.dtype, q_ref.shape[-1]
+    batch, kv_head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
+    cta_keys = lax.axis_index("kv_seq") * (2 * bkv)
+    n_q = jnp.array(seq_q // bq, jnp.int32)
+    # causal: query blocks wholly above the diagonal never see these keys; the CTA starts at the first that does
+    first = jnp.minimum(lax.div(cta_keys, jnp.array(bq, jnp.int32)), n_q) if causal else jnp.array(0, jnp.int32)
+    per_head = n_q - first
+    total = groups * per_head  # pipeline steps: (query head of the group, query block)
+    c = scale * LOG2E
+
+    @pl.when(wg < 2)
+    def _compute():
+        plgpu.set_max_registers(232, action="increase")
+        k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
+        key0 = cta_keys + wg * bkv
+        keys = (batch, pl.ds(key0, bkv), kv_head)
+        plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem, k_ready.at[wg])
+        plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem, v_ready.at[wg])
+        plgpu.barrier_wait(k_ready.at[wg])
+        plgpu.barrier_wait(v_ready.at[wg])
+        zeros = jnp.full((bkv, head_dim), 0.0, jnp.float32)
+        dk = plgpu.layout_cast(zeros, plgpu.Layout.WGMMA)
+        dv = plgpu.layout_cast(zeros, plgpu.Layout.WGMMA)
+
+        def wait_tile(slot):
+            for barrier in (q_ready, do_ready, lse_ready, delta_ready):
+                plgpu.barrier_wait(barrier.at[slot])
+
+        def skip(jq, carry, base):  # a block the CTA loads but this warpgroup's keys never see: pass it on
+            slot = lax.rem(base + jq, jnp.array(stages, jnp.int32))
+            wait_tile(slot)
+            plgpu.barrier_arrive(tile_free.at[slot])
+            return carry
+
+        def step(jq, carry, base, masked):
+            dk, dv = carry
+            slot = lax.rem(base + jq, jnp.array(stages, jnp.int32))
+            wait_tile(slot)
+            q_tile, do_tile = q_smem.at[slot], do_smem.at[slot]
+
+            def kq(s_ref):  # sᵀ = k qᵀ: (keys, queries)
+                plgpu.wgmma(s_ref, k_smem, q_tile.transpose((1, 0)))
+                return s_ref[...]
+
+            st = pl.run_scoped(kq, plgpu.ACC((bkv, bq), jnp.float32))
+            if masked:
+                key = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 0, layout=plgpu.Layout.WGMMA) + key0
+                row = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 1, layout=plgpu.Layout.WGMMA) + jq * bq
+                st = jnp.where(key <= row, st, -jnp.inf)
+            lse = plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
+            pt = jnp.exp2(st * c - lax.broadcast_in_dim(lse, st.shape, [1]))  # Pᵀ
+
+            def dv_and_dpt(refs):  # both matmuls in one group: one wait instead of two
+                dv_ref, dpt_ref = refs
+                plgpu.wgmma(dv_ref, pt.astype(dtype), do_tile)  # dV += Pᵀ dO
+                plgpu.wgmma(dpt_ref, v_smem, do_tile.transpose((1, 0)))  # dPᵀ = v dOᵀ
+
+            dpt0 = plgpu.layout_cast(jnp.full((bkv, bq), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+            dv, dpt = pl.run_state(dv_and_dpt)((plgpu.ACC.init(dv), plgpu.ACC.init(dpt0)))
+            delta = plgpu.load(delta_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
+            dst = (pt * (dpt - lax.broadcast_in_dim(delta, dpt.shape, [1]))).astype(dtype)  # dSᵀ
+
+            def dk_step(dk_ref):  # dK += dSᵀ q
+                plgpu.wgmma(dk_ref, dst, q_tile)
+
+            dk = pl.run_state(dk_step)(plgpu.ACC.init(dk))
+            plgpu.barrier_arrive(tile_free.at[slot])
+            return dk, dv
+
+        n_q_ = n_q
+        if causal:
+            mine = jnp.minimum(lax.div(key0, jnp.array(bq, jnp.int32)), n_q_)  # first block that sees our keys
+            unmasked = jnp.minimum(pl.cdiv(key0 + bkv, jnp.array(bq, jnp.int32)), n_q_)  # ... wholly below them
+        else:
+            mine = unmasked = first
+
+        def one_head(g, carry):
+            base = g * per_head - first  # pipeline step of (g, query block jq) is base + jq
+            lax.fori_loop(first, mine, functools.partial(skip, base=base), None)
+            carry = lax.fori_loop(mine, unmasked, functools.partial(step, base=base, masked=True), carry)
+            return lax.fori_loop(unmasked, n_q_, functools.partial(step, base=base, masked=False), carry)
+
+        dk, dv = lax.fori_loop(0, groups, one_head, (dk, dv))
+        k_smem[...] = (dk * scale).astype(dtype)
+        v_smem[...] = dv.astype(dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[keys])
+        plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[keys])
+        plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == 2)
+    def _copy():
+        plgpu.set_max_registers(40, action="decrease")
+
+        def fetch(t, slot):
+            g, jq = lax.div(t, jnp.maximum(per_head, 1)), first + lax.rem(t, jnp.maximum(per_head, 1))
+            head = kv_head * groups + g
+            rows = (batch, pl.ds(jq * bq, bq), head)
+            plgpu.copy_gmem_to_smem(q_ref.at[rows], q_smem.at[slot], q_ready.at[slot])
+            plgpu.copy_gmem_to_smem(do_ref.at[rows], do_smem.at[slot], do_ready.at[slot])
+            plgpu.copy_gmem_to_smem(lse_ref.at[batch, head, pl.ds(jq * bq, bq)], lse_smem.at[slot], lse_ready.at[slot])
+            plgpu.copy_gmem_to_smem(
+                delta_ref.at[batch, head, pl.ds(jq * bq, bq)], delta_smem.at[slot], delta_ready.at[slot]
+            )
+
+        for i in range(stages):
+            pl.when(i < total)(functools.partial(fetch, jnp.array(i, jnp.int32), i))
+
+        @pl.loop(0, total - stages)
+        def _(t):
+            slot = lax.rem(t, jnp.array(stages, t.dtype))
+            plgpu.barrier_wait(tile_free.at[slot])
+            fetch(t + stages, slot)
+
+
+def mosaic_flash_attention(
+    q,
+    k,
+    v,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+    config: MosaicConfig | None = None,
+    return_lse: bool = False,
+):
+    """Our Mosaic GPU FlashAttention: q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H), differentiable. Hopper only.
+
+    float16 or bfloat16; H = 64 or 128; T a multiple of 2·block_q (128), S a multiple of block_kv (128). Causal
+    masks align top-left, as everywhere on this site. ``return_lse=True`` returns ``(out, lse)`` with lse
+    (B, N, T) float32, each row's natural log-sum-exp of the scaled scores (for context parallelism; differentiable).
+
+    The backward (``jax.custom_vjp``; FlashAttention-2 with FlashAttention-3's Hopper machinery, after JAX's
+    ``attention_mgpu``) recomputes the weights from the saved log-sum-exp in two warp-specialised kernels — two
+    wgmma warpgroups and one TMA warpgroup each: one owns key blocks and accumulates dK, dV over the query blocks
+    (and, for GQA, the query heads) that see them; the other owns query blocks and accumulates dQ. dQ gets its own
+    pass instead of atomic float32 adds from the dK/dV kernel: every CTA owns its outputs (deterministic, no
+    float32 dQ buffer and conversion pass), at the cost of recomputing q·kᵀ and dO·vᵀ once more.
+    """
     cfg = config or MosaicConfig()
     B, T, S, N, K, H = attention_shape(q, k, v)
     problem = _problem_why_not(AttentionShape(B, T, S, N, K, H), q.dtype, cfg)
     if problem:
         raise ValueError(f"mosaic_flash_attention: {problem}")
-    scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
+    plan = _Plan(bool(is_causal), resolve_scale(scale, H), cfg)
+    out, lse2 = _mosaic(q, k, v, plan)
+    return (out, lse2 * (1.0 / LOG2E)) if return_lse else out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    causal: bool
+    scale: float
+    cfg: MosaicConfig
+
+
+def _call(body, out_type, scratch, grid, grid_names, *args):
+    """One warp-specialised Mosaic GPU kernel: two compute warpgroups and one copy warpgroup per CTA."""
+    import jax.experimental.pallas as pl
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    def entry(*refs):
+        pl.run_scoped(lambda *scoped: body(*refs, scoped), *scratch, collective_axes="wg")
+
+    return plgpu.kernel(
+        entry,
+        out_type=out_type,
+        grid=grid,
+        grid_names=grid_names,
+        num_threads=3,  # warpgroups per CTA: two compute, one copy
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),  # exp2 as the hardware's ex2.approx
+    )(*args)
+
+
+def _tile():
+    """Shared-memory tiles in 8×64 tiles with a 128-byte swizzle: the layout wgmma and TMA read without bank
+    conflicts."""
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    return (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+
+def _forward(q, k, v, plan: _Plan):
+    """The forward kernel: (out, lse2), lse2 (B, N, T) the base-2 log-sum-exp of the scaled scores."""
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    cfg = plan.cfg
+    B, T, S, N, K, H = attention_shape(q, k, v)
     stages = min(cfg.stages, S // cfg.block_kv)
-    # Shared memory: tiles are stored in 8×64 tiles with a 128-byte swizzle, the layout wgmma and TMA read
-    # without bank conflicts.
-    tile = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
     smem = (
-        plgpu.SMEM((2, cfg.block_q, H), q.dtype, transforms=tile),  # q / output, one per compute warpgroup
-        plgpu.SMEM((stages, cfg.block_kv, H), q.dtype, transforms=tile),  # k ring
-        plgpu.SMEM((stages, cfg.block_kv, H), q.dtype, transforms=tile),  # v ring
+        plgpu.SMEM((2, cfg.block_q, H), q.dtype, transforms=_tile()),  # q / output, one per compute warpgroup
+        plgpu.SMEM((stages, cfg.block_kv, H), q.dtype, transforms=_tile()),  # k ring
+        plgpu.SMEM((stages, cfg.block_kv, H), q.dtype, transforms=_tile()),  # v ring
+        plgpu.SMEM((2, cfg.block_q), jnp.float32),  # log-sum-exp out, one per compute warpgroup
     )
     barriers = (
         (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=2)),
         (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2,  # k_free, v_free: both compute warpgroups
         plgpu.Barrier(num_arrivals=2),  # the schedule barrier
     )
-    kernel = functools.partial(_kernel, causal=is_causal, cfg=cfg, stages=stages, seq_kv=S, groups=N // K, scale=scale)
+    kernel = functools.partial(
+        _kernel, causal=plan.causal, cfg=cfg, stages=stages, seq_kv=S, groups=N // K, scale=plan.scale
+    )
+    out_type = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, N, T), jnp.float32)]
+    grid = (N, T // (2 * cfg.block_q), B)
+    return tuple(_call(kernel, out_type, (smem, *barriers), grid, ("heads", "q_seq", "batch"), q, k, v))
 
-    def entry(q_ref, k_ref, v_ref, o_ref):
-        pl.run_scoped(lambda *scoped: kernel(q_ref, k_ref, v_ref, o_ref, scoped), smem, *barriers, collective_axes="wg")
 
-    return plgpu.kernel(
-        entry,
-        out_type=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        grid=(N, T // (2 * cfg.block_q), B),
-        grid_names=("heads", "q_seq", "batch"),
-        num_threads=3,  # warpgroups per CTA: two compute, one copy
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True),  # exp2 as the hardware's ex2.approx
-    )(q, k, v)
+def _backward(q, k, v, d_out, lse2, delta, plan: _Plan):
+    """dq, dk, dv from the two backward kernels (see :func:`mosaic_flash_attention`)."""
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    cfg = plan.cfg
+    B, T, S, N, K, H = attention_shape(q, k, v)
+    bq, bkv, dt = cfg.bwd_block_q, cfg.bwd_block_kv, q.dtype
+    common = dict(causal=plan.causal, bq=bq, bkv=bkv, groups=N // K, scale=plan.scale)
+    args = (q, k, v, d_out, lse2, delta)
+
+    def two(shape, dtype, **kw):
+        return plgpu.SMEM((2, *shape), dtype, **kw)
+
+    stages = min(cfg.bwd_stages, S // bkv)
+    smem = (two((bq, H), dt, transforms=_tile()), two((bq, H), dt, transforms=_tile()), two((bq,), jnp.float32),
+            two((bq,), jnp.float32), plgpu.SMEM((stages, bkv, H), dt, transforms=_tile()),
+            plgpu.SMEM((stages, bkv, H), dt, transforms=_tile()))  # fmt: skip
+    ready = (*(plgpu.Barrier(num_barriers=2),) * 4, *(plgpu.Barrier(num_barriers=stages),) * 2)
+    free = (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2
+    kernel = functools.partial(_dq_kernel, stages=stages, seq_kv=S, **common)
+    grid = (N, T // (2 * bq), B)
+    dq = _call(kernel, jax.ShapeDtypeStruct(q.shape, dt), (smem, ready, free), grid, ("heads", "q_seq", "batch"),
+               *args)  # fmt: skip
+
+    stages = min(cfg.bwd_stages, (N // K) * (T // bq))
+    smem = (two((bkv, H), dt, transforms=_tile()), two((bkv, H), dt, transforms=_tile()),
+            plgpu.SMEM((stages, bq, H), dt, transforms=_tile()), plgpu.SMEM((stages, bq, H), dt, transforms=_tile()),
+            plgpu.SMEM((stages, bq), jnp.float32), plgpu.SMEM((stages, bq), jnp.float32))  # fmt: skip
+    ready = (*(plgpu.Barrier(num_barriers=2),) * 2, *(plgpu.Barrier(num_barriers=stages),) * 4)
+    free = plgpu.Barrier(num_arrivals=2, num_barriers=stages)
+    kernel = functools.partial(_dkv_kernel, stages=stages, seq_q=T, **common)
+    grid = (K, S // (2 * bkv), B)
+    out_type = [jax.ShapeDtypeStruct(k.shape, dt)] * 2
+    dk, dv = _call(kernel, out_type, (smem, ready, free), grid, ("heads", "kv_seq", "batch"), *args)
+    return dq, dk, dv
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _mosaic(q, k, v, plan):
+    return _forward(q, k, v, plan)
+
+
+def _mosaic_fwd(q, k, v, plan):
+    out, lse2 = _forward(q, k, v, plan)
+    return (out, lse2), (q, k, v, out, lse2)
+
+
+def _mosaic_bwd(plan: _Plan, residuals, cotangents):
+    q, k, v, out, lse2 = residuals
+    d_out, d_lse2 = cotangents
+    # D = rowsum(dO ∘ O); a cotangent on the log-sum-exp adds P·d_lse to dS, i.e. shifts D (base 2 -> natural).
+    delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), d_out.astype(jnp.float32))
+    delta = delta - LOG2E * d_lse2.astype(jnp.float32)
+    return _backward(q, k, v, d_out.astype(q.dtype), lse2, delta, plan)
+
+
+_mosaic.defvjp(_mosaic_fwd, _mosaic_bwd)
 
 
 def _on_hopper() -> str | None:
@@ -237,6 +583,11 @@ def _problem_why_not(shape: AttentionShape, dtype, cfg: MosaicConfig) -> str | N
         return f"T must be a multiple of 2·block_q = {2 * cfg.block_q}; got T={shape.seq_q}. Pad the queries."
     if shape.seq_kv % cfg.block_kv:
         return f"S must be a multiple of block_kv = {cfg.block_kv}; got S={shape.seq_kv}. Pad the keys."
+    if shape.seq_q % (2 * cfg.bwd_block_q) or shape.seq_kv % (2 * cfg.bwd_block_kv):
+        return (
+            f"the backward needs T a multiple of 2·bwd_block_q = {2 * cfg.bwd_block_q} and S of 2·bwd_block_kv = "
+            f"{2 * cfg.bwd_block_kv}; got T={shape.seq_q}, S={shape.seq_kv}. Pad, or pick smaller bwd blocks."
+        )
     return None
 
 
@@ -249,11 +600,15 @@ def jax_bundled_mosaic(q, k, v, *, is_causal: bool = False):
     """JAX's bundled Mosaic GPU kernel, ``jax.experimental.pallas.ops.gpu.attention_mgpu.attention``, to race.
 
     It applies no softmax scale, so q is scaled first (one fused elementwise pass, timed with it); float16 only.
+    Its backward (64×64 blocks, as JAX's tests use) has no causal mask: differentiating a causal call raises.
     """
     from jax.experimental.pallas.ops.gpu import attention_mgpu
 
     H = q.shape[-1]
-    config = attention_mgpu.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2, causal=is_causal)
+    config = attention_mgpu.TuningConfig(
+        block_q=64, block_kv=128, max_concurrent_steps=2, causal=is_causal,
+        block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64,
+    )  # fmt: skip
     return attention_mgpu.attention((q * (1.0 / math.sqrt(H))).astype(q.dtype), k, v, config)
 
 

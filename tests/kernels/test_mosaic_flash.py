@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_pallas_flash import assert_grads_close, reference_lse  # float64 NumPy gradients, shared with its tests
 
 from attention_tutorial.inputs import AttentionShape, make_qkv
 from attention_tutorial.kernels.mosaic_flash import (
@@ -60,6 +61,39 @@ def test_lowers_to_one_mosaic_gpu_kernel(causal, t, s, n, k):
     assert re.findall(r"custom_call @(mosaic_gpu\w*)", hlo) == ["mosaic_gpu_v2"]
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradient_lowers_to_forward_and_two_backward_kernels(causal):
+    """jax.grad goes through the custom VJP: the forward, the dQ and the dK/dV kernels, all Mosaic GPU (GQA, T < S)."""
+    q = jax.ShapeDtypeStruct((1, 256, 8, 64), jnp.float16)
+    kv = jax.ShapeDtypeStruct((1, 512, 2, 64), jnp.float16)
+
+    def loss(q, k, v):
+        return mosaic_flash_attention(q, k, v, is_causal=causal).astype(jnp.float32).sum()
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    hlo = grad.trace(q, kv, kv).lower(lowering_platforms=("cuda",)).as_text()
+    assert re.findall(r"custom_call @(mosaic_gpu\w*)", hlo) == ["mosaic_gpu_v2"] * 3
+
+
+def test_lowers_with_x64_enabled():
+    """JAX_ENABLE_X64=1 (issue 13): loop indices stay int32 through the forward and backward kernels."""
+    q = jax.ShapeDtypeStruct((1, 256, 4, 128), jnp.bfloat16)
+    with jax.enable_x64(True):
+        fn = jax.jit(jax.grad(lambda q: mosaic_flash_attention(q, q, q, is_causal=True).astype(jnp.float32).sum()))
+        hlo = fn.trace(q).lower(lowering_platforms=("cuda",)).as_text()
+    assert len(re.findall(r"custom_call @mosaic_gpu", hlo)) == 3
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [("block_kv", 0, "must be a positive integer"), ("bwd_stages", -1, "must be a positive integer"),
+     ("bwd_block_q", 96, "must be a multiple of 64"), ("block_q", 2.0, "must be a positive integer")],
+)  # fmt: skip
+def test_config_refuses_bad_sizes(field, value, expected):
+    with pytest.raises(ValueError, match=f"MosaicConfig.{field} {expected}"):
+        MosaicConfig(**{field: value})
+
+
 def _check(out, q, k, v, causal):
     out = np.asarray(out, np.float32)
     assert np.isfinite(out).all()
@@ -93,3 +127,35 @@ def test_gpu_jax_bundled_mosaic_matches_reference(causal):
         pytest.skip(reason)
     q, k, v = make_qkv(1, 1024, 4, 128, dtype=jnp.float16, seed=3)
     _check(jax_bundled_mosaic(q, k, v, is_causal=causal), q, k, v, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_gpu_gradients_match_float64(causal, head_dim, dtype):
+    if reason := why_not(AttentionShape(1, 512, 512, 4, 4, head_dim), dtype, causal):
+        pytest.skip(reason)
+    for b, t, s, n, k in ((1, 512, 512, 4, 4), (1, 256, 512, 8, 2), (2, 512, 256, 4, 1)):  # MHA, GQA T<S, MQA T>S
+        q, kk, v = make_qkv(b, t, n, head_dim, seq_kv=s, kv_heads=k, dtype=dtype, seed=t + s)
+        fn = functools.partial(mosaic_flash_attention, is_causal=causal)
+        assert_grads_close(fn, q, kk, v, causal=causal, tol=3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_lse_matches_float64(causal):
+    if reason := why_not(AttentionShape(1, 256, 512, 4, 2, 128), jnp.bfloat16, causal):
+        pytest.skip(reason)
+    q, k, v = make_qkv(1, 256, 4, 128, seq_kv=512, kv_heads=2, dtype=jnp.bfloat16, seed=5)
+    out, lse = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, return_lse=True))(q, k, v)
+    np.testing.assert_allclose(np.asarray(lse), reference_lse(q, k, is_causal=causal), atol=1e-2, rtol=1e-3)
+    _check(out, q, k, v, causal)
+
+
+@pytest.mark.gpu
+def test_gpu_jax_bundled_mosaic_gradients_match_float64():
+    if reason := bundled_why_not(AttentionShape(1, 512, 512, 4, 4, 64), jnp.float16, False):
+        pytest.skip(reason)
+    q, k, v = make_qkv(1, 512, 4, 64, kv_heads=2, dtype=jnp.float16, seed=9)
+    assert_grads_close(jax_bundled_mosaic, q, k, v, causal=False, tol=3e-2)
