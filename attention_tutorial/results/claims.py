@@ -59,7 +59,7 @@ def compare(a_records, b_records) -> Claim:
     return Claim(b / a, b_lo / a_hi, b_hi / a_lo, word)
 
 
-def exponent_word(p: float) -> str:
+def exponent_word(p: float, var: str = "x") -> str:
     """Name a growth exponent (y ∝ x**p): 'stays flat', 'grows linearly', 'grows quadratically', or 'grows as x^p'."""
     if abs(p) < 0.3:
         return "stays flat"
@@ -67,10 +67,10 @@ def exponent_word(p: float) -> str:
         return "grows linearly"
     if abs(p - 2) < 0.3:
         return "grows quadratically"
-    return f"{'shrinks' if p < 0 else 'grows'} as x^{p:.1f}"
+    return f"{'shrinks' if p < 0 else 'grows'} as {var}^{p:.1f}"
 
 
-def growth(xs, ys) -> Claim:
+def growth(xs, ys, var: str = "x") -> Claim:
     """How ``ys`` grows per doubling of ``xs``: value = the factor per doubling of a least-squares fit in log-log,
     low/high = the smallest and largest factor between neighbouring points (scaled to one doubling)."""
     pts = sorted((x, y) for x, y in zip(xs, ys) if x and y)
@@ -83,7 +83,7 @@ def growth(xs, ys) -> Claim:
         raise ValueError("growth needs at least two distinct x values")
     p = sum((u - mx) * (w - my) for u, w in zip(lx, ly)) / den
     steps = [2 ** ((ly[i + 1] - ly[i]) / (lx[i + 1] - lx[i])) for i in range(len(pts) - 1) if lx[i + 1] > lx[i]]
-    return Claim(2**p, min(steps), max(steps), exponent_word(p))
+    return Claim(2**p, min(steps), max(steps), exponent_word(p, var))
 
 
 def agreement(diff: float, dtype: str) -> Claim:

@@ -50,6 +50,40 @@ def reference(grid_name: str | None = None, **where):
     return store.select(recs, **where), data["provenance"]
 
 
+def shapes(records) -> str:
+    """The shapes of ``records`` in words, e.g. 'B = 4, T = S = 64…1024, N = 8, H = 64, bfloat16, causal and not'."""
+
+    def values(field):
+        return sorted({r[field] for r in records if r.get(field) is not None}, key=lambda v: (str(type(v)), v))
+
+    def span(field):
+        vs = values(field)
+        return (
+            "–"
+            if not vs
+            else str(vs[0])
+            if len(vs) == 1
+            else ", ".join(map(str, vs))
+            if len(vs) <= 3
+            else f"{vs[0]}…{vs[-1]}"
+        )
+
+    if not records:
+        return "no points"
+    t = (
+        f"T = S = {span('seq_q')}"
+        if values("seq_q") == values("seq_kv")
+        else f"T = {span('seq_q')}, S = {span('seq_kv')}"
+    )
+    parts = [f"B = {span('batch')}", t, f"N = {span('heads')}"]
+    if values("kv_heads") != values("heads"):
+        parts.append(f"K = {span('kv_heads')}")
+    parts += [f"H = {span('head_dim')}", ", ".join(values("dtype"))]
+    causal = values("causal")
+    parts.append("causal and not" if len(causal) > 1 else "causal" if causal == [True] else "no mask")
+    return ", ".join(parts)
+
+
 def result_slugs() -> list[str]:
     """The committed result files to show, the reference GPU first (``store.result_files`` where it exists)."""
     finder = getattr(store, "result_files", None)
@@ -90,7 +124,7 @@ def show_live(records, columns, *, plot=None, title="") -> None:
     """Display live records (table, then the plot ``plot`` describes), under the live label."""
     from IPython.display import Markdown, display
 
-    display(Markdown(live_label()))
+    display(Markdown(f"{live_label()}. Shapes: {shapes(records)}."))
     _show(records, columns, plot, f"{title} — live, {environment()['gpu'] or 'CPU'}")
 
 
@@ -117,7 +151,7 @@ def show_recorded(grid_name, columns, *, plot=None, title="", peak_line=False, i
             recs = store.select(store.select(data["records"], grid=other), **{**where, **fields}) + recs
         if not recs:
             continue
-        display(Markdown(f"**Recorded on the GPU:** {store.describe(prov, grid_name)}."))
+        display(Markdown(f"**Recorded on the GPU:** {store.describe(prov, grid_name)}. Shapes: {shapes(recs)}."))
         p = plot
         if p and peak_line:
             peak = prov.get("grids", {}).get(grid_name, {}).get("matmul_bf16_tflops", prov["matmul_bf16_tflops"])

@@ -56,3 +56,8 @@ def test_live_vs_recorded_pairs_the_same_point():
     live = [{**_rec("seq_long", "xla", 4096), "median_ms": 2.0}, _rec("seq_long", "xla", 1024)]
     rows = report.live_vs_recorded(live, RECORDS)
     assert len(rows) == 1 and rows[0]["recorded_ms"] == 1.0 and rows[0]["live_over_recorded"] == 2.0
+
+
+def test_shapes_in_words():
+    assert report.shapes(RECORDS[:2]) == "B = 1, T = S = 4096, N = 1, H = 64, 128, bfloat16, no mask"
+    assert report.shapes([_rec("x", "xla", t) for t in (64, 128, 256, 512)]).startswith("B = 1, T = S = 64…512")
