@@ -3,12 +3,16 @@
 python scripts/tune.py pallas OUT.json   block_q, block_k, warps, stages of the Triton-lowered kernel
 python scripts/tune.py mosaic OUT.json   block_kv and stages of the Mosaic GPU kernel
 (GPU only; a minute or two each). B=8, T=4096, N=16, bf16; H = 128 and 64, causal and not.
+python scripts/tune.py bwd OUT.json      forward+backward (jax.vjp) of our two kernels against cuDNN's:
+B·T = 16k, T = 4096 and 8192, N=16, H=128, bf16, causal and not; each row is saved as soon as it is measured.
 """
 
 import functools
 import json
+import os
 import sys
 
+import jax
 import jax.numpy as jnp
 
 from attention_tutorial import dot_product_attention, make_qkv, time_fn
@@ -56,5 +60,46 @@ def main(kernel, out):
     json.dump(rows, open(out, "w"), indent=1)
 
 
+def fwd_bwd(fn):
+    """q, k, v, dO -> (dq, dk, dv) through jax.vjp: what a training step pays for attention."""
+
+    def run(q, k, v, d_out):
+        return jax.vjp(fn, q, k, v)[1](d_out)
+
+    return run
+
+
+def backward(out):
+    """Time forward+backward of cuDNN, our Pallas (Triton) and our Mosaic GPU kernel; save rows as they come."""
+    rows = []
+    for T in (4096, 8192):
+        B, N, H = 16384 // T, 16, 128
+        q, k, v = make_qkv(B, T, N, H, dtype=jnp.bfloat16)
+        d_out = jax.random.normal(jax.random.key(1), q.shape, jnp.float32).astype(q.dtype)
+        for causal in (False, True):
+            flops = attention_flops(B, T, T, N, H, causal=causal, pass_="fwd+bwd")
+            impls = {
+                "cudnn": functools.partial(dot_product_attention, implementation="cudnn", is_causal=causal),
+                "pallas": functools.partial(flash_attention, is_causal=causal),
+                "mosaic": functools.partial(mosaic_flash_attention, is_causal=causal),
+            }
+            for name, fn in impls.items():
+                try:
+                    ms = time_fn(fwd_bwd(fn), q, k, v, d_out, repeats=10, max_seconds=0.5).median_ms
+                except Exception as err:  # reported, not fatal
+                    ms = None
+                    print(f"T={T} {name}: {type(err).__name__}: {str(err)[:300]}", flush=True)
+                rows.append({"impl": name, "B": B, "T": T, "N": N, "H": H, "causal": causal, "pass": "fwd+bwd",
+                             "median_ms": ms, "tflops": ms and flops / ms / 1e9})  # fmt: skip
+                print(rows[-1], flush=True)
+                tmp = out + ".tmp"
+                with open(tmp, "w") as f:
+                    json.dump(rows, f, indent=1)
+                os.replace(tmp, out)
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "bwd":
+        backward(sys.argv[2])
+        sys.exit()
     main(*sys.argv[1:3])

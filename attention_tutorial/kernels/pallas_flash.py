@@ -83,7 +83,7 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, causal, block_q, block_k, se
     else:
         m, l, acc = lax.fori_loop(_i32(0), n_blocks, functools.partial(step, masked=False), (m, l, acc))
     o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
-    lse_ref[...] = m + jnp.log2(l)  # base-2 log-sum-exp of the scaled logits: the backward's residual
+    lse_ref[...] = m + jnp.log(l) * LOG2E  # base-2 log-sum-exp of the scaled logits: the backward's residual
 
 
 def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, causal, block_q, block_k,
