@@ -265,6 +265,8 @@ def check_record(rec) -> list[str]:
             out.append("is ok but has no median_ms/p10_ms/p90_ms/tflops")
         elif rec["median_ms"] <= 0:
             out.append(f"is ok but its median_ms is {rec['median_ms']}")
+        elif not rec["p10_ms"] <= rec["median_ms"] <= rec["p90_ms"]:
+            out.append(f"has p10/median/p90 ms out of order: {rec['p10_ms']}, {rec['median_ms']}, {rec['p90_ms']}")
     else:
         if not rec.get("reason"):
             out.append(f"has status {status!r} but no reason")

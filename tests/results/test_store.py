@@ -54,6 +54,7 @@ def test_good_file_validates():
         (lambda d: d["records"][0].update(p10_ms=-0.5), "'p10_ms' must be a finite number >= 0"),
         (lambda d: d["records"][0].update(tflops=math.inf), "'tflops' must be a finite number"),
         (lambda d: d["records"][0].update(median_ms=0.0), "median_ms is 0.0"),
+        (lambda d: d["records"][0].update(p90_ms=0.5), "out of order"),
         (lambda d: d["records"][0].update(seq_kv=0), "'seq_kv' must be positive"),
         (lambda d: d["records"][0].update(heads=-4), "'heads' must be positive"),
         (lambda d: d["records"][0].update(heads=3, kv_heads=2), "not a multiple of kv_heads"),
