@@ -32,6 +32,11 @@ GOOD = {
 }  # fmt: skip
 
 
+def _ms(value):
+    """Timings of a record measured at ``value`` ms (p10 = median = p90)."""
+    return {"median_ms": value, "p10_ms": value, "p90_ms": value}
+
+
 def test_good_file_validates():
     assert results.validate(GOOD) == []
 
@@ -53,14 +58,14 @@ def test_good_file_validates():
         (lambda d: d["records"][0].update(median_ms=math.nan), "'median_ms' must be a finite number"),
         (lambda d: d["records"][0].update(p10_ms=-0.5), "'p10_ms' must be a finite number >= 0"),
         (lambda d: d["records"][0].update(tflops=math.inf), "'tflops' must be a finite number"),
-        (lambda d: d["records"][0].update(median_ms=0.0), "median_ms is 0.0"),
+        (lambda d: d["records"][0].update(**_ms(0.0)), "median_ms is 0.0"),
         (lambda d: d["records"][0].update(p90_ms=0.5), "out of order"),
         (lambda d: d["records"][0].update(seq_kv=0), "'seq_kv' must be positive"),
         (lambda d: d["records"][0].update(heads=-4), "'heads' must be positive"),
         (lambda d: d["records"][0].update(heads=3, kv_heads=2), "not a multiple of kv_heads"),
         (lambda d: d["records"][0].update(mask="stripes"), "unknown mask"),
         (lambda d: d["records"][0].update(problem="conv"), "unknown problem"),
-        (lambda d: d["records"][1].update(median_ms=1.0), "carries timings"),
+        (lambda d: d["records"][1].update(**_ms(1.0)), "carries timings"),
         (lambda d: d["records"].append("not a record"), "not an object"),
         (lambda d: d["provenance"].update(created="yesterday"), "'created' is not an ISO date"),
         (lambda d: d["provenance"].pop("copy_gbps"), "lacks 'copy_gbps'"),
@@ -114,11 +119,11 @@ def test_a_gemm_record_has_its_own_sizes():
 def test_save_keeps_other_grids_and_refuses_invalid(tmp_path):
     path = tmp_path / "gpu.json"
     a = [dict(GOOD["records"][0], grid="a")]
-    b = [dict(GOOD["records"][0], grid="b", median_ms=2.0)]
+    b = [dict(GOOD["records"][0], grid="b", **_ms(2.0))]
     results.save(path, GOOD["provenance"], a)
     results.save(path, GOOD["provenance"], b)
     assert sorted(r["grid"] for r in results.load(path)["records"]) == ["a", "b"]
-    results.save(path, GOOD["provenance"], [dict(b[0], median_ms=3.0)])
+    results.save(path, GOOD["provenance"], [dict(b[0], **_ms(3.0))])
     assert [r["median_ms"] for r in results.load(path)["records"] if r["grid"] == "b"] == [3.0]
     with pytest.raises(ValueError, match="invalid result file"):
         results.save(tmp_path / "new.json", {}, a)
@@ -206,7 +211,7 @@ def test_a_writer_killed_mid_write_leaves_the_previous_file_whole(tmp_path):
     path = tmp_path / "gpu.json"
     results.save(path, GOOD["provenance"], [_rec("a")])
     before = path.read_bytes()
-    code = KILLED_WRITER.format(prov=GOOD["provenance"], rec=_rec("b", median_ms=9.0))
+    code = KILLED_WRITER.format(prov=GOOD["provenance"], rec=_rec("b", **_ms(9.0)))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "JAX_PLATFORMS": "cpu"}
     with subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, env=env, text=True) as proc:
         try:
@@ -257,12 +262,12 @@ def test_merge_modes_never_drop_records_they_were_not_asked_to(tmp_path):
     a1, a2 = _rec("a", impl="xla"), _rec("a", impl="cudnn")
     results.save(path, GOOD["provenance"], [a1, a2, _rec("b")])
     # point merge: only the very same point is replaced; a new point is added; nothing else moves
-    results.save(path, GOOD["provenance"], [dict(a1, median_ms=5.0), _rec("c")], replace_grids=False)
+    results.save(path, GOOD["provenance"], [dict(a1, **_ms(5.0)), _rec("c")], replace_grids=False)
     recs = results.load(path)["records"]
     assert sorted((r["grid"], r["impl"], r["median_ms"]) for r in recs) == [
         ("a", "cudnn", 1.0), ("a", "xla", 5.0), ("b", "cudnn", 1.0), ("c", "cudnn", 1.0)]  # fmt: skip
     # grid merge (the recorder): grid a is re-measured as a whole, b and c stay
-    results.save(path, GOOD["provenance"], [dict(a2, median_ms=7.0)])
+    results.save(path, GOOD["provenance"], [dict(a2, **_ms(7.0))])
     recs = results.load(path)["records"]
     assert sorted((r["grid"], r["impl"], r["median_ms"]) for r in recs) == [
         ("a", "cudnn", 7.0), ("b", "cudnn", 1.0), ("c", "cudnn", 1.0)]  # fmt: skip
