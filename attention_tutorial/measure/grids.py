@@ -49,11 +49,31 @@ def _grids(gpu: bool) -> dict[str, list[Point]]:
             "head_dim": grid(
                 ("xla", "cudnn"), seq_q=(4 * KIB,), batch=(4,), heads=(16,), head_dim=(32, 64, 100, 128, 256)
             ),
+            # the training race: our two kernels' custom VJPs against cuDNN, JAX's bundled kernels, XLA, blockwise
             "backward": grid(
-                ("xla", "cudnn"),
-                seq_q=(1 * KIB, 4 * KIB, 16 * KIB),
+                ("xla", "cudnn", "blockwise", "pallas", "jax_pallas", "mosaic"),
+                seq_q=seq_long,
                 tokens=16 * KIB,
                 heads=(16,),
+                head_dim=(64, 128),
+                causal=(False, True),
+                passes=("fwd+bwd",),
+            )
+            + grid(  # JAX's Mosaic GPU kernel takes float16 only, and its backward has no causal mask
+                ("mosaic", "jax_mosaic", "cudnn"),
+                seq_q=seq_long,
+                tokens=16 * KIB,
+                heads=(16,),
+                head_dim=(64, 128),
+                dtype=("float16",),
+                passes=("fwd+bwd",),
+            )
+            + grid(  # one GQA shape: 32 query heads sharing 8 kv heads
+                ("xla", "cudnn", "pallas", "mosaic"),
+                seq_q=(4 * KIB, 16 * KIB),
+                tokens=16 * KIB,
+                heads=(32,),
+                kv_heads=(8,),
                 head_dim=(128,),
                 causal=(False, True),
                 passes=("fwd+bwd",),
@@ -189,7 +209,7 @@ LIVE_ON_GPU = {
     "seq_short": {"seq_q": (64, 256, 1024)},
     "seq_long": {"seq_q": (1 * KIB, 4 * KIB, 16 * KIB)},
     "batch": {"batch": (1, 4, 16)},
-    "backward": {"seq_q": (1 * KIB, 16 * KIB)},
+    "backward": {"seq_q": (1 * KIB, 16 * KIB), "head_dim": (128,)},
     "decode": {"seq_kv": (8 * KIB, 128 * KIB), "impl": ("cudnn",)},
     "flash": {"seq_q": (4 * KIB, 16 * KIB), "head_dim": (128,)},
     "masks": {"causal": (True,)},
