@@ -62,7 +62,7 @@ def lint(session: nox.Session) -> None:
 
 
 SMOKE = """
-import pathlib, sys, attention_tutorial as at
+import pathlib, attention_tutorial as at
 from attention_tutorial.results import recorded
 assert "site-packages" in at.__file__, at.__file__  # the installed wheel, not the checkout
 ref = recorded()
