@@ -14,34 +14,45 @@ Memory is O(T) (per row: m, l, acc), never O(T·S). With ``is_causal`` a block o
 block of queries is skipped (``lax.cond``), halving the work. The backward pass is a custom VJP that saves only
 the output and the log-sum-exp per row and recomputes each block's weights (FlashAttention-2), so the gradient is
 O(T) in memory too. Shapes as in :mod:`attention_tutorial.inputs`; GQA is handled by grouping query heads.
+
+``return_lse=True`` also returns the log-sum-exp of each row's scores, lse = log Σⱼ exp(sⱼ), shape (B, N, T),
+float32: what merges partial results computed over different blocks of keys (ring attention in
+:mod:`attention_tutorial.kernels.context_parallel`). Its gradient is handled too (∂lse/∂sⱼ = pⱼ).
+
+Special values, as in :func:`~attention_tutorial.kernels.reference.naive_attention`: scores are clamped to the
+finite float range before masking (a huge ``|scale|`` or an infinite entry in q or k gives no NaN), a NaN in q, k
+or v propagates to the rows it touches, an infinite v gives an infinite output. A row that sees no key (which
+blockwise's own masks never produce: a top-left causal row always sees key 0) would give zeros and lse = −inf.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-from ..inputs import attention_shape
+from ..inputs import attention_shape, check_block_size, resolve_scale
 
 F32 = jnp.float32
+F32_MAX = float(np.finfo(np.float32).max)
 
 
 def blockwise_attention(q, k, v, *, is_causal: bool = False, scale: float | None = None,
-                        block_q: int = 512, block_k: int = 512) -> jax.Array:  # fmt: skip
+                        block_q: int = 512, block_k: int = 512, return_lse: bool = False):  # fmt: skip
     """softmax(q kᵀ·scale) v computed block by block; q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H).
 
     Causal masks align top-left, as everywhere in this package. Differentiable (custom VJP, O(T) memory).
+    ``return_lse=True`` returns ``(out, lse)`` with lse (B, N, T) float32, differentiable as well.
     """
     B, T, S, N, K, H = attention_shape(q, k, v)
-    scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
-    bq, bk = min(block_q, T), min(block_k, S)
-    if bq < 1 or bk < 1:
-        raise ValueError(f"block sizes must be >= 1; got block_q={block_q}, block_k={block_k}.")
-    return _flash(q, k, v, is_causal, scale, bq, bk)
+    scale = resolve_scale(scale, H)
+    bq = min(check_block_size("block_q", block_q), T)
+    bk = min(check_block_size("block_k", block_k), S)
+    out, lse = _flash(q, k, v, bool(is_causal), scale, bq, bk)
+    return (out, lse) if return_lse else out
 
 
 def _pad(x, axis, multiple):
@@ -71,6 +82,17 @@ def _allowed(i, j, bq, bk, S, causal):
     return ok & (kpos <= qpos) if causal else ok
 
 
+def _scores(q_i, k_j, scale, acc_t):
+    """Scaled scores (B, K, G, bq, bk), clamped to the finite range: a huge |scale| or an infinite q/k gives ±max."""
+    s = jnp.einsum("bqkgh,bskh->bkgqs", q_i, k_j, preferred_element_type=acc_t) * scale
+    return jnp.clip(s, -F32_MAX, F32_MAX)
+
+
+def _acc_type(dtype):
+    """float32 accumulation, or float64 for float64 inputs (JAX_ENABLE_X64)."""
+    return jnp.promote_types(dtype, F32)
+
+
 def _skip(i, j, bq, bk, causal):
     """True when block j of keys lies wholly after block i of queries (nothing to see under a causal mask)."""
     return jnp.logical_and(causal, j * bk > i * bq + bq - 1)
@@ -78,7 +100,20 @@ def _skip(i, j, bq, bk, causal):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
 def _flash(q, k, v, causal, scale, bq, bk):
-    return _forward(q, k, v, causal, scale, bq, bk)[0]
+    out, (*_, lse) = _forward(q, k, v, causal, scale, bq, bk)
+    return out, _lse_rows(lse, q.shape)
+
+
+def _lse_rows(lse, q_shape):
+    """(nq, B, K, G, bq) block layout -> (B, N, T)."""
+    B, T, N, _ = q_shape
+    return lse.transpose(1, 2, 3, 0, 4).reshape(B, N, -1)[:, :, :T]
+
+
+def _lse_blocks(lse, K, bq):
+    """(B, N, T) -> (nq, B, K, G, bq), zero-padded: the inverse of :func:`_lse_rows`."""
+    B, N, _ = lse.shape
+    return _pad(lse, 2, bq).reshape(B, K, N // K, -1, bq).transpose(3, 0, 1, 2, 4)
 
 
 def _forward(q, k, v, causal, scale, bq, bk):
@@ -86,6 +121,7 @@ def _forward(q, k, v, causal, scale, bq, bk):
     S, K = k.shape[1], k.shape[2]
     qb, kb, vb = _blocks(q, k, v, bq, bk)
     G = N // K
+    acc_t = _acc_type(q.dtype)
 
     def one_query_block(args):
         i, q_i = args  # q_i: (B, bq, K, G, H)
@@ -95,25 +131,26 @@ def _forward(q, k, v, causal, scale, bq, bk):
 
             def update(carry):
                 m, l, acc = carry  # (B, K, G, bq), (B, K, G, bq), (B, bq, K, G, H)
-                s = jnp.einsum("bqkgh,bskh->bkgqs", q_i, k_j, preferred_element_type=F32) * scale
-                s = jnp.where(_allowed(i, j, bq, bk, S, causal), s, -jnp.inf)
+                s = jnp.where(_allowed(i, j, bq, bk, S, causal), _scores(q_i, k_j, scale, acc_t), -jnp.inf)
                 m_new = jnp.maximum(m, s.max(-1))
                 m_safe = jnp.where(jnp.isneginf(m_new), 0.0, m_new)  # a row with nothing seen yet stays at 0
                 p = jnp.exp(s - m_safe[..., None])
                 alpha = jnp.exp(m - m_safe)
                 l = alpha * l + p.sum(-1)
-                pv = jnp.einsum("bkgqs,bskh->bqkgh", p.astype(v_j.dtype), v_j, preferred_element_type=F32)
+                pv = jnp.einsum("bkgqs,bskh->bqkgh", p.astype(v_j.dtype), v_j, preferred_element_type=acc_t)
                 acc = alpha.transpose(0, 3, 1, 2)[..., None] * acc + pv
                 return m_new, l, acc
 
             return lax.cond(_skip(i, j, bq, bk, causal), lambda c: c, update, carry), None
 
-        init = (jnp.full((B, K, G, bq), -jnp.inf, F32), jnp.zeros((B, K, G, bq), F32), jnp.zeros((B, bq, K, G, H), F32))
+        init = (jnp.full((B, K, G, bq), -jnp.inf, acc_t), jnp.zeros((B, K, G, bq), acc_t),
+                jnp.zeros((B, bq, K, G, H), acc_t))  # fmt: skip
         (m, l, acc), _ = lax.scan(step, init, (jnp.arange(kb.shape[0]), kb, vb))
         l_t = l.transpose(0, 3, 1, 2)[..., None]
-        out = jnp.where(l_t > 0, acc / jnp.where(l_t > 0, l_t, 1.0), 0.0)  # rows that see nothing: zeros
-        lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), jnp.inf)  # +inf makes their weights 0
-        return out, lse
+        empty = l_t == 0  # a row that saw no key: zeros (a NaN row keeps l = NaN and stays NaN)
+        out = jnp.where(empty, 0.0, acc / jnp.where(empty, 1.0, l_t))
+        lse = jnp.where(l == 0, -jnp.inf, m + jnp.log(jnp.where(l == 0, 1.0, l)))
+        return out, lse.astype(F32)
 
     out, lse = lax.map(one_query_block, (jnp.arange(qb.shape[0]), qb))  # one query block at a time: O(T) memory
     out = out.transpose(1, 0, 2, 3, 4, 5).reshape(B, -1, N, H)[:, :T].astype(q.dtype)
@@ -121,19 +158,25 @@ def _forward(q, k, v, causal, scale, bq, bk):
 
 
 def _flash_fwd(q, k, v, causal, scale, bq, bk):
-    return _forward(q, k, v, causal, scale, bq, bk)
+    out, res = _forward(q, k, v, causal, scale, bq, bk)
+    return (out, _lse_rows(res[-1], q.shape)), res
 
 
-def _flash_bwd(causal, scale, bq, bk, residuals, d_out):
+def _flash_bwd(causal, scale, bq, bk, residuals, cotangents):
     q, k, v, out, lse = residuals  # lse: (nq, B, K, G, bq)
+    d_out, d_lse = cotangents
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
     G = N // K
     qb, kb, vb = _blocks(q, k, v, bq, bk)
     dob = _blocks(d_out, k, v, bq, bk)[0]
-    # D = rowsum(dO * O), the softmax-gradient term per query row: (nq, B, K, G, bq)
-    delta = jnp.sum(d_out.astype(F32) * out.astype(F32), axis=-1)
+    acc_t = _acc_type(q.dtype)
+    # D = rowsum(dO * O), the softmax-gradient term per query row: (nq, B, K, G, bq). The lse's own cotangent
+    # enters as dS += P * dlse (∂lse/∂s = P), i.e. D -= dlse.
+    delta = jnp.sum(d_out.astype(acc_t) * out.astype(acc_t), axis=-1)
     delta = _pad(delta, 1, bq).reshape(B, -1, bq, K, G).transpose(1, 0, 3, 4, 2)
+    delta = delta - _lse_blocks(jnp.asarray(d_lse, acc_t), K, bq)
+    lse = jnp.where(jnp.isneginf(lse), jnp.inf, lse)  # a row that saw nothing: every weight exp(s - inf) = 0
     nq = qb.shape[0]
 
     def one_key_block(dq, xs):
@@ -144,25 +187,27 @@ def _flash_bwd(causal, scale, bq, bk, residuals, d_out):
 
             def grads(carry):
                 dk, dv = carry
-                s = jnp.einsum("bqkgh,bskh->bkgqs", q_i, k_j, preferred_element_type=F32) * scale
+                raw = jnp.einsum("bqkgh,bskh->bkgqs", q_i, k_j, preferred_element_type=acc_t) * scale
+                s = jnp.clip(raw, -F32_MAX, F32_MAX)
                 p = jnp.where(_allowed(i, j, bq, bk, S, causal), jnp.exp(s - lse_i[..., None]), 0.0)
-                dv = dv + jnp.einsum("bkgqs,bqkgh->bskh", p.astype(do_i.dtype), do_i, preferred_element_type=F32)
-                dp = jnp.einsum("bqkgh,bskh->bkgqs", do_i, v_j, preferred_element_type=F32)
-                ds = (p * (dp - d_i[..., None])).astype(q_i.dtype)
-                dk = dk + jnp.einsum("bkgqs,bqkgh->bskh", ds, q_i, preferred_element_type=F32) * scale
-                dq_i = jnp.einsum("bkgqs,bskh->bqkgh", ds, k_j, preferred_element_type=F32) * scale
+                dv = dv + jnp.einsum("bkgqs,bqkgh->bskh", p.astype(do_i.dtype), do_i, preferred_element_type=acc_t)
+                dp = jnp.einsum("bqkgh,bskh->bkgqs", do_i, v_j, preferred_element_type=acc_t)
+                ds = p * (dp - d_i[..., None])
+                ds = jnp.where(jnp.abs(raw) > F32_MAX, 0.0, ds).astype(q_i.dtype)  # the clamp passes no gradient
+                dk = dk + jnp.einsum("bkgqs,bqkgh->bskh", ds, q_i, preferred_element_type=acc_t) * scale
+                dq_i = jnp.einsum("bkgqs,bskh->bqkgh", ds, k_j, preferred_element_type=acc_t) * scale
                 return (dk, dv), dq_i
 
             def skip(carry):
-                return carry, jnp.zeros(q_i.shape, F32)
+                return carry, jnp.zeros(q_i.shape, acc_t)
 
             return lax.cond(_skip(i, j, bq, bk, causal), skip, grads, carry)
 
-        init = (jnp.zeros(k_j.shape, F32), jnp.zeros(v_j.shape, F32))
+        init = (jnp.zeros(k_j.shape, acc_t), jnp.zeros(v_j.shape, acc_t))
         (dk_j, dv_j), dq_parts = lax.scan(step, init, (jnp.arange(nq), qb, dob, lse, delta))
         return dq + dq_parts, (dk_j, dv_j)
 
-    dq0 = jnp.zeros(qb.shape, F32)
+    dq0 = jnp.zeros(qb.shape, acc_t)
     dq, (dk, dv) = lax.scan(one_key_block, dq0, (jnp.arange(kb.shape[0]), kb, vb))
     dq = dq.transpose(1, 0, 2, 3, 4, 5).reshape(B, -1, N, H)[:, :T]
     dk = dk.transpose(1, 0, 2, 3, 4).reshape(B, -1, K, H)[:, :S]

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attention_tutorial.inputs import make_qkv
@@ -12,6 +12,7 @@ from attention_tutorial.kernels.blockwise import blockwise_attention
 from attention_tutorial.kernels.reference import naive_attention, reference_attention
 
 
+@settings(max_examples=10)
 @given(
     t=st.integers(1, 70), s=st.integers(1, 70), k=st.sampled_from([1, 2]), g=st.sampled_from([1, 2]),
     causal=st.booleans(), bq=st.sampled_from([8, 16, 32]), bk=st.sampled_from([8, 16, 64]), seed=st.integers(0, 99),
@@ -58,7 +59,118 @@ def test_rows_with_nothing_to_see_are_zero():
     np.testing.assert_allclose(out, reference_attention(q, k, v, is_causal=True), atol=2e-5)
 
 
-def test_bad_block_size():
+@pytest.mark.parametrize(("name", "value"), [("block_q", 0), ("block_k", -4), ("block_q", 8.5), ("block_k", None)])
+def test_bad_block_size_names_the_argument(name, value):
     q, k, v = make_qkv(1, 8, 1, 8)
-    with pytest.raises(ValueError, match="block sizes"):
-        blockwise_attention(q, k, v, block_q=0)
+    with pytest.raises(ValueError, match=f"{name} must be a positive integer"):
+        blockwise_attention(q, k, v, **{name: value})
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), "0.1", 1j, [0.1], True])
+def test_bad_scale_raises(scale):
+    q, k, v = make_qkv(1, 8, 1, 8)
+    with pytest.raises(ValueError, match="scale must be"):
+        blockwise_attention(q, k, v, scale=scale)
+
+
+def _poisoned(where, value, causal):
+    """q, k, v with one entry set to ``value`` (NaN or inf) in q, k or v; the naive outputs alongside."""
+    q, k, v = make_qkv(1, 24, 2, 8, seed=4)
+    arrays = {"q": q, "k": k, "v": v}
+    arrays[where] = arrays[where].at[0, 5, 1, 3].set(value)
+    want = np.asarray(naive_attention(**arrays, is_causal=causal))
+    got = np.asarray(blockwise_attention(**arrays, is_causal=causal, block_q=8, block_k=8))
+    return got, want
+
+
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("causal", [False, True])
+def test_nan_and_inf_propagate_like_naive(where, value, causal):
+    got, want = _poisoned(where, value, causal)
+    assert (np.isnan(got) == np.isnan(want)).all()
+    assert (np.isinf(got) == np.isinf(want)).all()
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], atol=2e-5, rtol=2e-5)
+
+
+def test_nan_row_is_not_zeros():
+    got, _ = _poisoned("q", float("nan"), False)
+    assert np.isnan(got[0, 5, 1]).all() and np.isfinite(np.delete(got, 5, axis=1)).all()
+
+
+@pytest.mark.parametrize("scale", [1e30, -1e30, 1e38])
+def test_huge_scale_gives_no_nan(scale):
+    q, k, v = make_qkv(1, 16, 2, 8, seed=2)
+    got = blockwise_attention(q, k, v, scale=scale, is_causal=True, block_q=8, block_k=8)
+    assert np.isfinite(np.asarray(got)).all()
+    # naive clamps to float32's range as well (at 1e38 several scores tie at the clamp; float64's would not)
+    np.testing.assert_allclose(got, naive_attention(q, k, v, scale=scale, is_causal=True), atol=1e-5)
+
+
+def test_works_with_x64_enabled():
+    q, k, v = make_qkv(1, 20, 2, 8, seed=1)
+    with jax.enable_x64(True):
+        out32 = blockwise_attention(q, k, v, is_causal=True, block_q=8, block_k=8)
+        q64, k64, v64 = (jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, v))
+        out64, lse64 = blockwise_attention(q64, k64, v64, is_causal=True, block_q=8, block_k=8, return_lse=True)
+        g = jax.grad(lambda q: blockwise_attention(q, k64, v64, block_q=8, block_k=8).sum())(q64)
+    assert out32.dtype == jnp.float32 and out64.dtype == jnp.float64 and g.dtype == jnp.float64
+    want = reference_attention(q, k, v, is_causal=True)
+    np.testing.assert_allclose(out32, want, atol=2e-5)
+    np.testing.assert_allclose(out64, want, atol=1e-12)
+
+
+def _lse_reference(q, k, causal, scale=None):
+    """log Σⱼ exp(sⱼ) per row in float64 NumPy: (B, N, T)."""
+    q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    scale = 1 / np.sqrt(H) if scale is None else scale
+    s = np.einsum("btnh,bsnh->bnts", q, np.repeat(k, N // K, axis=2)) * scale
+    if causal:
+        s = np.where(np.arange(S)[None, :] <= np.arange(T)[:, None], s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    return (m + np.log(np.exp(s - m).sum(-1, keepdims=True)))[..., 0]
+
+
+@pytest.mark.parametrize(("t", "s", "causal"), [(24, 24, True), (20, 13, False), (30, 7, True)])
+def test_return_lse_values(t, s, causal):
+    q, k, v = make_qkv(2, t, 4, 8, seq_kv=s, kv_heads=2, seed=t)
+    out, lse = blockwise_attention(q, k, v, is_causal=causal, block_q=8, block_k=8, return_lse=True)
+    assert lse.shape == (2, 4, t) and lse.dtype == jnp.float32
+    np.testing.assert_allclose(out, reference_attention(q, k, v, is_causal=causal), atol=2e-5)
+    np.testing.assert_allclose(lse, _lse_reference(q, k, causal), atol=2e-5, rtol=2e-5)
+
+
+def test_lse_gradient_matches_float64_autodiff():
+    # a loss through both outputs: the lse's cotangent must enter the backward pass (dS += P * dlse)
+    q, k, v = make_qkv(1, 20, 4, 8, kv_heads=2, seed=8)
+    w_out = jax.random.normal(jax.random.key(2), q.shape)
+    w_lse = jax.random.normal(jax.random.key(3), (1, 4, 20))
+
+    def loss(q, k, v):
+        out, lse = blockwise_attention(q, k, v, is_causal=True, block_q=8, block_k=8, return_lse=True)
+        return jnp.sum(out * w_out) + jnp.sum(lse * w_lse)
+
+    def loss64(q, k, v):
+        qg = q.reshape(1, 20, 2, 2, 8)
+        s = jnp.einsum("btkgh,bskh->bkgts", qg, k).reshape(1, 4, 20, 20) / np.sqrt(8)
+        s = jnp.where(jnp.tril(jnp.ones((20, 20), bool)), s, -jnp.inf)
+        lse = jax.nn.logsumexp(s, axis=-1)
+        out = naive_attention(q, k, v, is_causal=True)
+        return jnp.sum(out * w_out.astype(out.dtype)) + jnp.sum(lse * w_lse.astype(lse.dtype))
+
+    got = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    with jax.enable_x64(True):
+        want = jax.grad(loss64, argnums=(0, 1, 2))(*(jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, v)))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=5e-5, rtol=5e-5)
+
+
+def test_every_causal_row_sees_key_zero():
+    # blockwise's masks never empty a row (top-left causal: query i sees key 0), even for T much larger than S
+    q, k, v = make_qkv(1, 17, 2, 8, seq_kv=1, seed=6)
+    out, lse = blockwise_attention(q, k, v, is_causal=True, block_q=4, block_k=4, return_lse=True)
+    np.testing.assert_allclose(out, np.broadcast_to(np.asarray(v), out.shape), atol=1e-6)  # one key: weight 1
+    np.testing.assert_allclose(lse, _lse_reference(q, k, True), atol=1e-5)
