@@ -24,17 +24,23 @@ CONFIGS = {"tiny": TINY, "h200": H200}
 DEFAULT_IMPLS = ("cudnn", "xla", "blockwise")
 
 
-def train_grid(impls=DEFAULT_IMPLS, *, steps: int = 300, config: str = "h200", seed: int = 0, log_every: int = 5,
-               isolate: bool = True, peak_tflops: float | None = None, timeout_s: float = 600) -> list[dict]:  # fmt: skip
-    """Train ``config`` (a name in ``CONFIGS``) with each of ``impls``; all their records, in order."""
-    if config not in CONFIGS:
+def train_grid(impls=DEFAULT_IMPLS, *, steps: int = 300, config: str | Config = "h200", seed: int = 0,
+               log_every: int = 5, isolate: bool = True, peak_tflops: float | None = None,
+               timeout_s: float = 600) -> list[dict]:  # fmt: skip
+    """Train ``config`` (a name in ``CONFIGS``, or a :class:`Config` when not ``isolate``) with each of ``impls``;
+    all their records, in order."""
+    if isinstance(config, Config):
+        if isolate:
+            raise ValueError("isolate=True passes the config to a child by name; give a name from CONFIGS.")
+    elif config not in CONFIGS:
         raise ValueError(f"unknown config {config!r}; choose from {sorted(CONFIGS)}.")
     records = []
     for impl in impls:
         if isolate:
             records += _in_child(impl, steps, config, seed, log_every, peak_tflops, timeout_s)
         else:
-            records += _in_process(impl, steps, CONFIGS[config], seed, log_every, peak_tflops)
+            cfg = config if isinstance(config, Config) else CONFIGS[config]
+            records += _in_process(impl, steps, cfg, seed, log_every, peak_tflops)
     return records
 
 

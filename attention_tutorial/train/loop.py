@@ -101,12 +101,12 @@ def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0
                   eval_batches: int = 4, corpus=None, peak_tflops: float | None = None) -> TrainResult:  # fmt: skip
     """Train ``steps`` AdamW steps with attention ``impl`` and return the per-step records and a summary.
 
-        A step record (``kind`` "step", one every ``log_every`` steps and at the last) holds the loss of that step's
-        batch before its update and the median/p10/p90 step time since the previous record. The summary (``kind``
-        "summary") holds the held-out loss before and after training, the median step time over all steps, compile
-        time, compiled temporaries and footprint, peak device memory and which attention kernel the compiled step calls
-    (``pct_peak`` too, given the measured bf16 matmul ``peak_tflops``). When the
-        registry says ``impl`` cannot run this shape here, the summary alone comes back with status "unsupported".
+    A step record (``kind`` "step", one every ``log_every`` steps and at the last) holds the loss of that step's
+    batch before its update and the median/p10/p90 step time since the previous record. The summary (``kind``
+    "summary") holds the held-out loss before and after training, the median step time over all steps, compile
+    time, compiled temporaries and footprint, peak device memory, which attention kernel the compiled step calls,
+    and ``pct_peak`` given the measured bf16 matmul ``peak_tflops``. When the registry says ``impl`` cannot run
+    this shape here, the summary alone comes back with status "unsupported".
     """
     if steps < 1 or log_every < 1:
         raise ValueError(f"steps and log_every must be >= 1; got steps={steps}, log_every={log_every}.")
