@@ -82,8 +82,6 @@ def _on_doctree_resolved(app, doctree, docname):
     if app.builder.format != "html" or not _executable(app, docname):
         return
     doctree += _run_yourself(app, docname)
-    if docname == app.config.publish_preview_page and (img := doctree.next_node(nodes.image)) is not None:
-        app._publish_preview = img["uri"]
 
 
 def _on_page_context(app, pagename, templatename, context, doctree):
@@ -108,8 +106,9 @@ def _on_build_finished(app, exception):
     for docname in pages:
         write_notebook(Path(app.env.doc2path(docname)), app.config.publish_repo_url, out / NB_DIR)
     LOG.info(f"publish: {len(pages)} notebooks in {out / NB_DIR}")
-    preview = getattr(app, "_publish_preview", None)
-    if preview and (src := out / "_images" / Path(preview).name).exists():
+    page = app.config.publish_preview_page
+    img = app.env.get_doctree(page).next_node(nodes.image) if page in app.env.all_docs else None
+    if img is not None and (src := out / "_images" / Path(img["uri"]).name).exists():
         shutil.copyfile(src, out / "preview.png")
 
 
