@@ -78,6 +78,8 @@ def make_qkv(
         ) from None
     if not jnp.issubdtype(dtype, jnp.floating):
         raise ValueError(f"dtype must be a floating type (float32, bfloat16, float16); got {dtype}.")
+    if jax.dtypes.canonicalize_dtype(dtype) != dtype:
+        raise ValueError(f"dtype {dtype} needs jax.config.update('jax_enable_x64', True); else use float32.")
     _check_fits(shape, dtype)
     kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
     q = jax.random.normal(kq, (batch, seq_q, heads, head_dim), jnp.float32).astype(dtype)

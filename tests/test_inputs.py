@@ -1,8 +1,19 @@
+import re
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attention_tutorial.inputs import AttentionShape, attention_shape, make_qkv
+from attention_tutorial.inputs import (
+    AttentionShape,
+    attention_shape,
+    check_block_size,
+    invalid_reason,
+    make_qkv,
+    memory_limit_bytes,
+    resolve_scale,
+)
 
 
 def test_make_qkv_layout_and_dtype():
@@ -72,3 +83,89 @@ def test_error_names_the_actual_shapes():
 def test_make_qkv_rejects_bad_sizes(kwargs, message):
     with pytest.raises(ValueError, match=message):
         make_qkv(1, 8, 4, 16, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("scale", "expected"),
+    [(None, 0.25), (0.5, 0.5), (2, 2.0), (np.float32(0.125), 0.125), (np.int64(3), 3.0), (jnp.bfloat16(0.5), 0.5),
+     (np.array(0.75), 0.75), (0.0, 0.0), (-1.5, -1.5)],
+)  # fmt: skip
+def test_resolve_scale_accepts_real_numbers(scale, expected):
+    value = resolve_scale(scale, 16)
+    assert type(value) is float and value == expected
+
+
+@pytest.mark.parametrize(
+    ("scale", "message"),
+    [(float("nan"), "must be finite"), (float("inf"), "must be finite"), (np.float32("-inf"), "must be finite"),
+     (True, "real number; got bool"), ("0.125", "real number; got str"), (1 + 2j, "real number; got complex"),
+     (np.complex64(1), "real scalar"), (np.array([0.1, 0.2]), r"real scalar; got shape \(2,\)"),
+     ([0.1], "real number; got list")],
+)  # fmt: skip
+def test_resolve_scale_refuses_with_the_fix(scale, message):
+    with pytest.raises(ValueError, match=message) as err:
+        resolve_scale(scale, 16)
+    assert "or None for that default" in str(err.value)
+
+
+def test_resolve_scale_refuses_a_traced_scale():
+    with pytest.raises(ValueError, match="not a traced value"):
+        jax.jit(lambda s: resolve_scale(s, 16))(0.5)
+
+
+@pytest.mark.parametrize("value", [1, 64, np.int32(128), np.int64(256)])
+def test_check_block_size_accepts_positive_ints(value):
+    assert check_block_size("block_q", value) == int(value) and type(check_block_size("block_q", value)) is int
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [(0, "positive integer.*got 0"), (-64, "got -64"), (64.0, r"got float 64.0. Pass an int, e.g. block_k=int"),
+     (True, "got bool"), ("64", "got str"), (None, "got NoneType")],
+)  # fmt: skip
+def test_check_block_size_refuses_with_the_fix(value, message):
+    with pytest.raises(ValueError, match=message):
+        check_block_size("block_k", value)
+
+
+def test_python_lists_get_a_short_clear_error():
+    q = [[[[0.0] * 16] * 4] * 8] * 2
+    with pytest.raises(ValueError, match=r"q must be an array.*got list. Convert it with jnp.asarray\(q") as err:
+        attention_shape(q, q, q)
+    assert len(str(err.value)) < 200  # the message, not a dump of the data
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [((1.5, 8, 4, 16), {}, "batch must be an int; got float"), ((1, 8, True, 16), {}, "heads must be an int; got bool"),
+     ((1, 8, 4, 16), {"seed": 0.5}, "seed must be an int"), ((1, 8, 4, 16), {"dtype": "float"}, "jax_enable_x64"),
+     ((1, 8, 4, 16), {"dtype": "nonsense"}, "floating type"), ((1, 8, 4, np.int64(16)), {"seq_kv": -1}, "at least 1")],
+)  # fmt: skip
+def test_make_qkv_refuses_bad_values(args, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        make_qkv(*args, **kwargs)
+
+
+def test_make_qkv_refuses_more_than_the_device_memory_instead_of_aborting():
+    limit = memory_limit_bytes()
+    assert limit is not None and limit > 2**28  # RAM on a CPU, bytes_limit on a GPU
+    with pytest.raises(ValueError, match=r"need about .* GiB to create, more than the .* GiB.*choose smaller sizes"):
+        make_qkv(64, 2**20, 64, 128, dtype=jnp.bfloat16)  # 3 x 2^42 bf16 values: 24 TiB
+    # the check is about memory only: numpy integer sizes that fit still work
+    assert make_qkv(np.int64(1), np.int32(8), 2, 8)[0].shape == (1, 8, 2, 8)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "message"),
+    [(AttentionShape(1, 8, 8, 6, 4, 16), "float32", "multiple of kv_heads"),
+     (AttentionShape(1, 0, 8, 4, 4, 16), "float32", "at least 1"), ((1, 8, 8, 4, 4), "float32", "6 ints"),
+     ((1, 8, 8, 4, 4, 16.0), "float32", "6 ints"), (AttentionShape(1, 8, 8, 4, 4, 16), "int8", "floating point"),
+     (AttentionShape(1, 8, 8, 4, 4, 16), "nonsense", "floating dtype")],
+)  # fmt: skip
+def test_invalid_reason_names_the_problem(shape, dtype, message):
+    assert re.search(message, invalid_reason(shape, dtype))
+
+
+def test_invalid_reason_is_none_for_valid_problems():
+    assert invalid_reason(AttentionShape(1, 8, 8, 4, 2, 16), jnp.bfloat16) is None
+    assert invalid_reason((np.int64(1), 8, 8, 4, 4, 16), "float32") is None

@@ -17,7 +17,8 @@ Every bad value raises ``ValueError`` naming the fix (:func:`~attention_tutorial
 Rows with nothing to see (every key masked): the output is **zeros** here and in the float64 reference, never
 NaN. JAX's XLA path (:mod:`.fused`) instead gives the mean of v over all S keys for a row emptied by ``mask``,
 ``is_causal``, a window or ``key_value_seq_lengths``, and zeros for a row at or past ``query_seq_lengths``.
-Scores are clamped to the finite range before masking, so a huge ``|scale|`` or an infinite bias gives no NaN.
+Scores are clamped to the finite range, so a huge ``|scale|`` gives no NaN; -inf in ``bias`` hides a key like
+False in ``mask`` (a row whose keys are all hidden so is a row with nothing to see).
 """
 
 from __future__ import annotations
@@ -59,11 +60,11 @@ def naive_attention(
     qg = q.reshape(B, T, K, N // K, H)  # group the query heads by the kv head they share
 
     # 1. scores: every query against every key -> (B, K, G, T, S), float32 accumulation
+    scale = min(max(scale, -F32_MAX), F32_MAX)  # a float32 number
     scores = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
-    scores = scores.reshape(B, N, T, S)
-    if opt["bias"] is not None:
-        scores = scores + jnp.asarray(opt["bias"], jnp.float32)
-    scores = jnp.clip(scores, -F32_MAX, F32_MAX)  # a huge |scale| overflows to ±inf; inf - inf would be NaN
+    scores = jnp.clip(scores.reshape(B, N, T, S), -F32_MAX, F32_MAX)  # a huge |scale| overflows: inf - inf is NaN
+    if opt["bias"] is not None:  # -inf in the bias hides a key, as False in the mask does
+        scores = jnp.minimum(scores + jnp.asarray(opt["bias"], jnp.float32), F32_MAX)
     # 2. mask: positions a query may not see get a score of -inf (weight exactly 0)
     allowed = _allowed(T, S, opt)
     if allowed is not None:
@@ -145,12 +146,12 @@ def reference_attention(
     for b in range(B):
         for n in range(N):
             kv_head = n // (N // K)
-            s = q[b, :, n] @ k[b, :, kv_head].T * scale
-            if bias is not None:
-                s = s + bias[b, n]
-            s = np.where(ok[b, n], np.clip(s, -big, big), -np.inf)
-            m = s.max(axis=-1, keepdims=True)
-            with np.errstate(over="ignore"):  # -big - big overflows to -inf: a weight of exactly 0, as it should be
+            with np.errstate(over="ignore"):  # overflows go to ±inf, clipped; -big - big = -inf: weight exactly 0
+                s = np.clip(q[b, :, n] @ k[b, :, kv_head].T * scale, -big, big)
+                if bias is not None:
+                    s = np.minimum(s + bias[b, n], big)
+                s = np.where(ok[b, n], s, -np.inf)
+                m = s.max(axis=-1, keepdims=True)
                 e = np.where(ok[b, n], np.exp(s - np.where(np.isfinite(m), m, 0.0)), 0.0)
             den = e.sum(axis=-1, keepdims=True)
             p = np.divide(e, den, out=np.zeros_like(e), where=den > 0)

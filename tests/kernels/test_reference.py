@@ -1,5 +1,6 @@
 """The naive JAX attention against the independent float64 NumPy reference."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -97,6 +98,7 @@ def test_fully_masked_rows_give_zeros_not_nan():
     q, k, v = make_qkv(1, 4, 2, 8)
     mask = np.ones((1, 1, 4, 4), bool)
     mask[..., 2, :] = False  # query 2 may see nothing
+    assert not mask[0, 0, 2].any() and mask[0, 0, [0, 1, 3]].all()  # the row really is empty, the others full
     out = np.asarray(naive_attention(q, k, v, mask=mask))
     assert np.isfinite(out).all()
     np.testing.assert_array_equal(out[0, 2], 0.0)
@@ -124,3 +126,52 @@ def test_padding_lengths():
     ref = reference_attention(q, k, v, query_seq_lengths=ql, key_value_seq_lengths=kl)
     np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)
     np.testing.assert_array_equal(np.asarray(out)[1, 5:], 0.0)  # padded queries: zeros
+
+
+@pytest.mark.parametrize("scale", [1e30, -1e30])
+def test_huge_scale_is_a_hard_max_not_nan(scale):
+    """|scale| -> infinity turns softmax into a one-hot on the best (or, negative, the worst) key."""
+    q, k, v = make_qkv(2, 6, 2, 8, seq_kv=5, seed=16)
+    scores = np.einsum("btnh,bsnh->bnts", np.asarray(q, np.float64), np.asarray(k, np.float64))
+    pick = (scores.argmax if scale > 0 else scores.argmin)(axis=-1)  # (B, N, T): the key each row picks
+    b, n, _ = np.indices(pick.shape)
+    expected = np.asarray(v)[b, pick, n].transpose(0, 2, 1, 3)  # (B, N, T, H) -> (B, T, N, H)
+    for fn in (naive_attention, reference_attention):
+        np.testing.assert_allclose(fn(q, k, v, scale=scale), expected, atol=1e-6)
+        assert np.isfinite(fn(q, k, v, scale=scale, is_causal=True, causal_alignment="bottom_right")).all()
+
+
+@pytest.mark.parametrize("scale", [1e300, -1e300, 3e38])
+def test_scale_beyond_float32_gives_no_nan(scale):
+    q, k, v = make_qkv(1, 8, 2, 8, seed=17)
+    for fn in (naive_attention, reference_attention):
+        out = np.asarray(fn(q, k, v, scale=scale, is_causal=True))
+        assert np.isfinite(out).all()
+        np.testing.assert_allclose(out[:, 0], np.asarray(v)[:, 0], rtol=1e-6)  # one key to see: weight 1
+
+
+def test_infinite_bias_masks_a_key_without_nan():
+    q, k, v = make_qkv(1, 4, 1, 8, seed=18)
+    bias = np.zeros((4, 4))
+    bias[:, 1] = -np.inf  # key 1 hidden from every query
+    bias[2] = -np.inf  # query 2: every key at -inf
+    mask = np.ones((4, 4), bool)
+    mask[:, 1] = False
+    mask[2] = False
+    for fn in (naive_attention, reference_attention):
+        out = np.asarray(fn(q, k, v, bias=bias))
+        assert np.isfinite(out).all()
+        np.testing.assert_allclose(out, reference_attention(q, k, v, mask=mask), atol=2e-5)
+
+
+def test_naive_gradients_match_xla_and_stay_finite_with_empty_rows():
+    q, k, v = make_qkv(1, 6, 2, 8, seq_kv=4, seed=19)
+    d_out = make_qkv(1, 6, 2, 8, seed=20)[0]
+    args = {"is_causal": True, "causal_alignment": "bottom_right"}  # T > S: queries 0 and 1 see nothing
+    grads = jax.vjp(lambda q, k, v: naive_attention(q, k, v, **args), q, k, v)[1](d_out)
+    assert all(np.isfinite(g).all() for g in grads)
+    np.testing.assert_array_equal(grads[0][:, :2], 0.0)  # nothing seen, nothing to learn
+    top = jax.vjp(lambda q, k, v: naive_attention(q, k, v, is_causal=True), q, k, v)[1](d_out)
+    ref = jax.vjp(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True), q, k, v)[1](d_out)
+    for a, b in zip(top, ref):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-5)
