@@ -1,9 +1,14 @@
 """Counting instruction families in PTX and SASS text (the GPU dump itself runs in the recorder)."""
 
-import cramjam
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
+try:  # an independent Snappy encoder, from the 'test' extra; only the Snappy tests need it
+    import cramjam
+except ImportError:
+    cramjam = None
+needs_cramjam = pytest.mark.skipif(cramjam is None, reason="needs cramjam: pip install 'attention-tutorial[test]'")
 
 from attention_tutorial.measure.kernel_code import (
     FAMILIES,
@@ -97,6 +102,7 @@ def test_elf_images_cuts_each_cubin_out_of_a_blob():
     assert elf_images(b"no objects here") == []
 
 
+@needs_cramjam
 @given(st.binary(max_size=3000), st.integers(0, 50))
 def test_snappy_block_decodes_what_an_independent_encoder_wrote(data, junk):
     block = bytes(cramjam.snappy.compress_raw(data * 3))  # repeats give the encoder copies to emit
@@ -108,6 +114,7 @@ def test_snappy_block_rejects_non_blocks():
         snappy_block(b"\x10\x05\x07", 0)  # a copy before any output
 
 
+@needs_cramjam
 def test_cubins_in_finds_an_elf_inside_two_snappy_layers():
     cubin = _fake_elf(b"c")
     inner = bytes(cramjam.snappy.compress_raw(b"proto header " * 90 + cubin + b" tail" * 50))
