@@ -186,6 +186,20 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, causal, cfg, stages,
             plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem.at[slot], v_ready.at[slot])
 
 
+def _load(ref, layout):
+    """A whole shared-memory vector into registers in ``layout`` (jax 0.11 takes no index; jax 0.10 needs ``()``)."""
+    import inspect
+
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    idx = inspect.signature(plgpu.load).parameters["idx"]
+    return (
+        plgpu.load(ref, layout=layout)
+        if idx.default is not inspect.Parameter.empty
+        else plgpu.load(ref, (), layout=layout)
+    )
+
+
 def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, scoped, *, causal, bq, bkv, stages, seq_kv,
                groups, scale):  # fmt: skip
     """dQ: each compute warpgroup owns ``bq`` query rows and walks the key blocks they see, as the forward does."""
@@ -214,8 +228,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, scoped, 
         plgpu.copy_gmem_to_smem(delta_ref.at[batch, head, pl.ds(row0, bq)], delta_smem, delta_ready.at[wg])
         for barrier in (q_ready, do_ready, lse_ready, delta_ready):
             plgpu.barrier_wait(barrier.at[wg])
-        lse = plgpu.load(lse_smem, (), layout=plgpu.Layout.WGMMA.reduce(1))
-        delta = plgpu.load(delta_smem, (), layout=plgpu.Layout.WGMMA.reduce(1))
+        lse = _load(lse_smem, plgpu.Layout.WGMMA.reduce(1))
+        delta = _load(delta_smem, plgpu.Layout.WGMMA.reduce(1))
         dq = plgpu.layout_cast(jnp.full((bq, head_dim), 0.0, jnp.float32), plgpu.Layout.WGMMA)
 
         def step(j, dq, masked=False):
@@ -346,7 +360,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
                 key = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 0, layout=plgpu.Layout.WGMMA) + key0
                 row = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 1, layout=plgpu.Layout.WGMMA) + jq * bq
                 st = jnp.where(key <= row, st, -jnp.inf)
-            lse = plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
+            lse = _load(lse_smem.at[slot], plgpu.Layout.WGMMA.reduce(0))
             pt = jnp.exp2(st * c - lax.broadcast_in_dim(lse, st.shape, [1]))  # Pᵀ
 
             def dv_and_dpt(refs):  # both matmuls in one group: one wait instead of two
@@ -356,7 +370,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
 
             dpt0 = plgpu.layout_cast(jnp.full((bkv, bq), 0.0, jnp.float32), plgpu.Layout.WGMMA)
             dv, dpt = pl.run_state(dv_and_dpt)((plgpu.ACC.init(dv), plgpu.ACC.init(dpt0)))
-            delta = plgpu.load(delta_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
+            delta = _load(delta_smem.at[slot], plgpu.Layout.WGMMA.reduce(0))
             dst = (pt * (dpt - lax.broadcast_in_dim(delta, dpt.shape, [1]))).astype(dtype)  # dSᵀ
 
             def dk_step(dk_ref):  # dK += dSᵀ q
