@@ -4,12 +4,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-try:  # an independent Snappy encoder, from the 'test' extra; only the Snappy tests need it
-    import cramjam
-except ImportError:
-    cramjam = None
-needs_cramjam = pytest.mark.skipif(cramjam is None, reason="needs cramjam: pip install 'attention-tutorial[test]'")
-
 from attention_tutorial.measure.kernel_code import (
     FAMILIES,
     count_instructions,
@@ -19,6 +13,12 @@ from attention_tutorial.measure.kernel_code import (
     snappy_block,
     summarise_dump,
 )
+
+try:  # an independent Snappy encoder, from the 'test' extra; only the Snappy tests need it
+    import cramjam
+except ImportError:
+    cramjam = None
+needs_cramjam = pytest.mark.skipif(cramjam is None, reason="needs cramjam: pip install 'attention-tutorial[test]'")
 
 PTX = """
 .version 8.7
