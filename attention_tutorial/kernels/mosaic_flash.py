@@ -192,12 +192,10 @@ def _load(ref, layout):
 
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
-    idx = inspect.signature(plgpu.load).parameters["idx"]
-    return (
-        plgpu.load(ref, layout=layout)
-        if idx.default is not inspect.Parameter.empty
-        else plgpu.load(ref, (), layout=layout)
-    )
+    idx = inspect.signature(plgpu.load).parameters.get("idx")
+    if idx is not None and idx.default is inspect.Parameter.empty:
+        return plgpu.load(ref, (), layout=layout)
+    return plgpu.load(ref, layout=layout)
 
 
 def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, scoped, *, causal, bq, bkv, stages, seq_kv,
