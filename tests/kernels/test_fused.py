@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attention_tutorial.inputs import AttentionShape, make_qkv
-from attention_tutorial.kernels.fused import cudnn_why_not, dot_product_attention
+from attention_tutorial.kernels.fused import cudnn_why_not, dot_product_attention, xla_why_not
 from attention_tutorial.kernels.reference import reference_attention
 from attention_tutorial.measure.compiled import kernels_used
 
@@ -76,3 +76,47 @@ def test_cudnn_rejects_float32_and_odd_head_dim_with_the_fix():
     q, k, v = make_qkv(1, 8, 2, 64)
     with pytest.raises(ValueError, match="astype"):
         dot_product_attention(q, k, v, implementation="cudnn")
+
+
+def test_cudnn_why_not_refuses_invalid_problems_before_asking_the_device():
+    assert "floating point" in cudnn_why_not(AttentionShape(1, 8, 8, 2, 2, 64), jnp.int8)
+    assert "multiple of kv_heads" in cudnn_why_not(AttentionShape(1, 8, 8, 3, 2, 64), jnp.bfloat16)
+    assert "float8_e4m3fn" in xla_why_not(AttentionShape(1, 8, 8, 2, 2, 64), jnp.float8_e4m3fn)
+    assert xla_why_not(AttentionShape(1, 8, 8, 2, 2, 64), jnp.float32) is None
+
+
+def test_traced_lengths_are_checked_for_shape_and_dtype_only():
+    """Under jit the values are unknown: shape and dtype are still checked, and the result stays right."""
+    q, k, v = make_qkv(2, 8, 2, 16, seed=22)
+    fn = jax.jit(lambda q, k, v, kl: dot_product_attention(q, k, v, key_value_seq_lengths=kl))
+    kl = jnp.array([8, 3], jnp.int32)
+    ref = reference_attention(q, k, v, key_value_seq_lengths=np.asarray(kl))
+    np.testing.assert_allclose(fn(q, k, v, kl), ref, atol=2e-5, rtol=2e-5)
+    with pytest.raises(ValueError, match=r"shape \(B,\) = \(2,\)"):
+        fn(q, k, v, jnp.array([8, 3, 1], jnp.int32))
+    with pytest.raises(ValueError, match="must be integers"):
+        fn(q, k, v, jnp.array([8.0, 3.0]))
+
+
+def test_int64_lengths_reach_jax_as_int32():
+    """jax.nn wants int32 lengths; NumPy's default int64 (or a list) used to fail inside JAX."""
+    q, k, v = make_qkv(2, 8, 2, 16, seed=23)
+    out = dot_product_attention(q, k, v, query_seq_lengths=np.array([8, 5]), key_value_seq_lengths=[4, 8])
+    ref = reference_attention(q, k, v, query_seq_lengths=[8, 5], key_value_seq_lengths=np.array([4, 8]))
+    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.gpu
+def test_cudnn_refuses_a_right_window_without_causal_with_the_fix():
+    q, k, v = make_qkv(1, 128, 2, 64, dtype=jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"Use \(left, 0\)"):
+        dot_product_attention(q, k, v, implementation="cudnn", local_window_size=(8, 8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("t", "s"), [(64, 256), (1, 256)])
+def test_cudnn_bottom_right_causal_matches_reference(t, s):
+    q, k, v = make_qkv(2, t, 4, 64, seq_kv=s, dtype=jnp.bfloat16, seed=24)
+    out = dot_product_attention(q, k, v, implementation="cudnn", is_causal=True, causal_alignment="bottom_right")
+    ref = reference_attention(q, k, v, is_causal=True, causal_alignment="bottom_right")
+    np.testing.assert_allclose(np.asarray(out, np.float32), ref, atol=1e-2, rtol=1e-2)
