@@ -90,3 +90,46 @@ def test_decode_k1_reads_fewer_bytes_but_is_not_32x_faster():
     k1 = _recs(grid="decode", impl="cudnn", kv_heads=1, seq_kv=131072)
     c = claims.compare(k1, k32)
     assert c.word == "faster" and c.high < 32
+
+
+@needs_data
+def test_every_recorded_comparison_word_matches_the_raw_spreads():
+    """Independently of compare(): 'faster' only when A's p90 is below every p10 of B, 'on par' when they touch."""
+    recs = DATA["records"]
+    checked = 0
+    for a in store.select(recs, status="ok"):
+        if a["impl"] == "cudnn" or a.get("p10_ms") is None:
+            continue
+        others = [o for o in claims.same_point(recs, a, impl="cudnn") if o.get("p10_ms") is not None]
+        if not others:
+            continue
+        word = claims.compare([a], others).word
+        b_lo, b_hi = min(o["p10_ms"] for o in others), max(o["p90_ms"] for o in others)
+        expected = "faster" if a["p90_ms"] < b_lo else "slower" if a["p10_ms"] > b_hi else "on par"
+        assert word == expected, (a["grid"], a["impl"], a["seq_q"])
+        checked += 1
+    assert checked > 20
+
+
+@needs_data
+def test_prefill_with_shared_heads_is_on_par_for_cudnn():
+    k1 = _recs(grid="prefill_heads", impl="cudnn", kv_heads=1)
+    k32 = _recs(grid="prefill_heads", impl="cudnn", kv_heads=32)
+    assert claims.compare(k1, k32).word == "on par"
+
+
+@needs_data
+def test_decode_floor_is_flat_in_s_for_cudnn_k1_below_128k():
+    rs = [r for r in _recs(grid="decode", impl="cudnn", kv_heads=1) if r["seq_kv"] < 131072]
+    assert claims.growth([r["seq_kv"] for r in rs], [r["median_ms"] for r in rs]).word == "stays flat"
+
+
+@needs_data
+def test_mask_throughput_on_kept_positions_stays_below_the_peak():
+    from attention_tutorial.measure.flops import attention_flops
+
+    peak = DATA["provenance"]["matmul_bf16_tflops"]
+    for r in _recs(grid="masks"):
+        f = attention_flops(r["batch"], r["seq_q"], r["seq_kv"], r["heads"], r["head_dim"], causal=r["causal"],
+                            mask=r.get("mask", "none"))  # fmt: skip
+        assert f / (r["median_ms"] * 1e-3) / 1e12 < peak, (r["impl"], r["mask"], r["causal"])
