@@ -2,15 +2,18 @@
 
 ``train_grid(impls, steps=..., config=...)`` returns every run's records (per logged step and a summary), each
 implementation in a fresh Python process by default, so that the device's peak memory of each run is its own
-(a process's peak only grows) and no run inherits another's compiled programs or allocator state. A run that
+(a process's peak only grows) and no run inherits another's compiled programs or allocator state. The children
+allocate device memory as they need it (``XLA_PYTHON_CLIENT_PREALLOCATE=false``), so they also run beside a
+parent that already holds the GPU (the recorder); the warm-up step absorbs the first allocations. A run that
 fails becomes a summary record with status oom / unsupported / error and the reason. Run as a module
-(``python -m attention_tutorial.train.grid IMPL STEPS CONFIG SEED LOG_EVERY OUT``) it trains one implementation
-and writes its records to OUT as JSON: that is what each child process does.
+(``python -m attention_tutorial.train.grid IMPL STEPS CONFIG SEED LOG_EVERY OUT PEAK_TFLOPS``) it trains one
+implementation and writes its records to OUT as JSON: that is what each child process does.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -59,7 +62,8 @@ def _in_child(impl, steps, config, seed, log_every, peak_tflops, timeout_s) -> l
         cmd = [sys.executable, "-m", __name__, impl, str(steps), config, str(seed), str(log_every), str(out),
                str(peak_tflops or 0)]  # fmt: skip
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+            env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # works beside a parent holding the GPU
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
         except subprocess.TimeoutExpired:
             return [_failed(impl, cfg, seed, steps, {"status": "error", "reason": f"timed out after {timeout_s} s"})]
         if done.returncode != 0 or not out.exists():
