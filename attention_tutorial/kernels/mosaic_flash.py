@@ -1,4 +1,4 @@
-"""Our FlashAttention forward for Hopper, in Pallas's Mosaic GPU lowering: the kernel that races cuDNN.
+"""Our FlashAttention for Hopper (forward and backward), in Pallas's Mosaic GPU lowering: it races cuDNN.
 
 Why a second kernel: the Triton-lowered one (:mod:`attention_tutorial.kernels.pallas_flash`) runs anywhere but leaves
 Hopper's three big features to a compiler's heuristics. Mosaic GPU hands them to us:
@@ -23,7 +23,9 @@ attention_mgpu`` which it follows; ours adds bfloat16 (JAX's allocates float16 b
 Barriers connect them: ``k_ready[slot]``/``v_ready[slot]`` complete when a TMA copy lands; ``k_free[slot]``/
 ``v_free[slot]`` when both compute warpgroups have consumed it; and a two-party *schedule* barrier makes the two
 compute warpgroups take turns on the tensor cores — while one runs its softmax (exp2 on the multi-function units)
-the other's matmuls run, so neither unit waits (FlashAttention-3's "ping-pong").
+the other's matmuls run, so neither unit waits (FlashAttention-3's "ping-pong"). The forward also writes each
+row's log-sum-exp; the backward (:func:`mosaic_flash_attention`'s custom VJP) has the same three-warpgroup shape
+in two kernels, :func:`_dq_kernel` and :func:`_dkv_kernel`.
 """
 
 from __future__ import annotations
