@@ -70,3 +70,12 @@ def test_an_implementation_that_cannot_run_here_is_recorded_as_unsupported():
     assert rec == [] and summary["status"] == "unsupported" and summary["reason"]
     with pytest.raises(ValueError, match="steps"):
         train_records("xla", steps=0)
+
+
+@pytest.mark.gpu
+def test_cudnn_trains_like_xla_on_the_gpu():
+    cfg = dataclasses.replace(TINY, d_model=128, heads=2, head_dim=64, dtype="bfloat16")
+    xla, cudnn = (train_records(i, steps=5, config=cfg, eval_batches=1) for i in ("xla", "cudnn"))
+    np.testing.assert_allclose([r["loss"] for r in xla.records], [r["loss"] for r in cudnn.records], atol=5e-2)
+    assert "cuDNN" in cudnn.summary["attention_kernel"], cudnn.summary["attention_kernel"]
+    assert cudnn.summary["peak_bytes"] > 0 and cudnn.summary["step_bytes"] > 0
