@@ -11,6 +11,8 @@ keywords and their accepted shapes as in :mod:`attention_tutorial.kernels.masks`
 Rows with nothing to see: the XLA path returns the mean of v over all S keys for a row emptied by a mask, the
 causal triangle, a window or ``key_value_seq_lengths`` (JAX masks with a large finite negative number, so the
 softmax of such a row is uniform), and zeros for rows at or past ``query_seq_lengths`` (JAX zeroes those).
+JAX does not clamp scores: a ``|scale|`` so large that q·kᵀ·scale overflows float32 (~3e38) gives NaN here,
+where the naive version and the float64 reference clamp and return the hard maximum.
 """
 
 from __future__ import annotations
