@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+# Eight simulated CPU devices for the context-parallel tests; must be set before JAX initialises its backends.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+
 import jax
 import pytest
 from hypothesis import HealthCheck, settings

@@ -1,0 +1,267 @@
+"""Context parallelism: one attention call with its sequence sharded over a mesh axis of P devices.
+
+Each device holds T/P tokens of q, k and v (``jax.shard_map`` over a ``jax.sharding.Mesh``). Two strategies:
+
+* **all-gather** — gather the whole K/V on every device (``lax.all_gather``), then attend the local queries to it.
+  Simple; K/V memory per device is back to O(T).
+* **ring** — K/V blocks travel around the ring of devices with ``lax.ppermute``; at step s a device attends its
+  queries to the block it holds (the one of device d − s) and merges the partial result with the log-sum-exp.
+  The transfer of the next block is issued before the current block's compute, so the two can overlap.
+
+Merging two partial results over disjoint key sets, each normalised on its own, with lse = log Σ exp(scores)::
+
+    lse = logaddexp(lse₁, lse₂)
+    out = exp(lse₁ − lse) · out₁ + exp(lse₂ − lse) · out₂
+
+So the local step must return the log-sum-exp of each row: :func:`~attention_tutorial.kernels.blockwise.
+blockwise_attention` with ``return_lse=True`` does (the default here). cuDNN through
+``jax.nn.dot_product_attention`` cannot serve: it returns only the normalised output, and a normalised output
+alone cannot be re-weighted against another block's. Any ``local(q, k, v, *, is_causal, scale) -> (out, lse)``
+with lse (B, N, T) can be plugged in.
+
+Causal masks and load balance: with the natural (``"contiguous"``) layout device d holds chunk d, and at ring step
+s it attends to chunk d − s: device 0 has work only at step 0 while device P − 1 works every step. The
+``"zigzag"`` layout splits the sequence into 2P chunks and gives device d chunks d and 2P − 1 − d, so every device
+does the same work at every step (:func:`causal_work` counts it). Inside, each (query chunk, key chunk) pair is
+either wholly visible, causal on the diagonal, or wholly hidden (skipped with ``lax.switch``).
+
+Gradients: by JAX's autodiff through ``shard_map``; the transpose of ``ppermute`` sends the dK/dV cotangents
+around the ring the opposite way, and the local step's custom VJP recomputes its weights. Autodiff keeps each
+step's K/V block for the backward pass, so K/V memory per device is O(T) in training (a hand-written ring backward
+that re-circulates K/V would keep it O(T/P)).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, PartitionSpec
+
+from ..inputs import attention_shape, check_block_size, resolve_scale
+from .blockwise import blockwise_attention
+
+try:  # jax >= 0.6
+    from jax import shard_map as _shard_map
+
+    _UNCHECKED = {"check_vma": False}
+except ImportError:  # pragma: no cover - older jax
+    from jax.experimental.shard_map import shard_map as _shard_map
+
+    _UNCHECKED = {"check_rep": False}
+
+STRATEGIES = ("ring", "allgather")
+LAYOUTS = ("contiguous", "zigzag")
+F32 = jnp.float32
+
+
+def chunks_per_device(layout: str) -> int:
+    """How many chunks of the sequence each device holds: 1 (contiguous) or 2 (zig-zag)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}.")
+    return 1 if layout == "contiguous" else 2
+
+
+def device_chunks(device, devices: int, layout: str):
+    """Global chunk indices that ``device`` holds, in order (ints, or traced ints inside ``shard_map``)."""
+    return [device] if chunks_per_device(layout) == 1 else [device, 2 * devices - 1 - device]
+
+
+def layout_permutation(seq: int, devices: int, layout: str) -> np.ndarray:
+    """Token order along the sharded axis: ``x[:, perm]`` puts device 0's tokens first, then device 1's, ..."""
+    c = chunks_per_device(layout)
+    n = c * devices
+    if seq % n:
+        raise ValueError(f"sequence length {seq} must be a multiple of {n} ({devices} devices × {c} chunks each for "
+                         f"the {layout} layout); pad the sequence or change the number of devices.")  # fmt: skip
+    chunk = seq // n
+    order = [i for d in range(devices) for i in device_chunks(d, devices, layout)]
+    return np.concatenate([np.arange(i * chunk, (i + 1) * chunk) for i in order])
+
+
+def causal_work(seq: int, devices: int, layout: str) -> np.ndarray:
+    """(P steps, P devices): score positions each device computes at each ring step under a causal mask.
+
+    A pair of chunks of length c costs c² when the key chunk is earlier, c(c+1)/2 on the diagonal, 0 after.
+    """
+    c = seq // (devices * chunks_per_device(layout))
+    layout_permutation(seq, devices, layout)  # validates
+    work = np.zeros((devices, devices), np.int64)
+    for step in range(devices):
+        for d in range(devices):
+            src = (d - step) % devices
+            for i in device_chunks(d, devices, layout):
+                for j in device_chunks(src, devices, layout):
+                    work[step, d] += c * c if j < i else c * (c + 1) // 2 if j == i else 0
+    return work
+
+
+def ring_step_bytes(seq: int, devices: int, kv_heads: int, head_dim: int, dtype, *, batch: int = 1) -> int:
+    """Bytes each device sends per ring step: its K and V blocks, 2·B·(T/P)·K·H·itemsize."""
+    return 2 * batch * (seq // devices) * kv_heads * head_dim * jnp.dtype(dtype).itemsize
+
+
+def chunk_to_hide_transfer(heads: int, kv_heads: int, dtype, *, flops_per_s: float, bytes_per_s: float) -> float:
+    """T/P above which one ring step's compute (4·N·H·(T/P)² FLOPs, no mask) outlasts its K/V transfer.
+
+    Compute 4·B·N·H·c² / F ≥ transfer 2·B·c·K·H·itemsize / W  ⟺  c ≥ K·itemsize·F / (2·N·W). Causal zig-zag
+    steps do half the FLOPs of a full step, so they need twice this chunk.
+    """
+    return kv_heads * jnp.dtype(dtype).itemsize * flops_per_s / (2 * heads * bytes_per_s)
+
+
+def blockwise_local(q, k, v, *, is_causal: bool, scale: float, block: int = 512):
+    """The default local step: blockwise attention returning (out, lse)."""
+    return blockwise_attention(q, k, v, is_causal=is_causal, scale=scale, block_q=block, block_k=block,
+                               return_lse=True)  # fmt: skip
+
+
+def merge(a, b):
+    """Merge two partial results (out f32 (B, T, N, H), lse (B, N, T)) over disjoint key sets."""
+    (o1, l1), (o2, l2) = a, b
+    m = lax.stop_gradient(jnp.maximum(l1, l2))
+    m = jnp.where(jnp.isfinite(m), m, 0.0)  # both empty: weights exp(-inf) = 0
+    w1, w2 = jnp.exp(l1 - m), jnp.exp(l2 - m)
+    tot = w1 + w2
+    seen = tot > 0
+    safe = jnp.where(seen, tot, 1.0)
+    lse = jnp.where(seen, m + jnp.log(safe), -jnp.inf)
+    rows = lambda x: x.transpose(0, 2, 1)[..., None]  # noqa: E731  (B, N, T) -> (B, T, N, 1)
+    out = (rows(w1) * o1 + rows(w2) * o2) / rows(safe)
+    return out, lse
+
+
+def _empty(q):
+    B, T, N, _ = q.shape
+    return jnp.zeros(q.shape, F32), jnp.full((B, N, T), -jnp.inf, F32)
+
+
+def _pairs(q, q_ids, k, v, kv_ids, causal, scale, local):
+    """Local queries (chunks q_ids) against one key block (chunks kv_ids): merged (out f32, lse)."""
+    call = lambda q, k, v, c: tuple(x.astype(F32) for x in local(q, k, v, is_causal=c, scale=scale))  # noqa: E731
+    if not causal:
+        return call(q, k, v, False)
+    qs, ks, vs = jnp.split(q, len(q_ids), axis=1), jnp.split(k, len(kv_ids), axis=1), jnp.split(v, len(kv_ids), axis=1)
+    branches = (lambda q, k, v: call(q, k, v, False), lambda q, k, v: call(q, k, v, True), lambda q, k, v: _empty(q))
+    outs, lses = [], []
+    for qc, i in zip(qs, q_ids):
+        acc = None
+        for kc, vc, j in zip(ks, vs, kv_ids):
+            if isinstance(i, int) and isinstance(j, int):  # known while tracing (emulate_ring): no conditional
+                part = branches[0 if j < i else 1 if j == i else 2](qc, kc, vc)
+            else:  # earlier: all visible; same chunk: causal; later: nothing
+                part = lax.switch(jnp.where(j < i, 0, jnp.where(j == i, 1, 2)), branches, qc, kc, vc)
+            acc = part if acc is None else merge(acc, part)
+        outs.append(acc[0])
+        lses.append(acc[1])
+    return jnp.concatenate(outs, axis=1), jnp.concatenate(lses, axis=2)
+
+
+def _ring(q, k, v, *, axis, devices, layout, causal, scale, local):
+    me = lax.axis_index(axis)
+    perm = [(d, (d + 1) % devices) for d in range(devices)]
+    acc, kv = None, (k, v)
+    for step in range(devices):
+        nxt = lax.ppermute(kv, axis, perm) if step < devices - 1 else None  # issued before this step's compute
+        src = (me - step) % devices  # whose K/V block this device holds now
+        part = _pairs(q, device_chunks(me, devices, layout), *kv, device_chunks(src, devices, layout), causal, scale,
+                      local)  # fmt: skip
+        acc = part if acc is None else merge(acc, part)
+        kv = nxt
+    return acc[0].astype(q.dtype)
+
+
+def _allgather(q, k, v, *, axis, devices, layout, causal, scale, local):
+    k_all = lax.all_gather(k, axis, axis=1, tiled=True)  # (B, S, K, H), device-major layout order
+    v_all = lax.all_gather(v, axis, axis=1, tiled=True)
+    if not causal:
+        return local(q, k_all, v_all, is_causal=False, scale=scale)[0]
+    me = lax.axis_index(axis)
+    blocks = lambda x: x.reshape(x.shape[0], devices, -1, *x.shape[2:]).swapaxes(0, 1)  # noqa: E731
+
+    def step(acc, xs):
+        kb, vb, src = xs
+        part = _pairs(q, device_chunks(me, devices, layout), kb, vb, device_chunks(src, devices, layout), True, scale,
+                      local)  # fmt: skip
+        return merge(acc, part), None
+
+    (out, _), _ = lax.scan(step, _empty(q), (blocks(k_all), blocks(v_all), jnp.arange(devices)))
+    return out.astype(q.dtype)
+
+
+def context_parallel_attention(q, k, v, *, mesh: Mesh, axis: str = "seq", strategy: str = "ring",
+                               is_causal: bool = False, layout: str = "zigzag", scale: float | None = None,
+                               local=None, block: int = 512, reorder: bool = True) -> jax.Array:  # fmt: skip
+    """Attention with the sequence of q, k, v sharded over ``mesh`` axis ``axis``; q (B, T, N, H) -> (B, T, N, H).
+
+    ``strategy``: "ring" or "allgather". ``layout``: "zigzag" (balanced under a causal mask) or "contiguous".
+    ``reorder``: put the tokens into the layout's order (:func:`layout_permutation`) and the output back; a
+    training loop keeps its data in that order instead and passes ``reorder=False`` (no extra data movement).
+    ``local(q, k, v, *, is_causal, scale) -> (out, lse)``: the per-device step (default blockwise, ``block``).
+    """
+    B, T, S, N, K, H = attention_shape(q, k, v)
+    scale = resolve_scale(scale, H)
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}; got {strategy!r}.")
+    if axis not in mesh.axis_names:
+        raise ValueError(f"mesh has no axis {axis!r}; its axes are {mesh.axis_names}. Pass axis=<one of them>.")
+    if is_causal and T != S:
+        raise ValueError(f"causal context parallelism needs T == S (self-attention); got q {q.shape}, k {k.shape}.")
+    devices = mesh.shape[axis]
+    for name, n in (("T", T), ("S", S)):
+        if n % (devices * chunks_per_device(layout)):
+            raise ValueError(
+                f"sequence length {name}={n} must be a multiple of {devices * chunks_per_device(layout)} "
+                f"({devices} devices on axis {axis!r} × {chunks_per_device(layout)} chunk(s) each for the {layout} "
+                f"layout); got q {q.shape}, k {k.shape}. Pad the sequence or change the number of devices."
+            )
+    if local is None:
+        chunk = T // (devices * chunks_per_device(layout))
+        local = functools.partial(blockwise_local, block=min(check_block_size("block", block), chunk))
+    body = functools.partial(_ring if strategy == "ring" else _allgather, axis=axis, devices=devices, layout=layout,
+                             causal=bool(is_causal), scale=scale, local=local)  # fmt: skip
+    spec = PartitionSpec(None, axis, None, None)
+    sharded = _shard_map(body, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, **_UNCHECKED)
+    if not reorder:
+        return sharded(q, k, v)
+    pq, pk = layout_permutation(T, devices, layout), layout_permutation(S, devices, layout)
+    out = sharded(q[:, pq], k[:, pk], v[:, pk])
+    return out[:, np.argsort(pq)]
+
+
+def emulate_ring(q, k, v, *, devices: int, is_causal: bool = False, layout: str = "zigzag",
+                 scale: float | None = None, local=None, block: int = 512) -> jax.Array:  # fmt: skip
+    """All P devices' ring steps run one after another on one device (local compute and LSE merges, no transfer).
+
+    What a ring costs in compute alone, to set against one call on the whole sequence.
+    """
+    B, T, S, N, K, H = attention_shape(q, k, v)
+    scale = resolve_scale(scale, H)
+    pq, pk = layout_permutation(T, devices, layout), layout_permutation(S, devices, layout)
+    if local is None:
+        local = functools.partial(blockwise_local, block=min(block, T // (devices * chunks_per_device(layout))))
+    qs = jnp.split(q[:, pq], devices, axis=1)
+    ks, vs = jnp.split(k[:, pk], devices, axis=1), jnp.split(v[:, pk], devices, axis=1)
+    outs = []
+    for d in range(devices):
+        acc = None
+        for step in range(devices):
+            src = (d - step) % devices
+            part = _pairs(qs[d], device_chunks(d, devices, layout), ks[src], vs[src],
+                          device_chunks(src, devices, layout), bool(is_causal), scale, local)  # fmt: skip
+            acc = part if acc is None else merge(acc, part)
+        outs.append(acc[0])
+    return jnp.concatenate(outs, axis=1)[:, np.argsort(pq)].astype(q.dtype)
+
+
+def sequence_mesh(devices: int | None = None, axis: str = "seq") -> Mesh:
+    """A one-axis mesh over the first ``devices`` devices (all by default)."""
+    avail = jax.devices()
+    n = len(avail) if devices is None else devices
+    if not 1 <= n <= len(avail):
+        raise ValueError(f"asked for {n} devices; this process has {len(avail)} ({avail[0].platform}). On a CPU, set "
+                         f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before importing jax.")  # fmt: skip
+    return Mesh(np.array(avail[:n]), (axis,))
