@@ -1,0 +1,94 @@
+"""What context parallelism costs on one device: the ring's overhead and the price of splitting the work.
+
+Two experiments, both on a single device (``experiment``: "context_parallel"):
+
+* the ring code on a one-device mesh (``cp_ring_1dev``: ``shard_map``, one step, the merge) against the plain local
+  kernel it calls (``cp_local``) — the overhead of the machinery;
+* P ring steps emulated on one device (``cp_emulated_P<P>``: every device's local compute and LSE merges, one
+  after another, no transfer) against that one call — what splitting the sequence into P·C chunks costs in compute.
+
+Records follow :mod:`attention_tutorial.measure.sweep`'s schema (``devices`` says P).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+
+from ..inputs import make_qkv
+from ..kernels import context_parallel as cp
+from .compiled import compile_stats
+from .flops import attention_flops
+from .sweep import Point, empty_record, failure_fields, timed_record
+from .timing import time_fn
+
+EXPERIMENT = "context_parallel"
+
+
+def cp_records(*, seq=(4096, 16384), batch: int = 1, heads: int = 16, kv_heads: int = 4, head_dim: int = 128,
+               dtype: str = "bfloat16", causal=(False, True), devices=(2, 4, 8), layout: str = "zigzag",
+               passes=("fwd",), block: int = 512, local=None, peak_tflops: float | None = None,
+               **timing) -> list[dict]:  # fmt: skip
+    """Records for the local kernel, the ring on a one-device mesh, and ``devices`` emulated ring steps.
+
+    ``local(q, k, v, *, is_causal, scale) -> (out, lse)`` is the local step (default: blockwise with ``block``).
+    ``timing`` goes to :func:`~attention_tutorial.measure.timing.time_fn` (repeats, max_seconds, ...).
+    """
+    records = []
+    mesh = cp.sequence_mesh(1)
+    for t, c, pass_ in ((t, c, p) for t in seq for c in causal for p in passes):
+        base = functools.partial(Point, batch=batch, seq_q=t, seq_kv=t, heads=heads, kv_heads=kv_heads,
+                                 head_dim=head_dim, dtype=dtype, causal=c, pass_=pass_)  # fmt: skip
+        step = local or functools.partial(cp.blockwise_local, block=min(block, t))
+        fns = {"cp_local": (1, lambda q, k, v, c=c, step=step: step(q, k, v, is_causal=c, scale=head_dim**-0.5)[0]),
+               "cp_ring_1dev": (1, lambda q, k, v, c=c: cp.context_parallel_attention(
+                   q, k, v, mesh=mesh, is_causal=c, layout=layout, local=local, block=block))}  # fmt: skip
+        for p in devices:
+            fns[f"cp_emulated_P{p}"] = (p, lambda q, k, v, c=c, p=p: cp.emulate_ring(
+                q, k, v, devices=p, is_causal=c, layout=layout, local=local, block=block))  # fmt: skip
+        for impl, (p, fn) in fns.items():
+            records.append(_measure(base(impl=impl), fn, p, peak_tflops, timing))
+    return records
+
+
+def _measure(point: Point, fn, devices: int, peak_tflops, timing) -> dict:
+    rec = {**empty_record(point), "experiment": EXPERIMENT, "devices": devices}
+    try:
+        q, k, v = make_qkv(point.batch, point.seq_q, point.heads, point.head_dim, seq_kv=point.seq_kv,
+                           kv_heads=point.kv_heads, dtype=point.dtype)  # fmt: skip
+        if point.pass_ == "fwd+bwd":
+            d_out = jax.random.normal(jax.random.key(1), q.shape, q.dtype)
+            fwd = fn
+
+            def fn(q, k, v, d_out):
+                return jax.vjp(fwd, q, k, v)[1](d_out)
+
+            args = (q, k, v, d_out)
+        else:
+            args = (q, k, v)
+        stats = compile_stats(fn, *args)
+        t = time_fn(fn, *args, compiled=stats.compiled, **timing)
+    except Exception as err:
+        return {**rec, **failure_fields(err)}
+    finally:
+        args = q = k = v = None
+    flops = attention_flops(point.batch, point.seq_q, point.seq_kv, point.heads, point.head_dim, causal=point.causal,
+                            pass_=point.pass_)  # fmt: skip
+    return timed_record(rec, t, flops=flops, peak_tflops=peak_tflops, compile_s=stats.compile_s,
+                        temp_bytes=stats.temp_bytes, repeats=t.repeats)  # fmt: skip
+
+
+def overhead_table(records) -> list[dict]:
+    """Per (seq, causal, pass): each impl's median time relative to ``cp_local`` (1.0 = no overhead)."""
+    ok = [r for r in records if r.get("experiment") == EXPERIMENT and r["status"] == "ok"]
+    rows = []
+    for key in sorted({(r["seq_q"], r["causal"], r["pass"]) for r in ok}):
+        group = {r["impl"]: r["median_ms"] for r in ok if (r["seq_q"], r["causal"], r["pass"]) == key}
+        if "cp_local" not in group:
+            continue
+        for impl, ms in sorted(group.items()):
+            rows.append({"seq_q": key[0], "causal": key[1], "pass": key[2], "impl": impl, "median_ms": ms,
+                         "vs_local": float(np.round(ms / group["cp_local"], 3))})  # fmt: skip
+    return rows

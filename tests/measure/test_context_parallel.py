@@ -1,0 +1,33 @@
+"""measure.context_parallel at a tiny size on the CPU: records that follow the schema, failures recorded."""
+
+import pytest
+
+from attention_tutorial.measure.context_parallel import cp_records, overhead_table
+from attention_tutorial.measure.sweep import check_record
+
+FAST = {"repeats": 2, "warmup": 1, "min_sample_ms": 0.5, "max_seconds": 0.2}
+
+
+def test_records_at_a_tiny_size():
+    recs = cp_records(seq=(16,), heads=2, kv_heads=1, head_dim=8, dtype="float32", causal=(True,), devices=(2,),
+                      passes=("fwd", "fwd+bwd"), block=8, **FAST)  # fmt: skip
+    assert [(r["impl"], r["pass"]) for r in recs] == [
+        (impl, p) for p in ("fwd", "fwd+bwd") for impl in ("cp_local", "cp_ring_1dev", "cp_emulated_P2")
+    ]
+    for r in recs:
+        assert check_record(r) == [], (r, check_record(r))
+        assert r["status"] == "ok" and r["experiment"] == "context_parallel" and r["median_ms"] > 0
+    assert [r["devices"] for r in recs[:3]] == [1, 1, 2]
+    assert recs[3]["tflops"] == pytest.approx(3.5 * recs[0]["tflops"] * recs[0]["median_ms"] / recs[3]["median_ms"])
+    table = overhead_table(recs)
+    assert {row["impl"]: row["vs_local"] for row in table if row["pass"] == "fwd"}["cp_local"] == 1.0
+
+
+def test_a_failing_local_step_becomes_an_error_record():
+    def broken(q, k, v, *, is_causal, scale):
+        raise RuntimeError("no kernel here")
+
+    recs = cp_records(seq=(8,), heads=1, kv_heads=1, head_dim=4, dtype="float32", causal=(False,), devices=(2,),
+                      local=broken, **FAST)  # fmt: skip
+    assert all(r["status"] == "error" and "no kernel here" in r["reason"] for r in recs)
+    assert all(check_record(r) == [] for r in recs)
