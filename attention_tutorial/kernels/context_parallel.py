@@ -34,6 +34,7 @@ that re-circulates K/V would keep it O(T/P)).
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -111,6 +112,12 @@ def chunk_to_hide_transfer(heads: int, kv_heads: int, dtype, *, flops_per_s: flo
     steps do half the FLOPs of a full step, so they need twice this chunk.
     """
     return kv_heads * jnp.dtype(dtype).itemsize * flops_per_s / (2 * heads * bytes_per_s)
+
+
+def collectives(hlo_text: str) -> dict[str, int]:
+    """How many all-gather and collective-permute operations a compiled program's HLO text holds."""
+    found = re.findall(r"\s(all-gather|collective-permute)(?:-start)?\(", hlo_text)
+    return {op: found.count(op) for op in ("all-gather", "collective-permute")}
 
 
 def blockwise_local(q, k, v, *, is_causal: bool, scale: float, block: int = 512):
