@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# Largest max-abs difference between two attention outputs (unit-variance inputs) that is still rounding, per dtype
-# of the computation. "tf32" is float32 whose matmuls run on TF32 tensor cores (10 stored mantissa bits), the
-# default for float32 matmuls on NVIDIA GPUs in JAX.
+#: Largest max-abs difference between two attention outputs (unit-variance inputs) that is still rounding, per dtype
+#: of the computation. "tf32" is float32 whose matmuls run on TF32 tensor cores (10 stored mantissa bits), the
+#: default for float32 matmuls on NVIDIA GPUs in JAX.
 TOLERANCES = {"float64": 1e-12, "float32": 1e-5, "tf32": 2e-3, "float16": 2e-3, "bfloat16": 2e-2, "float8": 0.25}
-# Stored mantissa bits (the leading 1 is implicit and not counted), one convention for every format on the site.
+#: Stored mantissa bits (the leading 1 is implicit and not counted), one convention for every format on the site.
 MANTISSA_BITS = {"float32": 23, "tf32": 10, "float16": 10, "bfloat16": 7, "float8_e4m3fn": 3, "float8_e5m2": 2}
 
 
