@@ -16,7 +16,7 @@ the output and the log-sum-exp per row and recomputes each block's weights (Flas
 O(T) in memory too. Shapes as in :mod:`attention_tutorial.inputs`; GQA is handled by grouping query heads.
 
 ``return_lse=True`` also returns the log-sum-exp of each row's scores, lse = log Σⱼ exp(sⱼ), shape (B, N, T),
-float32: what merges partial results computed over different blocks of keys (ring attention in
+float32 (float64 for float64 inputs): what merges partial results computed over different blocks of keys (ring attention in
 :mod:`attention_tutorial.kernels.context_parallel`). Its gradient is handled too (∂lse/∂sⱼ = pⱼ).
 
 Special values, as in :func:`~attention_tutorial.kernels.reference.naive_attention`: scores are clamped to the
@@ -45,7 +45,8 @@ def blockwise_attention(q, k, v, *, is_causal: bool = False, scale: float | None
     """softmax(q kᵀ·scale) v computed block by block; q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H).
 
     Causal masks align top-left, as everywhere in this package. Differentiable (custom VJP, O(T) memory).
-    ``return_lse=True`` returns ``(out, lse)`` with lse (B, N, T) float32, differentiable as well.
+    ``return_lse=True`` returns ``(out, lse)`` with lse (B, N, T) in float32 (float64 for float64 inputs),
+    differentiable as well.
     """
     B, T, S, N, K, H = attention_shape(q, k, v)
     scale = resolve_scale(scale, H)
@@ -150,7 +151,7 @@ def _forward(q, k, v, causal, scale, bq, bk):
         empty = l_t == 0  # a row that saw no key: zeros (a NaN row keeps l = NaN and stays NaN)
         out = jnp.where(empty, 0.0, acc / jnp.where(empty, 1.0, l_t))
         lse = jnp.where(l == 0, -jnp.inf, m + jnp.log(jnp.where(l == 0, 1.0, l)))
-        return out, lse.astype(F32)
+        return out, lse
 
     out, lse = lax.map(one_query_block, (jnp.arange(qb.shape[0]), qb))  # one query block at a time: O(T) memory
     out = out.transpose(1, 0, 2, 3, 4, 5).reshape(B, -1, N, H)[:, :T].astype(q.dtype)

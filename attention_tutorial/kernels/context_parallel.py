@@ -143,12 +143,14 @@ def merge(a, b):
 
 def _empty(q):
     B, T, N, _ = q.shape
-    return jnp.zeros(q.shape, F32), jnp.full((B, N, T), -jnp.inf, F32)
+    acc_t = jnp.promote_types(q.dtype, F32)
+    return jnp.zeros(q.shape, acc_t), jnp.full((B, N, T), -jnp.inf, acc_t)
 
 
 def _pairs(q, q_ids, k, v, kv_ids, causal, scale, local):
     """Local queries (chunks q_ids) against one key block (chunks kv_ids): merged (out f32, lse)."""
-    call = lambda q, k, v, c: tuple(x.astype(F32) for x in local(q, k, v, is_causal=c, scale=scale))  # noqa: E731
+    acc_t = jnp.promote_types(q.dtype, F32)
+    call = lambda q, k, v, c: tuple(x.astype(acc_t) for x in local(q, k, v, is_causal=c, scale=scale))  # noqa: E731
     if not causal:
         return call(q, k, v, False)
     qs, ks, vs = jnp.split(q, len(q_ids), axis=1), jnp.split(k, len(kv_ids), axis=1), jnp.split(v, len(kv_ids), axis=1)

@@ -36,7 +36,7 @@ def _grad_reference(q, k, v, d_out, causal):
 )
 def test_gradients_match_float64_autodiff(t, s, n, k, causal):
     q, kk, v = make_qkv(2, t, n, 16, seq_kv=s, kv_heads=k, seed=t)
-    d_out = jax.random.normal(jax.random.key(1), q.shape)
+    d_out = jax.random.normal(jax.random.key(1), q.shape, q.dtype)
     _, vjp = jax.vjp(lambda q, k, v: blockwise_attention(q, k, v, is_causal=causal, block_q=16, block_k=16), q, kk, v)
     for got, want in zip(vjp(d_out), _grad_reference(q, kk, v, d_out, causal)):
         np.testing.assert_allclose(got, want, atol=5e-5, rtol=5e-5)
@@ -115,10 +115,12 @@ def test_works_with_x64_enabled():
         q64, k64, v64 = (jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, v))
         out64, lse64 = blockwise_attention(q64, k64, v64, is_causal=True, block_q=8, block_k=8, return_lse=True)
         g = jax.grad(lambda q: blockwise_attention(q, k64, v64, block_q=8, block_k=8).sum())(q64)
-    assert out32.dtype == jnp.float32 and out64.dtype == jnp.float64 and g.dtype == jnp.float64
+    assert out32.dtype == jnp.float32 and g.dtype == jnp.float64
+    assert out64.dtype == jnp.float64 and lse64.dtype == jnp.float64
     want = reference_attention(q, k, v, is_causal=True)
     np.testing.assert_allclose(out32, want, atol=2e-5)
     np.testing.assert_allclose(out64, want, atol=1e-12)
+    np.testing.assert_allclose(lse64, _lse_reference(q, k, True), atol=1e-12)
 
 
 def _lse_reference(q, k, causal, scale=None):
@@ -146,8 +148,8 @@ def test_return_lse_values(t, s, causal):
 def test_lse_gradient_matches_float64_autodiff():
     # a loss through both outputs: the lse's cotangent must enter the backward pass (dS += P * dlse)
     q, k, v = make_qkv(1, 20, 4, 8, kv_heads=2, seed=8)
-    w_out = jax.random.normal(jax.random.key(2), q.shape)
-    w_lse = jax.random.normal(jax.random.key(3), (1, 4, 20))
+    w_out = jax.random.normal(jax.random.key(2), q.shape, q.dtype)
+    w_lse = jax.random.normal(jax.random.key(3), (1, 4, 20), q.dtype)
 
     def loss(q, k, v):
         out, lse = blockwise_attention(q, k, v, is_causal=True, block_q=8, block_k=8, return_lse=True)

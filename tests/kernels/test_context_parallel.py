@@ -50,7 +50,7 @@ def _grad_reference(q, k, v, d_out, causal):
 )  # fmt: skip
 def test_gradients_match_float64_autodiff(devices, strategy, layout, causal):
     q, k, v = make_qkv(1, 32, 4, 8, kv_heads=2, seed=7)
-    d_out = jax.random.normal(jax.random.key(1), q.shape)
+    d_out = jax.random.normal(jax.random.key(1), q.shape, q.dtype)
     f = lambda q, k, v: cp.context_parallel_attention(  # noqa: E731
         q, k, v, mesh=cp.sequence_mesh(devices), strategy=strategy, layout=layout, is_causal=causal
     )
