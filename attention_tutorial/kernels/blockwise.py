@@ -164,6 +164,27 @@ def _flash_fwd(q, k, v, causal, scale, bq, bk):
 
 
 def _flash_bwd(causal, scale, bq, bk, residuals, cotangents):
+    q, k, v = residuals[:3]
+    dq, dk, dv = _backward(causal, scale, bq, bk, residuals, cotangents)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
+def blockwise_backward(q, k, v, out, lse, d_out, *, is_causal: bool = False, scale: float | None = None,
+                       block_q: int = 512, block_k: int = 512):  # fmt: skip
+    """(dq, dk, dv) of attention given its output ``out`` and row log-sum-exp ``lse`` (B, N, T), in float32.
+
+    ``out`` and ``lse`` may belong to a larger set of keys than ``k``, ``v`` (a ring's merged result): the
+    gradients are then these keys' contributions — dq summed over the blocks gives the whole dq.
+    """
+    B, T, S, N, K, H = attention_shape(q, k, v)
+    scale = resolve_scale(scale, H)
+    bq = min(check_block_size("block_q", block_q), T)
+    bk = min(check_block_size("block_k", block_k), S)
+    res = (q, k, v, out, _lse_blocks(jnp.asarray(lse, _acc_type(q.dtype)), K, bq))
+    return _backward(bool(is_causal), scale, bq, bk, res, (d_out, jnp.zeros(lse.shape, _acc_type(q.dtype))))
+
+
+def _backward(causal, scale, bq, bk, residuals, cotangents):
     q, k, v, out, lse = residuals  # lse: (nq, B, K, G, bq)
     d_out, d_lse = cotangents
     B, T, N, H = q.shape
@@ -213,7 +234,7 @@ def _flash_bwd(causal, scale, bq, bk, residuals, cotangents):
     dq = dq.transpose(1, 0, 2, 3, 4, 5).reshape(B, -1, N, H)[:, :T]
     dk = dk.transpose(1, 0, 2, 3, 4).reshape(B, -1, K, H)[:, :S]
     dv = dv.transpose(1, 0, 2, 3, 4).reshape(B, -1, K, H)[:, :S]
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+    return dq, dk, dv
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)

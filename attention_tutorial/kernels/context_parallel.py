@@ -25,10 +25,11 @@ s it attends to chunk d − s: device 0 has work only at step 0 while device P �
 does the same work at every step (:func:`causal_work` counts it). Inside, each (query chunk, key chunk) pair is
 either wholly visible, causal on the diagonal, or wholly hidden (skipped with ``lax.switch``).
 
-Gradients: by JAX's autodiff through ``shard_map``; the transpose of ``ppermute`` sends the dK/dV cotangents
-around the ring the opposite way, and the local step's custom VJP recomputes its weights. Autodiff keeps each
-step's K/V block for the backward pass, so K/V memory per device is O(T) in training (a hand-written ring backward
-that re-circulates K/V would keep it O(T/P)).
+Gradients: the ring has its own backward pass (a custom VJP). It saves only the local q, k, v, the merged output
+and lse; K/V go around the ring again, each device adds its queries' share of dK/dV to the block it holds, and
+the dK/dV accumulators travel with their blocks, arriving home after P hops, so K/V memory stays O(T/P). The
+all-gather strategy (and a ring with a local step given without ``local_bwd``) uses JAX's autodiff: the transpose
+of ``all_gather`` is a reduce-scatter, that of ``ppermute`` a ``ppermute`` the other way round.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 
 from ..inputs import attention_shape, check_block_size, resolve_scale
-from .blockwise import blockwise_attention
+from .blockwise import blockwise_attention, blockwise_backward
 
 try:  # jax >= 0.6
     from jax import shard_map as _shard_map
@@ -169,7 +170,14 @@ def _pairs(q, q_ids, k, v, kv_ids, causal, scale, local):
     return jnp.concatenate(outs, axis=1), jnp.concatenate(lses, axis=2)
 
 
-def _ring(q, k, v, *, axis, devices, layout, causal, scale, local):
+def _ring(q, k, v, *, axis, devices, layout, causal, scale, local, local_bwd=None):
+    if local_bwd is None:  # no backward given for this local step: JAX's autodiff through the ring
+        return _ring_forward(q, k, v, axis, devices, layout, causal, scale, local)[0].astype(q.dtype)
+    return _ring_vjp(q, k, v, axis, devices, layout, causal, scale, local, local_bwd)
+
+
+def _ring_forward(q, k, v, axis, devices, layout, causal, scale, local):
+    """(out, lse) over all P blocks of keys: P steps, each block passed on before this step's compute."""
     me = lax.axis_index(axis)
     perm = [(d, (d + 1) % devices) for d in range(devices)]
     acc, kv = None, (k, v)
@@ -180,7 +188,77 @@ def _ring(q, k, v, *, axis, devices, layout, causal, scale, local):
                       local)  # fmt: skip
         acc = part if acc is None else merge(acc, part)
         kv = nxt
-    return acc[0].astype(q.dtype)
+    return acc
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=tuple(range(3, 10)))
+def _ring_vjp(q, k, v, axis, devices, layout, causal, scale, local, local_bwd):
+    return _ring_forward(q, k, v, axis, devices, layout, causal, scale, local)[0].astype(q.dtype)
+
+
+def _ring_vjp_fwd(q, k, v, axis, devices, layout, causal, scale, local, local_bwd):
+    out, lse = _ring_forward(q, k, v, axis, devices, layout, causal, scale, local)
+    return out.astype(q.dtype), (q, k, v, out, lse)
+
+
+def _ring_vjp_bwd(axis, devices, layout, causal, scale, local, local_bwd, res, d_out):
+    """The ring backward: K/V go around again, and their dK/dV accumulators travel with them, one hop behind.
+
+    Each device adds its queries' contribution to the block it holds (from the merged out and lse, so no
+    partial results are kept); after P steps one more hop brings each dK/dV home. K/V memory stays O(T/P).
+    """
+    q, k, v, out, lse = res
+    me = lax.axis_index(axis)
+    perm = [(d, (d + 1) % devices) for d in range(devices)]
+    acc_t = out.dtype
+    dq = jnp.zeros(q.shape, acc_t)
+    kv, dkv = (k, v), (jnp.zeros(k.shape, acc_t), jnp.zeros(v.shape, acc_t))
+    for step in range(devices):
+        nxt = lax.ppermute(kv, axis, perm) if step < devices - 1 else None
+        src = (me - step) % devices
+        dq_s, dk_s, dv_s = _pairs_bwd(q, device_chunks(me, devices, layout), *kv, device_chunks(src, devices, layout),
+                                      out, lse, d_out, causal, scale, local_bwd)  # fmt: skip
+        dq = dq + dq_s
+        dkv = lax.ppermute((dkv[0] + dk_s, dkv[1] + dv_s), axis, perm)  # on to the block's next holder; last: home
+        kv = nxt
+    return dq.astype(q.dtype), dkv[0].astype(k.dtype), dkv[1].astype(v.dtype)
+
+
+_ring_vjp.defvjp(_ring_vjp_fwd, _ring_vjp_bwd)
+
+
+def _pairs_bwd(q, q_ids, k, v, kv_ids, out, lse, d_out, causal, scale, local_bwd):
+    """(dq, dk, dv) of the local queries against one key block, from the merged out and lse (float32)."""
+    acc_t = out.dtype
+    call = lambda q, k, v, o, l, do, c: tuple(  # noqa: E731
+        x.astype(acc_t) for x in local_bwd(q, k, v, o, l, do, is_causal=c, scale=scale)
+    )
+    if not causal:
+        return call(q, k, v, out, lse, d_out, False)
+    n, m = len(q_ids), len(kv_ids)
+    qs, os_, dos = jnp.split(q, n, axis=1), jnp.split(out, n, axis=1), jnp.split(d_out, n, axis=1)
+    ls = jnp.split(lse, n, axis=2)
+    ks, vs = jnp.split(k, m, axis=1), jnp.split(v, m, axis=1)
+
+    def none(q, k, v, o, l, do):
+        return jnp.zeros(q.shape, acc_t), jnp.zeros(k.shape, acc_t), jnp.zeros(v.shape, acc_t)
+
+    branches = (lambda *a: call(*a, False), lambda *a: call(*a, True), none)
+    dqs, dks, dvs = [], [jnp.zeros(x.shape, acc_t) for x in ks], [jnp.zeros(x.shape, acc_t) for x in vs]
+    for a, i in enumerate(q_ids):
+        dq_a = jnp.zeros(qs[a].shape, acc_t)
+        for b, j in enumerate(kv_ids):
+            which = jnp.where(j < i, 0, jnp.where(j == i, 1, 2))
+            g = lax.switch(which, branches, qs[a], ks[b], vs[b], os_[a], ls[a], dos[a])
+            dq_a, dks[b], dvs[b] = dq_a + g[0], dks[b] + g[1], dvs[b] + g[2]
+        dqs.append(dq_a)
+    return jnp.concatenate(dqs, axis=1), jnp.concatenate(dks, axis=1), jnp.concatenate(dvs, axis=1)
+
+
+def blockwise_local_bwd(q, k, v, out, lse, d_out, *, is_causal: bool, scale: float, block: int = 512):
+    """The default local step's backward: blockwise's, from a (merged) output and log-sum-exp."""
+    return blockwise_backward(q, k, v, out, lse, d_out, is_causal=is_causal, scale=scale, block_q=block,
+                              block_k=block)  # fmt: skip
 
 
 def _allgather(q, k, v, *, axis, devices, layout, causal, scale, local):
@@ -203,13 +281,16 @@ def _allgather(q, k, v, *, axis, devices, layout, causal, scale, local):
 
 def context_parallel_attention(q, k, v, *, mesh: Mesh, axis: str = "seq", strategy: str = "ring",
                                is_causal: bool = False, layout: str = "zigzag", scale: float | None = None,
-                               local=None, block: int = 512, reorder: bool = True) -> jax.Array:  # fmt: skip
+                               local=None, local_bwd=None, block: int = 512, reorder: bool = True) -> jax.Array:  # fmt: skip
     """Attention with the sequence of q, k, v sharded over ``mesh`` axis ``axis``; q (B, T, N, H) -> (B, T, N, H).
 
     ``strategy``: "ring" or "allgather". ``layout``: "zigzag" (balanced under a causal mask) or "contiguous".
     ``reorder``: put the tokens into the layout's order (:func:`layout_permutation`) and the output back; a
     training loop keeps its data in that order instead and passes ``reorder=False`` (no extra data movement).
-    ``local(q, k, v, *, is_causal, scale) -> (out, lse)``: the per-device step (default blockwise, ``block``).
+    ``local(q, k, v, *, is_causal, scale) -> (out, lse)``: the per-device step (default blockwise, ``block``);
+    ``local_bwd(q, k, v, out, lse, d_out, *, is_causal, scale) -> (dq, dk, dv)`` its backward from a merged out
+    and lse, for the ring's own backward pass (default: blockwise's with the default local step; without one,
+    JAX's autodiff runs through the ring).
     """
     B, T, S, N, K, H = attention_shape(q, k, v)
     scale = resolve_scale(scale, H)
@@ -227,11 +308,14 @@ def context_parallel_attention(q, k, v, *, mesh: Mesh, axis: str = "seq", strate
                 f"({devices} devices on axis {axis!r} × {chunks_per_device(layout)} chunk(s) each for the {layout} "
                 f"layout); got q {q.shape}, k {k.shape}. Pad the sequence or change the number of devices."
             )
+    extra = {"local_bwd": local_bwd} if strategy == "ring" else {}
     if local is None:
         chunk = T // (devices * chunks_per_device(layout))
         local = functools.partial(blockwise_local, block=min(check_block_size("block", block), chunk))
+        if strategy == "ring" and local_bwd is None:
+            extra["local_bwd"] = functools.partial(blockwise_local_bwd, block=local.keywords["block"])
     body = functools.partial(_ring if strategy == "ring" else _allgather, axis=axis, devices=devices, layout=layout,
-                             causal=bool(is_causal), scale=scale, local=local)  # fmt: skip
+                             causal=bool(is_causal), scale=scale, local=local, **extra)  # fmt: skip
     spec = PartitionSpec(None, axis, None, None)
     sharded = _shard_map(body, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, **_UNCHECKED)
     if not reorder:

@@ -1,6 +1,8 @@
 """Context parallelism on simulated CPU devices (tests/conftest.py sets 8): values and gradients against the
 float64 reference, load balance, communication model, errors, and the collectives in the compiled program."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,6 +59,33 @@ def test_gradients_match_float64_autodiff(devices, strategy, layout, causal):
     got = jax.jit(lambda q, k, v, d: jax.vjp(f, q, k, v)[1](d))(q, k, v, d_out)
     for g, want in zip(got, _grad_reference(q, k, v, d_out, causal)):
         np.testing.assert_allclose(g, want, atol=5e-5, rtol=5e-5)
+
+
+@needs8
+def test_autodiff_path_for_a_local_step_without_backward():
+    # a local step given without local_bwd: JAX's autodiff through the ring instead of the ring's own backward
+    q, k, v = make_qkv(1, 32, 4, 8, kv_heads=2, seed=7)
+    d_out = jax.random.normal(jax.random.key(1), q.shape, q.dtype)
+    f = lambda q, k, v: cp.context_parallel_attention(  # noqa: E731
+        q, k, v, mesh=cp.sequence_mesh(4), is_causal=True, local=functools.partial(cp.blockwise_local, block=8)
+    )
+    got = jax.jit(lambda q, k, v, d: jax.vjp(f, q, k, v)[1](d))(q, k, v, d_out)
+    for g, want in zip(got, _grad_reference(q, k, v, d_out, True)):
+        np.testing.assert_allclose(g, want, atol=5e-5, rtol=5e-5)
+
+
+def test_local_backward_contributions_add_up():
+    # the ring backward's building block: each key block's share, from the merged out and lse, sums to the whole
+    q, k, v = make_qkv(1, 12, 2, 8, seq_kv=20, seed=4)
+    d_out = jax.random.normal(jax.random.key(2), q.shape, q.dtype)
+    out, lse = cp.blockwise_local(q, k, v, is_causal=False, scale=0.3)
+    parts = [cp.blockwise_local_bwd(q, k[:, s], v[:, s], out, lse, d_out, is_causal=False, scale=0.3, block=4)
+             for s in (slice(0, 7), slice(7, 20))]  # fmt: skip
+    f = lambda q, k, v: naive_attention(q, k, v, scale=0.3)  # noqa: E731
+    dq, dk, dv = jax.vjp(f, q, k, v)[1](d_out)
+    np.testing.assert_allclose(parts[0][0] + parts[1][0], dq, atol=2e-5)
+    np.testing.assert_allclose(np.concatenate([parts[0][1], parts[1][1]], axis=1), dk, atol=2e-5)
+    np.testing.assert_allclose(np.concatenate([parts[0][2], parts[1][2]], axis=1), dv, atol=2e-5)
 
 
 @pytest.mark.parametrize(("causal", "layout"), [(True, "zigzag"), (True, "contiguous"), (False, "zigzag")])
