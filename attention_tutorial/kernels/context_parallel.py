@@ -202,7 +202,7 @@ def _ring_vjp_fwd(q, k, v, axis, devices, layout, causal, scale, local, local_bw
 
 
 def _ring_vjp_bwd(axis, devices, layout, causal, scale, local, local_bwd, res, d_out):
-    """The ring backward: K/V go around again, and their dK/dV accumulators travel with them, one hop behind.
+    """The ring backward: K/V go around again, and their dK/dV accumulators travel with them.
 
     Each device adds its queries' contribution to the block it holds (from the merged out and lse, so no
     partial results are kept); after P steps one more hop brings each dK/dV home. K/V memory stays O(T/P).
