@@ -32,6 +32,7 @@ COMPARE_X = {"seq_long": ("seq_q", ("impl", "causal")), "batch": ("batch", ("imp
 def _parser() -> argparse.ArgumentParser:
     from .measure.grids import GRID_NAMES
     from .registry import IMPLEMENTATIONS
+    from .results.record import EXTRAS
 
     p = argparse.ArgumentParser(prog="python -m attention_tutorial", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -63,7 +64,12 @@ def _parser() -> argparse.ArgumentParser:
         "record", help="on a GPU: run the pages' grids and write attention_tutorial/results/data/<gpu>.json"
     )
     r.add_argument("--grids", nargs="*", default=list(GRID_NAMES), choices=GRID_NAMES)
-    r.add_argument("--extras", nargs="*", default=["fp8", "kernel_code"], choices=["fp8", "kernel_code"])
+    r.add_argument(
+        "--extras",
+        nargs="*",
+        default=["fp8", "kernel_code"],
+        choices=list(EXTRAS),
+    )
     r.add_argument("--out", help="result file (default: attention_tutorial/results/data/<gpu>.json)")
     r.add_argument("--repeats", type=int, default=20)
     r.add_argument("--max-seconds", type=float, default=1.0, help="cap on timed seconds per point")

@@ -35,7 +35,7 @@ extensions = [
     "sphinxext.opengraph",
     "publish",  # docs/_ext: pages as notebooks (download, Colab), a "last executed" stamp on each page
 ]
-exclude_patterns = ["_build", "jupyter_execute", "**.ipynb_checkpoints"]
+exclude_patterns = ["_build", "build", "jupyter_execute", "**.ipynb_checkpoints"]
 
 # --- execution: every page runs at build time; a failing cell fails the build -------------------------------
 # "cache" (ATTENTION_TUTORIAL_NB_MODE=cache) re-executes only changed pages, for local work; CI and GPU builds force.

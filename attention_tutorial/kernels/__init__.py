@@ -12,6 +12,15 @@ The GPU kernels and TE are imported where used, so an optional backend stays opt
 
 from .blockwise import blockwise_attention
 from .fused import cudnn_why_not, dot_product_attention
+from .masks import causal_args, causal_mask
 from .reference import naive_attention, reference_attention
 
-__all__ = ["blockwise_attention", "cudnn_why_not", "dot_product_attention", "naive_attention", "reference_attention"]
+__all__ = [
+    "blockwise_attention",
+    "causal_args",
+    "causal_mask",
+    "cudnn_why_not",
+    "dot_product_attention",
+    "naive_attention",
+    "reference_attention",
+]

@@ -8,6 +8,7 @@ interrupted run keeps what it measured. Records of grids not re-run are kept fro
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from pathlib import Path
@@ -45,11 +46,11 @@ def provenance(env: dict, ceilings: dict, command: str) -> dict:
 
 def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: float = 1.0, progress=True,
            extras=("fp8", "kernel_code"), command: str | None = None) -> Path:  # fmt: skip
-    """Measure ``grid_names`` (and the ``extras`` experiments: "fp8", "kernel_code") on this GPU and write the
+    """Measure ``grid_names`` (and the ``extras`` experiments, see :data:`EXTRAS`) on this GPU and write the
     result file."""
     for extra in extras:
-        if extra not in ("fp8", "kernel_code"):
-            raise ValueError(f"unknown extra experiment {extra!r}; choose from fp8, kernel_code")
+        if extra not in EXTRAS:
+            raise ValueError(f"unknown extra experiment {extra!r}; choose from {', '.join(EXTRAS)}")
     if not grid_names and not extras:
         raise ValueError(
             "nothing to record: no grids and no extras were named. Name grids (--grids seq_long ...; all by default) "
@@ -75,8 +76,8 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
     peak, memory = ceilings["matmul_bf16_tflops"], device_memory()
     steps = [(name, lambda name=name: _sized_sweep(name, memory, peak_tflops=peak, progress=progress,
                                                    repeats=repeats, max_seconds=max_seconds)) for name in grid_names]  # fmt: skip
-    if "fp8" in extras:
-        steps.append(("fp8", lambda: _fp8_records(peak, repeats=repeats, max_seconds=max_seconds)))
+    steps += [(name, functools.partial(EXTRAS[name], peak, repeats=repeats, max_seconds=max_seconds))
+              for name in extras if name != "kernel_code"]  # fmt: skip
     for name, measure in steps:
         t0 = time.perf_counter()
         recs = measure()
@@ -116,6 +117,34 @@ def _fp8_records(peak, **timing):
     from ..measure.fp8 import fp8_records  # imports TE lazily, only when the FP8 experiments run
 
     return fp8_records(peak_tflops=peak, **timing)
+
+
+def _device_time_records(peak, **timing):
+    from ..measure.profile import profile_records  # one call per implementation, traced with jax.profiler
+
+    return profile_records(peak_tflops=peak, **timing)
+
+
+def _context_parallel_records(peak, **timing):
+    from ..measure.context_parallel import cp_records  # the ring on one GPU: its overhead and emulated steps
+
+    return cp_records(peak_tflops=peak, **timing)
+
+
+def _train_records(peak, **timing):
+    from ..train.grid import train_grid  # each implementation trains in its own process (its own peak memory)
+
+    return train_grid(("cudnn", "xla", "blockwise", "mosaic"), peak_tflops=peak)
+
+
+# Experiments beside the grids, by name: each returns records (kernel_code: instruction counts, kept in provenance).
+EXTRAS = {
+    "fp8": _fp8_records,
+    "device_time": _device_time_records,
+    "context_parallel": _context_parallel_records,
+    "train": _train_records,
+    "kernel_code": None,
+}
 
 
 def _kernel_code_records():

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_pallas_flash import assert_grads_close, reference_lse  # float64 NumPy gradients, shared with its tests
+from tests.kernels.test_pallas_flash import assert_grads_close, reference_lse  # float64 NumPy gradients, shared with its tests
 
 from attention_tutorial.inputs import AttentionShape, make_qkv
 from attention_tutorial.kernels.mosaic_flash import (

@@ -86,3 +86,12 @@ def test_a_broken_out_file_is_refused_before_measuring(fake_gpu, tmp_path, monke
     with pytest.raises(results.ResultFileError, match="refusing to record into"):
         rec_mod.record(["decode"], out=out, extras=())
     assert out.read_text() == '{"records": ['
+
+
+def test_every_extra_is_offered_by_the_cli_and_unknown_ones_are_refused():
+    from attention_tutorial import cli
+
+    args = cli._parser().parse_args(["record", "--extras", *rec_mod.EXTRAS])
+    assert tuple(args.extras) == tuple(rec_mod.EXTRAS)
+    with pytest.raises(ValueError, match="choose from fp8, device_time, context_parallel, train, kernel_code"):
+        rec_mod.record(["seq_long"], extras=("nope",))
