@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tests.kernels.test_pallas_flash import assert_grads_close, reference_lse  # float64 NumPy gradients, shared with its tests
 
 from attention_tutorial.inputs import AttentionShape, make_qkv
 from attention_tutorial.kernels.mosaic_flash import (
@@ -20,6 +19,10 @@ from attention_tutorial.kernels.mosaic_flash import (
 )
 from attention_tutorial.kernels.reference import reference_attention
 from attention_tutorial.measure.compiled import kernels_used
+from tests.kernels.test_pallas_flash import (  # float64 NumPy gradients, shared with its tests
+    assert_grads_close,
+    reference_lse,
+)
 
 
 @pytest.mark.parametrize(
