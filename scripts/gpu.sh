@@ -4,6 +4,7 @@
 #   bash scripts/gpu.sh tune KERNEL      tile sizes of our pallas or mosaic kernel against cuDNN
 #   bash scripts/gpu.sh record GRID...   the recorder for these grids (+ extras "fp8", "kernel_code"), merging
 #                                        into /tmp/results
+#   bash scripts/gpu.sh notebook PAGE    one page converted to the reader's .ipynb and executed (carry .whl)
 #   bash scripts/gpu.sh docs             the whole site, built live on the GPU from carried wheels (.whl)
 # Results accumulate in /tmp/results while the machine stays up, and are copied to $OUT after each step.
 set -uo pipefail
@@ -26,6 +27,10 @@ case "$step" in
     [ ${#grids[@]} -eq 0 ] && args=(--grids --extras "${extras[@]}")
     python3 -m attention_tutorial record "${args[@]}" 2>&1 | grep -v "it/s\]\|s/pt\]" | tail -30
     cp "$RES" /tmp/results/ && cp "$RES" "$OUT/" ;;
+  notebook)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/docsite .whl/*.whl
+    export PYTHONPATH=/tmp/docsite${PYTHONPATH:+:$PYTHONPATH}
+    python3 scripts/run_notebook.py "$1" "$OUT" 2>&1 | tail -40 ;;
   docs)
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/docsite .whl/*.whl
     export PYTHONPATH=/tmp/docsite${PYTHONPATH:+:$PYTHONPATH}

@@ -66,10 +66,11 @@ def install_cell(repo_url: str, hopper: list[str]) -> nbformat.NotebookNode:
         "# Install the tutorial's package from its repository (a minute or two). Runs on a CPU runtime too: the\n"
         "# GPU-only cells say what they need and show the recorded H200 results instead of failing.\n"
         + needs
-        + "import shutil, subprocess, sys\n\n"
-        + 'extra = "[cuda12]" if shutil.which("nvidia-smi") else ""  # a GPU runtime: JAX with CUDA 12\n'
-        + f'package = f"attention-tutorial{{extra}} @ git+{repo_url}"\n'
-        + 'subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)'
+        + "import importlib.util, shutil, subprocess, sys\n\n"
+        + 'if importlib.util.find_spec("attention_tutorial") is None:  # already there (a checkout, a rerun): skip\n'
+        + '    extra = "[cuda12]" if shutil.which("nvidia-smi") else ""  # a GPU runtime: JAX with CUDA 12\n'
+        + f'    package = f"attention-tutorial{{extra}} @ git+{repo_url}"\n'
+        + '    subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)'
     )
     return nbformat.v4.new_code_cell(source, metadata={"tags": ["install"]})
 
