@@ -126,3 +126,18 @@ def words_by_x(claims_at: dict) -> str:
     if len(groups) == 1:
         return next(iter(groups))
     return "; ".join(f"{w} at T = {', '.join(map(str, xs))}" for w, xs in groups.items())
+
+
+def versus(records, impl: str, baseline: str = "cudnn", *, min_seq: int = 0, **where) -> dict[int, Claim]:
+    """{T: how ``impl`` compares with ``baseline`` at T} over the ok records matching ``where`` (T >= ``min_seq``);
+    every record of the baseline at the same point (any grid, any recording run) widens its spread."""
+    out = {}
+    for r in records:
+        if r.get("impl") != impl or r.get("status") != "ok" or r["seq_q"] < min_seq:
+            continue
+        if any(r.get(f) != v for f, v in where.items()):
+            continue
+        others = same_point(records, r, impl=baseline)
+        if others:
+            out[r["seq_q"]] = compare([r], others)
+    return dict(sorted(out.items()))
