@@ -9,6 +9,7 @@ interrupted run keeps what it measured. Records of grids not re-run are kept fro
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import time
 from pathlib import Path
@@ -83,7 +84,7 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
         recs = measure()
         seconds = round(time.perf_counter() - t0, 1)
         _tag(recs, name, ceilings)
-        prov["grids"] = {name: _grid_provenance(env, seconds, command, peak)}
+        prov["grids"] = {name: {**_grid_provenance(env, seconds, command, peak), **GRID_DETAILS.get(name, dict)()}}
         store.save(out, prov, recs)
         ok = sum(r["status"] == "ok" for r in recs)
         print(f"{name}: {ok}/{len(recs)} ok in {seconds:.0f} s", flush=True)
@@ -132,6 +133,20 @@ def _context_parallel_records(peak, **timing):
     return cp_records(seq=(4096, 8192), devices=(2, 4), peak_tflops=peak, **timing)
 
 
+def _cp_scaling_records(peak, **timing):
+    from ..measure.cp_scaling import scaling_records  # every GPU of this host: strong/weak scaling, ours and TE's
+
+    # one lease (10 min a command): few samples per point, and points past the budget recorded as not measured
+    budget = float(os.environ.get("ATTENTION_TUTORIAL_CP_BUDGET_S", 420))
+    return scaling_records(peak_tflops=peak, budget_s=budget, **{**timing, "warmup": 1, "min_inner": 1})
+
+
+def _cp_scaling_provenance():
+    from ..measure.cp_scaling import provenance  # the GPU count and how they are connected (nvidia-smi)
+
+    return provenance()
+
+
 def _train_records(peak, **timing):
     from ..train.grid import train_grid  # each implementation trains in its own process (its own peak memory)
 
@@ -143,9 +158,13 @@ EXTRAS = {
     "fp8": _fp8_records,
     "device_time": _device_time_records,
     "context_parallel": _context_parallel_records,
+    "cp_scaling": _cp_scaling_records,
     "train": _train_records,
     "kernel_code": None,
 }
+
+# What an extra adds to its grid's provenance, by name (called after the extra ran).
+GRID_DETAILS = {"cp_scaling": _cp_scaling_provenance}
 
 
 def _kernel_code_records():
