@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Issue 16: context parallelism measured on every GPU of one host (2 or 4 H200s), through the recorder.
+#
+# On the multi-GPU machine (device tool kind nvidia-h200-x2, or nvidia-h200-x4), from the repository root:
+#   bash scripts/cp_multi_gpu.sh
+# which runs, merging into attention_tutorial/results/data/<gpu>.json (copied from/to $OUT as scripts/gpu.sh does):
+#   python -m attention_tutorial record --grids --extras cp_scaling
+# It writes the grid "cp_scaling" (records: experiment "context_parallel"; strong scaling at T = 64k and 128k,
+# weak scaling at T = 16k·P; ring and all-gather, zig-zag and contiguous; fwd and fwd+bwd; causal and not; TE's
+# context parallelism where TE runs), and in provenance.grids.cp_scaling the GPU count and the interconnect
+# (nvidia-smi topo -m, nvidia-smi nvlink -s). Points past the time budget (ATTENTION_TUTORIAL_CP_BUDGET_S, 420 s by
+# default, so the command fits a 10-minute lease call) are recorded as "unsupported" with the reason.
+set -uo pipefail
+export TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+[ -f /tmp/site/te_env.sh ] && . /tmp/site/te_env.sh
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/results attention_tutorial/results/data
+RES=attention_tutorial/results/data/nvidia-h200.json
+[ -f /tmp/results/nvidia-h200.json ] && cp /tmp/results/nvidia-h200.json "$RES"
+nvidia-smi -L 2>&1 | tee "$OUT/cp_gpus.txt"
+python3 -m attention_tutorial record --grids --extras cp_scaling 2>&1 | tail -30
+cp "$RES" /tmp/results/ && cp "$RES" "$OUT/"
