@@ -8,8 +8,12 @@
 # It writes the grid "cp_scaling" (records: experiment "context_parallel"; strong scaling at T = 64k and 128k,
 # weak scaling at T = 16k·P; ring and all-gather, zig-zag and contiguous; fwd and fwd+bwd; causal and not; TE's
 # context parallelism where TE runs), and in provenance.grids.cp_scaling the GPU count and the interconnect
-# (nvidia-smi topo -m, nvidia-smi nvlink -s). Points past the time budget (ATTENTION_TUTORIAL_CP_BUDGET_S, 420 s by
-# default, so the command fits a 10-minute lease call) are recorded as "unsupported" with the reason.
+# (nvidia-smi topo -m, nvidia-smi nvlink -s). Points past the time budget (ATTENTION_TUTORIAL_CP_BUDGET_S, 400 s by
+# default, so the command fits a 10-minute lease call) are recorded as "unsupported" with the reason; points run in
+# the order strong scaling at the first T, weak scaling, strong scaling at the next T. The environment narrows it:
+#   ATTENTION_TUTORIAL_CP_SEQS=65536      T of strong scaling (comma-separated; default 65536,131072)
+#   ATTENTION_TUTORIAL_CP_TE=0            leave TransformerEngine's context parallelism out
+# A later run of the extra replaces the whole cp_scaling grid in the result file (the recorder's rule).
 set -uo pipefail
 export TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 [ -f /tmp/site/te_env.sh ] && . /tmp/site/te_env.sh

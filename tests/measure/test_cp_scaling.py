@@ -137,3 +137,15 @@ def test_recorder_offers_the_extra():
     assert "cp_scaling" in EXTRAS and "cp_scaling" in GRID_DETAILS
     args = _parser().parse_args(["record", "--grids", "--extras", "cp_scaling"])
     assert args.grids == [] and args.extras == ["cp_scaling"]
+
+
+def test_recorder_extra_reads_its_environment(monkeypatch):
+    from attention_tutorial.results.record import EXTRAS
+
+    monkeypatch.setenv("ATTENTION_TUTORIAL_CP_SEQS", "4096")
+    monkeypatch.setenv("ATTENTION_TUTORIAL_CP_BUDGET_S", "0")  # nothing is measured: only the plan is recorded
+    monkeypatch.setenv("ATTENTION_TUTORIAL_CP_TE", "0")
+    recs = EXTRAS["cp_scaling"](None, repeats=20, max_seconds=1.0)
+    strong = {r["seq_q"] for r in recs if r["scaling"] == "strong"}
+    assert strong == {4096} and all(r["family"] == "ours" and "budget of 0 s" in r["reason"] for r in recs)
+    assert {r["devices"] for r in recs} == {1, 2, 4, 8} and {r["heads"] for r in recs} == {32}
