@@ -122,6 +122,8 @@ def check_outputs(save, plot, *, force=False, provenance=None) -> list[str]:
         folder = path.parent.resolve()
         if path.is_dir():
             problems.append(f"{flag} {path} is a folder; name a file")
+        elif path.exists() and not path.is_file():
+            problems.append(f"{flag} {path} is not a regular file (a device or a pipe); name a file")
         elif not folder.is_dir():
             problems.append(f"{flag} {path}: the folder {folder} does not exist")
         elif not os.access(folder, os.W_OK):
@@ -165,6 +167,10 @@ def _bench(args) -> int:
     command = "python -m attention_tutorial " + " ".join(args.argv)
     prov = provenance(env, {}, command)
     problems = check_outputs(args.save, args.plot, force=args.force, provenance=prov)
+    sizes = {"--batch": args.batch, "--seq": args.seq, "--seq-kv": [args.seq_kv] if args.seq_kv is not None else [],
+             "--heads": args.heads, "--kv-heads": [args.kv_heads] if args.kv_heads is not None else [],
+             "--head-dim": args.head_dim}  # fmt: skip
+    problems += [f"{flag} {n}: sizes must be positive integers" for flag, vs in sizes.items() for n in vs if n < 1]
     if problems:
         print("error: " + "\nerror: ".join(problems), file=sys.stderr)
         return 2
@@ -259,6 +265,10 @@ def _compare(args) -> int:
     saved = out / f"{here}.json"
     prov = provenance(env, {}, "python -m attention_tutorial " + " ".join(args.argv))
     problems = check_outputs(str(saved), None, provenance=prov) if out.is_dir() else []
+    problems = [
+        p.replace("--save ", "--out holds ").replace(", or pass --force to replace it", " (another --out)")
+        for p in problems
+    ]  # compare has no --force: a file it did not write is never replaced
     if problems:
         print("error: " + "\n".join(problems), file=sys.stderr)
         return 2

@@ -88,6 +88,13 @@ def make_qkv(
     return q, k, v
 
 
+def check_flag(name: str, value) -> bool:
+    """``value`` as a bool; a string, number or array is refused (``bool("no")`` is True: a silent causal mask)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ValueError(f"{name} must be True or False; got {value!r} ({type(value).__name__}).")
+
+
 def resolve_scale(scale, head_dim: int) -> float:
     """The softmax scale as a Python float: ``None`` -> 1/sqrt(head_dim); anything not a finite real -> ``ValueError``.
 

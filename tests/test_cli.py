@@ -127,3 +127,12 @@ def test_compare_runs_a_tiny_grid_here_and_plots_it_beside_the_recorded_h200(tmp
 def test_record_with_nothing_to_do_says_so(capsys):
     assert main(["record", "--grids", "--extras"]) == 2
     assert "nothing to record" in capsys.readouterr().err
+
+
+def test_bench_refuses_a_device_file_and_bad_sizes_before_measuring(tmp_path, capsys):
+    assert main(["bench", "--impl", "xla", "--seq", "64", "-B", "1", "-N", "2", "-H", "16", "--save", "/dev/null"]) == 2
+    assert "not a regular file" in capsys.readouterr().err
+    out = tmp_path / "r.json"
+    assert main(["bench", "--impl", "xla", "--seq", "0", "-B", "1", "-N", "2", "-H", "16", "--save", str(out)]) == 2
+    assert "--seq 0: sizes must be positive integers" in capsys.readouterr().err
+    assert not out.exists()

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..inputs import attention_shape, check_block_size, resolve_scale
+from ..inputs import attention_shape, check_block_size, check_flag, resolve_scale
 
 F32 = jnp.float32
 F32_MAX = float(np.finfo(np.float32).max)
@@ -52,7 +52,7 @@ def blockwise_attention(q, k, v, *, is_causal: bool = False, scale: float | None
     scale = resolve_scale(scale, H)
     bq = min(check_block_size("block_q", block_q), T)
     bk = min(check_block_size("block_k", block_k), S)
-    out, lse = _flash(q, k, v, bool(is_causal), scale, bq, bk)
+    out, lse = _flash(q, k, v, check_flag("is_causal", is_causal), scale, bq, bk)
     return (out, lse) if return_lse else out
 
 
@@ -181,7 +181,9 @@ def blockwise_backward(q, k, v, out, lse, d_out, *, is_causal: bool = False, sca
     bq = min(check_block_size("block_q", block_q), T)
     bk = min(check_block_size("block_k", block_k), S)
     res = (q, k, v, out, _lse_blocks(jnp.asarray(lse, _acc_type(q.dtype)), K, bq))
-    return _backward(bool(is_causal), scale, bq, bk, res, (d_out, jnp.zeros(lse.shape, _acc_type(q.dtype))))
+    return _backward(
+        check_flag("is_causal", is_causal), scale, bq, bk, res, (d_out, jnp.zeros(lse.shape, _acc_type(q.dtype)))
+    )
 
 
 def _backward(causal, scale, bq, bk, residuals, cotangents):

@@ -43,7 +43,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 
-from ..inputs import attention_shape, check_block_size, resolve_scale
+from ..inputs import attention_shape, check_block_size, check_flag, resolve_scale
 from .blockwise import blockwise_attention, blockwise_backward
 
 try:  # jax >= 0.6
@@ -296,6 +296,10 @@ def context_parallel_attention(q, k, v, *, mesh: Mesh, axis: str = "seq", strate
     scale = resolve_scale(scale, H)
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}; got {strategy!r}.")
+    if not isinstance(mesh, Mesh):
+        raise ValueError(
+            f"mesh must be a jax.sharding.Mesh; got {type(mesh).__name__}. Make one with sequence_mesh(P)."
+        )
     if axis not in mesh.axis_names:
         raise ValueError(f"mesh has no axis {axis!r}; its axes are {mesh.axis_names}. Pass axis=<one of them>.")
     if is_causal and T != S:
@@ -315,7 +319,7 @@ def context_parallel_attention(q, k, v, *, mesh: Mesh, axis: str = "seq", strate
         if strategy == "ring" and local_bwd is None:
             extra["local_bwd"] = functools.partial(blockwise_local_bwd, block=local.keywords["block"])
     body = functools.partial(_ring if strategy == "ring" else _allgather, axis=axis, devices=devices, layout=layout,
-                             causal=bool(is_causal), scale=scale, local=local, **extra)  # fmt: skip
+                             causal=check_flag("is_causal", is_causal), scale=scale, local=local, **extra)  # fmt: skip
     spec = PartitionSpec(None, axis, None, None)
     sharded = _shard_map(body, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, **_UNCHECKED)
     if not reorder:
@@ -344,7 +348,7 @@ def emulate_ring(q, k, v, *, devices: int, is_causal: bool = False, layout: str 
         for step in range(devices):
             src = (d - step) % devices
             part = _pairs(qs[d], device_chunks(d, devices, layout), ks[src], vs[src],
-                          device_chunks(src, devices, layout), bool(is_causal), scale, local)  # fmt: skip
+                          device_chunks(src, devices, layout), check_flag("is_causal", is_causal), scale, local)  # fmt: skip
             acc = part if acc is None else merge(acc, part)
         outs.append(acc[0])
     return jnp.concatenate(outs, axis=1)[:, np.argsort(pq)].astype(q.dtype)

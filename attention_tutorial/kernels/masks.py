@@ -162,6 +162,11 @@ def _mask_or_bias(name, x, full):
             f"bias must hold real numbers; got dtype {dt}. A boolean belongs in mask=; else cast to float."
         )
     legend = f"(B|1, N|1, T|1, S|1) = ({full[0]}|1, {full[1]}|1, {full[2]}|1, {full[3]}|1)"
+    if x.ndim == 3 and x.shape[0] not in (1, full[0], full[1]):
+        raise ValueError(
+            f"{name} {x.shape}: its first axis {x.shape[0]} matches neither B={full[0]} nor N={full[1]}; give a "
+            f"rank-4 {name} {legend}."
+        )
     if x.ndim == 3:
         raise ValueError(
             f"a rank-3 {name} {x.shape} is ambiguous ((B, T, S) or (N, T, S)?). Write {name}[:, None] for one per "

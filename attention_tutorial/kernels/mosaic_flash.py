@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..inputs import AttentionShape, attention_shape, check_block_size, resolve_scale
+from ..inputs import AttentionShape, attention_shape, check_block_size, check_flag, resolve_scale
 
 LOG2E = math.log2(math.e)
 
@@ -454,7 +454,7 @@ def mosaic_flash_attention(
     problem = _problem_why_not(AttentionShape(B, T, S, N, K, H), q.dtype, cfg)
     if problem:
         raise ValueError(f"mosaic_flash_attention: {problem}")
-    plan = _Plan(bool(is_causal), resolve_scale(scale, H), cfg)
+    plan = _Plan(check_flag("is_causal", is_causal), resolve_scale(scale, H), cfg)
     out, lse2 = _mosaic(q, k, v, plan)
     return (out, lse2 * (1.0 / LOG2E)) if return_lse else out
 

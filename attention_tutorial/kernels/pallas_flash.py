@@ -31,8 +31,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ..inputs import AttentionShape, attention_shape, check_block_size, resolve_scale
+from ..inputs import AttentionShape, attention_shape, check_block_size, check_flag, resolve_scale
 
+F32_MAX = float(jnp.finfo(jnp.float32).max)  # scores are clamped to it, as naive attention does
 LOG2E = math.log2(math.e)
 
 
@@ -61,7 +62,9 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, causal, block_q, block_k, se
         m, l, acc = carry
         k = k_ref[pl.ds(j * block_k, block_k), :]  # (block_k, H)
         v = v_ref[pl.ds(j * block_k, block_k), :]
-        s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * c  # (block_q, block_k)
+        s = jnp.clip(
+            jnp.dot(q, k.T, preferred_element_type=jnp.float32) * c, -F32_MAX, F32_MAX
+        )  # (block_q, block_k); a huge scale: no inf - inf
         if masked:  # only the diagonal blocks build a mask
             rows = i * block_q + lax.broadcasted_iota(jnp.int32, s.shape, 0)
             cols = j * block_k + lax.broadcasted_iota(jnp.int32, s.shape, 1)
@@ -99,7 +102,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
         rows = pl.ds(i * block_q, block_q)
         q, do = q_ref[rows, :], do_ref[rows, :]  # (block_q, H)
         lse, delta = lse_ref[rows], delta_ref[rows]  # (block_q,)
-        s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * (scale * LOG2E)  # (block_q, block_k)
+        s = jnp.clip(jnp.dot(q, k.T, preferred_element_type=jnp.float32) * (scale * LOG2E), -F32_MAX, F32_MAX)
         p = jnp.exp2(s - lse[:, None])  # the forward's weights, recomputed from its log-sum-exp
         if masked:
             r = i * block_q + lax.broadcasted_iota(jnp.int32, s.shape, 0)
@@ -134,7 +137,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, causa
     def step(j, dq, masked):
         cols = pl.ds(j * block_k, block_k)
         k, v = k_ref[cols, :], v_ref[cols, :]
-        s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * (scale * LOG2E)
+        s = jnp.clip(jnp.dot(q, k.T, preferred_element_type=jnp.float32) * (scale * LOG2E), -F32_MAX, F32_MAX)
         p = jnp.exp2(s - lse[:, None])
         if masked:
             r = i * block_q + lax.broadcasted_iota(jnp.int32, s.shape, 0)
@@ -203,7 +206,7 @@ def flash_attention(q, k, v, *, is_causal: bool = False, scale: float | None = N
             f"blocks that divide them (q {tuple(q.shape)}, k {tuple(k.shape)})."
         )
     plan = _Plan(
-        causal=bool(is_causal),
+        causal=check_flag("is_causal", is_causal),
         scale=resolve_scale(scale, H),
         block_q=bq,
         block_k=bk,

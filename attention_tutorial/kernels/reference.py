@@ -155,5 +155,6 @@ def reference_attention(
                 e = np.where(ok[b, n], np.exp(s - np.where(np.isfinite(m), m, 0.0)), 0.0)
             den = e.sum(axis=-1, keepdims=True)
             p = np.divide(e, den, out=np.zeros_like(e), where=den > 0)
+            p = np.where(np.isnan(den), np.nan, p)  # a NaN in q, k or the bias stays NaN (not a row of zeros)
             out[b, :, n] = p @ v[b, :, kv_head]
     return out

@@ -176,3 +176,10 @@ def test_every_causal_row_sees_key_zero():
     out, lse = blockwise_attention(q, k, v, is_causal=True, block_q=4, block_k=4, return_lse=True)
     np.testing.assert_allclose(out, np.broadcast_to(np.asarray(v), out.shape), atol=1e-6)  # one key: weight 1
     np.testing.assert_allclose(lse, _lse_reference(q, k, True), atol=1e-5)
+
+
+@pytest.mark.parametrize("flag", ["no", "False", 0, None])
+def test_is_causal_must_be_a_bool_not_a_truthy_value(flag):
+    q, k, v = make_qkv(1, 16, 2, 8, seed=0)
+    with pytest.raises(ValueError, match="is_causal must be True or False"):
+        blockwise_attention(q, k, v, is_causal=flag)

@@ -187,3 +187,11 @@ def test_causal_needs_equal_lengths():
 def test_too_many_devices_says_how_to_simulate():
     with pytest.raises(ValueError, match="xla_force_host_platform_device_count"):
         cp.sequence_mesh(len(jax.devices()) + 1)
+
+
+def test_bad_mesh_and_truthy_is_causal_are_refused():
+    q, k, v = make_qkv(1, 32, 2, 8, seed=0)
+    with pytest.raises(ValueError, match="sequence_mesh"):
+        cp.context_parallel_attention(q, k, v, mesh=None)
+    with pytest.raises(ValueError, match="is_causal must be True or False"):
+        cp.context_parallel_attention(q, k, v, mesh=cp.sequence_mesh(2), is_causal="no", block=8)

@@ -250,3 +250,9 @@ def test_mask_args_are_accepted_by_the_checks():
     for kind in MASK_KINDS:
         for causal in (False, True):
             check_mask_args(shape, is_causal=causal, **mask_args(kind, shape, jnp.float32, causal=causal, window=4))
+
+
+def test_a_rank3_bias_matching_neither_batch_nor_heads_says_so():
+    q, k, v = make_qkv(2, 16, 4, 8, kv_heads=2, seed=0)
+    with pytest.raises(ValueError, match="matches neither B=2 nor N=4"):
+        naive_attention(q, k, v, bias=np.zeros((3, 16, 16), np.float32))

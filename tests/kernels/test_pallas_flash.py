@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from attention_tutorial.inputs import AttentionShape, make_qkv
 from attention_tutorial.kernels.pallas_flash import _block_why_not, flash_attention, jax_bundled_mha
-from attention_tutorial.kernels.reference import reference_attention
+from attention_tutorial.kernels.reference import naive_attention, reference_attention
 from attention_tutorial.measure.compiled import kernels_used
 
 
@@ -197,3 +197,18 @@ def test_jax_bundled_kernel_matches_reference():
     q, k, v = make_qkv(2, 512, 4, 64, kv_heads=2, dtype=jnp.bfloat16)
     out = np.asarray(jax_bundled_mha(q, k, v, is_causal=True), np.float32)
     np.testing.assert_allclose(out, reference_attention(q, k, v, is_causal=True), atol=1e-2, rtol=1e-2)
+
+
+def test_a_huge_scale_gives_no_nan_in_the_interpreted_kernel():
+    q, k, v = make_qkv(1, 32, 2, 16, seed=3)
+    out = flash_attention(q, k, v, scale=1e30, block_q=16, block_k=16, interpret=True)
+    ref = naive_attention(q, k, v, scale=1e30)  # clamps the scores the same way: the hard maximum per row
+    assert np.isfinite(np.asarray(out)).all()
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5)
+
+
+@pytest.mark.parametrize("flag", ["no", "False", 0, 1, None])
+def test_is_causal_must_be_a_bool(flag):
+    q, k, v = make_qkv(1, 32, 2, 16, seed=3)
+    with pytest.raises(ValueError, match="is_causal must be True or False"):
+        flash_attention(q, k, v, is_causal=flag, interpret=True)

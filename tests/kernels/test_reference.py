@@ -175,3 +175,10 @@ def test_naive_gradients_match_xla_and_stay_finite_with_empty_rows():
     ref = jax.vjp(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True), q, k, v)[1](d_out)
     for a, b in zip(top, ref):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-5)
+
+
+def test_the_float64_reference_propagates_nan_instead_of_writing_a_zero_row():
+    q, k, v = make_qkv(1, 8, 2, 4, seed=0)
+    out = reference_attention(np.asarray(q).copy() * np.where(np.arange(8)[None, :, None, None] == 3, np.nan, 1), k, v)
+    assert np.isnan(out[0, 3]).all()  # the poisoned query row
+    assert np.isfinite(np.delete(out, 3, axis=1)).all()  # the others are untouched
