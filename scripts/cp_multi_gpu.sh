@@ -2,7 +2,10 @@
 # Issue 16: context parallelism measured on every GPU of one host (2 or 4 H200s), through the recorder.
 #
 # On the multi-GPU machine (device tool kind nvidia-h200-x2, or nvidia-h200-x4), from the repository root:
-#   bash scripts/cp_multi_gpu.sh
+#   bash scripts/cp_multi_gpu.sh            the measurement (below)
+#   bash scripts/cp_multi_gpu.sh tests      first, optionally: the multi-GPU checks of tests/measure/test_cp_scaling.py
+#                                           (NCCL work found in the trace; TE's context parallelism against the
+#                                           float64 reference), about a minute
 # which runs, merging into attention_tutorial/results/data/<gpu>.json (copied from/to $OUT as scripts/gpu.sh does):
 #   python -m attention_tutorial record --grids --extras cp_scaling
 # It writes the grid "cp_scaling" (records: experiment "context_parallel"; strong scaling at T = 64k and 128k,
@@ -20,6 +23,10 @@ export TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/results attention_tutorial/results/data
 RES=attention_tutorial/results/data/nvidia-h200.json
 [ -f /tmp/results/nvidia-h200.json ] && cp /tmp/results/nvidia-h200.json "$RES"
+if [ "${1:-}" = tests ]; then
+  python3 -m pytest -q -m "gpu or te" -p no:cacheprovider tests/measure/test_cp_scaling.py 2>&1 | tail -25
+  exit
+fi
 nvidia-smi -L 2>&1 | tee "$OUT/cp_gpus.txt"
 python3 -m attention_tutorial record --grids --extras cp_scaling 2>&1 | tail -30
 cp "$RES" /tmp/results/ && cp "$RES" "$OUT/"
