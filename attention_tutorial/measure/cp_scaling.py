@@ -54,7 +54,7 @@ COMM_MARKERS = ("nccl", "ptop", "peer")  # device events that are transfers: NCC
 
 def device_counts(devices=None) -> tuple[int, ...]:
     """The P to measure, 1 first: all powers of two up to this process's device count (and the count itself) for
-    ``None``; 1..``devices`` in powers of two for an int; the given ones (plus 1) for a sequence."""
+    ``None``; 1 to ``devices`` in powers of two for an int; the given ones (plus 1) for a sequence."""
     avail = jax.device_count()
     if devices is None or isinstance(devices, int):
         top = avail if devices is None else devices

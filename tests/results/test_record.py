@@ -93,5 +93,7 @@ def test_every_extra_is_offered_by_the_cli_and_unknown_ones_are_refused():
 
     args = cli._parser().parse_args(["record", "--extras", *rec_mod.EXTRAS])
     assert tuple(args.extras) == tuple(rec_mod.EXTRAS)
-    with pytest.raises(ValueError, match="choose from fp8, device_time, context_parallel, cp_scaling, train, kernel_code"):
+    with pytest.raises(
+        ValueError, match="choose from fp8, device_time, context_parallel, cp_scaling, train, kernel_code"
+    ):
         rec_mod.record(["seq_long"], extras=("nope",))
