@@ -136,33 +136,13 @@ def test_mask_throughput_on_kept_positions_stays_below_the_peak():
 
 
 def test_versus_cudnn_on_the_recorded_backward_race_words_follow_the_spreads():
-    from attention_tutorial.results import store
-
-    data = store.recorded()
-    recs = [r for r in data["records"] if r.get("grid") == "backward"]
+    recs = store.select(store.recorded()["records"], grid="backward")
     by_t = claims.versus(recs, "mosaic", min_seq=4096, head_dim=128, dtype="bfloat16", heads=16, causal=False)
     assert by_t, "the recorded backward race has our Mosaic kernel at H=128"
     for t, c in by_t.items():
-        mine = next(
-            r
-            for r in recs
-            if r["impl"] == "mosaic"
-            and r["seq_q"] == t
-            and r["head_dim"] == 128
-            and r["dtype"] == "bfloat16"
-            and r["heads"] == 16
-            and not r["causal"]
-        )
-        cu = [
-            r
-            for r in recs
-            if r["impl"] == "cudnn"
-            and r["seq_q"] == t
-            and r["head_dim"] == 128
-            and r["dtype"] == "bfloat16"
-            and r["heads"] == 16
-            and not r["causal"]
-        ]
+        point = {"seq_q": t, "head_dim": 128, "dtype": "bfloat16", "heads": 16, "causal": False}
+        (mine,) = store.select(recs, impl="mosaic", **point)
+        cu = store.select(recs, impl="cudnn", **point)
         assert abs(c.value - cu[0]["median_ms"] / mine["median_ms"]) < 1e-9  # ratio of the measured medians
         overlap = mine["p10_ms"] <= max(r["p90_ms"] for r in cu) and min(r["p10_ms"] for r in cu) <= mine["p90_ms"]
         assert (c.word == "on par") == overlap
