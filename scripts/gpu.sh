@@ -2,8 +2,8 @@
 # What the project runs on the lent GPU machine (no network; see scripts/te-device.md and README).
 #   bash scripts/gpu.sh tests            GPU-marked tests (and TE ones, when TE is installed)
 #   bash scripts/gpu.sh tune KERNEL      tile sizes of our pallas or mosaic kernel against cuDNN
-#   bash scripts/gpu.sh record GRID...   the recorder for these grids (+ extras "fp8", "kernel_code"), merging
-#                                        into /tmp/results
+#   bash scripts/gpu.sh record NAME...   the recorder for these grids and extras (record.EXTRAS: fp8, train, …),
+#                                        merging into /tmp/results
 #   bash scripts/gpu.sh notebook PAGE    one page converted to the reader's .ipynb and executed (carry .whl)
 #   bash scripts/gpu.sh docs             the whole site, built live on the GPU from carried wheels (.whl)
 # Results accumulate in /tmp/results while the machine stays up, and are copied to $OUT after each step.
@@ -20,8 +20,9 @@ case "$step" in
   tune)
     python3 scripts/tune.py "$1" "$OUT/$1_tuning.json" 2>&1 | tail -40 ;;
   record)
+    known=" $(python3 -c 'from attention_tutorial.results.record import EXTRAS; print(*EXTRAS)') "
     extras=(); grids=()
-    for g in "$@"; do case "$g" in fp8|kernel_code) extras+=("$g") ;; *) grids+=("$g") ;; esac; done
+    for g in "$@"; do if [[ "$known" == *" $g "* ]]; then extras+=("$g"); else grids+=("$g"); fi; done
     args=(--grids "${grids[@]}")
     if [ ${#extras[@]} -gt 0 ]; then args+=(--extras "${extras[@]}"); else args+=(--extras); fi
     [ ${#grids[@]} -eq 0 ] && args=(--grids --extras "${extras[@]}")
@@ -32,12 +33,15 @@ case "$step" in
     export PYTHONPATH=/tmp/docsite${PYTHONPATH:+:$PYTHONPATH}
     python3 scripts/run_notebook.py "$1" "$OUT" 2>&1 | tail -40 ;;
   docs)
+    # cache mode: a page executed on this machine is kept (docs/_build/.jupyter_cache), so a build cut off by the
+    # time limit (DOCS_TIMEOUT seconds) goes on where it stopped when the same warm machine runs this step again
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/docsite .whl/*.whl
-    export PYTHONPATH=/tmp/docsite${PYTHONPATH:+:$PYTHONPATH}
+    export PYTHONPATH=/tmp/docsite${PYTHONPATH:+:$PYTHONPATH} ATTENTION_TUTORIAL_NB_MODE=${ATTENTION_TUTORIAL_NB_MODE:-cache}
     start=$(date +%s)
-    python3 -m nox -s docs --no-venv --no-install > "$OUT/docs-build.log" 2>&1; rc=$?
+    timeout "${DOCS_TIMEOUT:-560}" python3 -m nox -s docs --no-venv --no-install >> "$OUT/docs-build.log" 2>&1; rc=$?
     echo "docs build rc=$rc in $(( $(date +%s) - start )) s" | tee -a "$OUT/docs-build.log"
+    grep -h "Executed notebook\|Executing notebook" "$OUT/docs-build.log" | sed 's|.*/docs/||' | sort -u | tail -20
     tail -15 "$OUT/docs-build.log"
-    tar czf "$OUT/site-gpu.tgz" -C docs/_build html ;;
+    [ -d docs/_build/html ] && tar czf "$OUT/site-gpu.tgz" -C docs/_build html ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

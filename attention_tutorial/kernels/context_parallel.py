@@ -57,6 +57,7 @@ except ImportError:  # pragma: no cover - older jax
 
 STRATEGIES = ("ring", "allgather")
 LAYOUTS = ("contiguous", "zigzag")
+LOCAL_STEPS = ("blockwise", "mosaic")  # see local_steps
 F32 = jnp.float32
 
 
@@ -259,6 +260,30 @@ def blockwise_local_bwd(q, k, v, out, lse, d_out, *, is_causal: bool, scale: flo
     """The default local step's backward: blockwise's, from a (merged) output and log-sum-exp."""
     return blockwise_backward(q, k, v, out, lse, d_out, is_causal=is_causal, scale=scale, block_q=block,
                               block_k=block)  # fmt: skip
+
+
+def mosaic_local(q, k, v, *, is_causal: bool, scale: float):
+    """Our Mosaic GPU kernel as the local step (Hopper; bf16/f16, H 64 or 128): (out, lse)."""
+    from .mosaic_flash import mosaic_flash_attention
+
+    return mosaic_flash_attention(q, k, v, is_causal=is_causal, scale=scale, return_lse=True)
+
+
+def mosaic_local_bwd(q, k, v, out, lse, d_out, *, is_causal: bool, scale: float):
+    """Its backward from a (merged) output and log-sum-exp: our Mosaic GPU backward kernels."""
+    from .mosaic_flash import mosaic_flash_backward
+
+    return mosaic_flash_backward(q, k, v, out, lse, d_out, is_causal=is_causal, scale=scale)
+
+
+def local_steps(name: str, *, block: int = 512) -> tuple:
+    """(local, local_bwd) by name: "blockwise" (any device; ``block`` its tile) or "mosaic" (our Hopper kernel)."""
+    if name == "blockwise":
+        b = check_block_size("block", block)
+        return functools.partial(blockwise_local, block=b), functools.partial(blockwise_local_bwd, block=b)
+    if name == "mosaic":
+        return mosaic_local, mosaic_local_bwd
+    raise ValueError(f"local step must be one of {LOCAL_STEPS}; got {name!r}.")
 
 
 def _allgather(q, k, v, *, axis, devices, layout, causal, scale, local):

@@ -459,6 +459,27 @@ def mosaic_flash_attention(
     return (out, lse2 * (1.0 / LOG2E)) if return_lse else out
 
 
+def mosaic_flash_backward(q, k, v, out, lse, d_out, *, is_causal: bool = False, scale: float | None = None,
+                          config: MosaicConfig | None = None):  # fmt: skip
+    """(dq, dk, dv) from a given output and natural log-sum-exp (B, N, T): the backward kernels on their own.
+
+    What a context-parallel ring needs: its merged ``out`` and ``lse`` over all keys, and this kernel's share of
+    the gradient for one block of keys (P rebuilt from the merged lse is the block's slice of the full softmax).
+    """
+    cfg = config or MosaicConfig()
+    B, T, S, N, K, H = attention_shape(q, k, v)
+    problem = _problem_why_not(AttentionShape(B, T, S, N, K, H), q.dtype, cfg)
+    if problem:
+        raise ValueError(f"mosaic_flash_backward: {problem}")
+    if out.shape != q.shape or d_out.shape != q.shape or lse.shape != (B, N, T):
+        raise ValueError(f"out and d_out must have q's shape {q.shape} and lse (B, N, T) = {(B, N, T)}; got out "
+                         f"{out.shape}, d_out {d_out.shape}, lse {lse.shape}.")  # fmt: skip
+    plan = _Plan(check_flag("is_causal", is_causal), resolve_scale(scale, H), cfg)
+    delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), d_out.astype(jnp.float32))
+    lse2 = lse.astype(jnp.float32) * LOG2E
+    return _backward(q, k, v, d_out.astype(q.dtype), lse2, delta, plan)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Plan:
     causal: bool

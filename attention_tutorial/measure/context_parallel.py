@@ -29,28 +29,40 @@ EXPERIMENT = "context_parallel"
 
 def cp_records(*, seq=(4096, 16384), batch: int = 1, heads: int = 16, kv_heads: int = 4, head_dim: int = 128,
                dtype: str = "bfloat16", causal=(False, True), devices=(2, 4, 8), layout: str = "zigzag",
-               passes=("fwd",), block: int = 512, local=None, peak_tflops: float | None = None,
+               passes=("fwd",), block: int = 512, local: str = "blockwise", peak_tflops: float | None = None,
                **timing) -> list[dict]:  # fmt: skip
     """Records for the local kernel, the ring on a one-device mesh, and ``devices`` emulated ring steps.
 
-    ``local(q, k, v, *, is_causal, scale) -> (out, lse)`` is the local step (default: blockwise with ``block``).
+    ``local`` names the local step (:func:`~attention_tutorial.kernels.context_parallel.local_steps`: "blockwise"
+    with tiles of ``block``, or "mosaic", our Hopper kernel); each record says which in its ``local`` field.
     ``timing`` goes to :func:`~attention_tutorial.measure.timing.time_fn` (repeats, max_seconds, ...).
     """
+    cp.local_steps(local)  # an unknown name fails here, before anything is measured
     records = []
     mesh = cp.sequence_mesh(1)
     for t, c, pass_ in ((t, c, p) for t in seq for c in causal for p in passes):
         base = functools.partial(Point, batch=batch, seq_q=t, seq_kv=t, heads=heads, kv_heads=kv_heads,
                                  head_dim=head_dim, dtype=dtype, causal=c, pass_=pass_)  # fmt: skip
-        step = local or functools.partial(cp.blockwise_local, block=min(block, t))
+        step = cp.local_steps(local, block=min(block, t))[0]
+        s1, sb1 = cp.local_steps(local, block=min(block, t // cp.chunks_per_device(layout)))  # one device's chunks
         fns = {"cp_local": (1, lambda q, k, v, c=c, step=step: step(q, k, v, is_causal=c, scale=head_dim**-0.5)[0]),
-               "cp_ring_1dev": (1, lambda q, k, v, c=c: cp.context_parallel_attention(
-                   q, k, v, mesh=mesh, is_causal=c, layout=layout, local=local, block=block))}  # fmt: skip
-        for p in devices:
-            fns[f"cp_emulated_P{p}"] = (p, lambda q, k, v, c=c, p=p: cp.emulate_ring(
-                q, k, v, devices=p, is_causal=c, layout=layout, local=local, block=block))  # fmt: skip
+               "cp_ring_1dev": (1, lambda q, k, v, c=c, s=s1, sb=sb1: cp.context_parallel_attention(
+                   q, k, v, mesh=mesh, is_causal=c, layout=layout, local=s, local_bwd=sb))}  # fmt: skip
+        for p in devices:  # the emulated ring's chunks are T / (P · chunks per device): the local step's tile fits
+            sp = cp.local_steps(local, block=min(block, t // (p * cp.chunks_per_device(layout))))[0]
+            fns[f"cp_emulated_P{p}"] = (p, lambda q, k, v, c=c, p=p, sp=sp: cp.emulate_ring(
+                q, k, v, devices=p, is_causal=c, layout=layout, local=sp))  # fmt: skip
         for impl, (p, fn) in fns.items():
-            records.append(_measure(base(impl=impl), fn, p, peak_tflops, timing))
+            records.append({**_measure(base(impl=impl), fn, p, peak_tflops, timing), "local": local})
     return records
+
+
+def best_local(shape, dtype, causal: bool = True) -> str:
+    """The local step to time here: our Mosaic GPU kernel where it runs (Hopper; bf16/f16; H 64 or 128; it
+    returns the log-sum-exp the merges need), else blockwise JAX."""
+    from ..kernels.mosaic_flash import why_not
+
+    return "mosaic" if why_not(shape, dtype, causal) is None else "blockwise"
 
 
 def _measure(point: Point, fn, devices: int, peak_tflops, timing) -> dict:
@@ -81,14 +93,15 @@ def _measure(point: Point, fn, devices: int, peak_tflops, timing) -> dict:
 
 
 def overhead_table(records) -> list[dict]:
-    """Per (seq, causal, pass): each impl's median time relative to ``cp_local`` (1.0 = no overhead)."""
+    """Per (seq, causal, pass, local step): each impl's median time relative to ``cp_local`` (1.0 = no overhead)."""
     ok = [r for r in records if r.get("experiment") == EXPERIMENT and r["status"] == "ok"]
+    key = lambda r: (r["seq_q"], r["causal"], r["pass"], r.get("local", "blockwise"))  # noqa: E731
     rows = []
-    for key in sorted({(r["seq_q"], r["causal"], r["pass"]) for r in ok}):
-        group = {r["impl"]: r["median_ms"] for r in ok if (r["seq_q"], r["causal"], r["pass"]) == key}
+    for k in sorted({key(r) for r in ok}):
+        group = {r["impl"]: r["median_ms"] for r in ok if key(r) == k}
         if "cp_local" not in group:
             continue
         for impl, ms in sorted(group.items()):
-            rows.append({"seq_q": key[0], "causal": key[1], "pass": key[2], "impl": impl, "median_ms": ms,
+            rows.append({"seq_q": k[0], "causal": k[1], "pass": k[2], "local": k[3], "impl": impl, "median_ms": ms,
                          "vs_local": float(np.round(ms / group["cp_local"], 3))})  # fmt: skip
     return rows

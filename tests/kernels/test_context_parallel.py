@@ -195,3 +195,39 @@ def test_bad_mesh_and_truthy_is_causal_are_refused():
         cp.context_parallel_attention(q, k, v, mesh=None)
     with pytest.raises(ValueError, match="is_causal must be True or False"):
         cp.context_parallel_attention(q, k, v, mesh=cp.sequence_mesh(2), is_causal="no", block=8)
+
+
+def test_local_steps_by_name():
+    local, local_bwd = cp.local_steps("blockwise", block=8)
+    q, k, v = make_qkv(1, 16, 2, 8, seed=6)
+    out, lse = local(q, k, v, is_causal=True, scale=8**-0.5)
+    np.testing.assert_allclose(out, reference_attention(q, k, v, is_causal=True), atol=2e-5)
+    assert lse.shape == (1, 2, 16)
+    assert cp.local_steps("mosaic") == (cp.mosaic_local, cp.mosaic_local_bwd)
+    with pytest.raises(ValueError, match="local step must be one of"):
+        cp.local_steps("cudnn")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_mosaic_local_step_in_the_ring(causal):
+    # our Mosaic kernel as the local step: 4 emulated ring steps (values), and the ring on a one-device mesh with
+    # the Mosaic backward from the merged out and lse (gradients), against float64 NumPy
+    from attention_tutorial.inputs import AttentionShape
+    from attention_tutorial.kernels.mosaic_flash import why_not
+    from tests.kernels.test_pallas_flash import reference_grads
+
+    if reason := why_not(AttentionShape(1, 1024, 1024, 4, 2, 128), jnp.bfloat16, causal):
+        pytest.skip(reason)
+    q, k, v = make_qkv(1, 1024, 4, 128, kv_heads=2, dtype=jnp.bfloat16, seed=11)
+    local, local_bwd = cp.local_steps("mosaic")
+    out = jax.jit(lambda q, k, v: cp.emulate_ring(q, k, v, devices=4, is_causal=causal, local=local))(q, k, v)
+    want = reference_attention(q, k, v, is_causal=causal)
+    np.testing.assert_allclose(np.asarray(out, np.float64), want, atol=2e-2, rtol=2e-2)
+    d_out = jax.random.normal(jax.random.key(3), q.shape, jnp.float32).astype(q.dtype)
+    f = lambda q, k, v: cp.context_parallel_attention(  # noqa: E731
+        q, k, v, mesh=cp.sequence_mesh(1), is_causal=causal, local=local, local_bwd=local_bwd
+    )
+    got = jax.jit(lambda q, k, v, d: jax.vjp(f, q, k, v)[1](d))(q, k, v, d_out)
+    for name, g, want in zip(("dq", "dk", "dv"), got, reference_grads(q, k, v, d_out, is_causal=causal)):
+        np.testing.assert_allclose(np.asarray(g, np.float64), want, atol=3e-2, rtol=3e-2, err_msg=name)

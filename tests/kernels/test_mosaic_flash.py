@@ -15,12 +15,14 @@ from attention_tutorial.kernels.mosaic_flash import (
     bundled_why_not,
     jax_bundled_mosaic,
     mosaic_flash_attention,
+    mosaic_flash_backward,
     why_not,
 )
 from attention_tutorial.kernels.reference import reference_attention
 from attention_tutorial.measure.compiled import kernels_used
 from tests.kernels.test_pallas_flash import (  # float64 NumPy gradients, shared with its tests
     assert_grads_close,
+    reference_grads,
     reference_lse,
 )
 
@@ -162,3 +164,28 @@ def test_gpu_jax_bundled_mosaic_gradients_match_float64():
         pytest.skip(reason)
     q, k, v = make_qkv(1, 512, 4, 64, kv_heads=2, dtype=jnp.float16, seed=9)
     assert_grads_close(jax_bundled_mosaic, q, k, v, causal=False, tol=3e-2)
+
+
+def test_backward_alone_checks_its_inputs():
+    q, k, v = make_qkv(1, 256, 2, 64, dtype=jnp.bfloat16)
+    lse = jnp.zeros((1, 2, 256))
+    with pytest.raises(ValueError, match=r"out and d_out must have q's shape \(1, 256, 2, 64\)"):
+        mosaic_flash_backward(q, k, v, q[:, :128], lse, q)
+    with pytest.raises(ValueError, match=r"lse \(B, N, T\) = \(1, 2, 256\)"):
+        mosaic_flash_backward(q, k, v, q, lse[:, :1], q)
+    with pytest.raises(ValueError, match="head_dim must be 64 or 128"):
+        mosaic_flash_backward(*make_qkv(1, 256, 2, 32, dtype=jnp.bfloat16), q, lse, q)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_backward_alone_from_out_and_lse(causal):
+    # what the context-parallel ring calls: the backward kernels from a given output and natural log-sum-exp
+    if reason := why_not(AttentionShape(1, 512, 512, 4, 2, 128), jnp.bfloat16, causal):
+        pytest.skip(reason)
+    q, k, v = make_qkv(1, 512, 4, 128, kv_heads=2, dtype=jnp.bfloat16, seed=13)
+    d_out = jax.random.normal(jax.random.key(5), q.shape, jnp.float32).astype(q.dtype)
+    out, lse = mosaic_flash_attention(q, k, v, is_causal=causal, return_lse=True)
+    got = jax.jit(functools.partial(mosaic_flash_backward, is_causal=causal))(q, k, v, out, lse, d_out)
+    for name, g, want in zip(("dq", "dk", "dv"), got, reference_grads(q, k, v, d_out, is_causal=causal)):
+        np.testing.assert_allclose(np.asarray(g, np.float64), want, atol=3e-2, rtol=3e-2, err_msg=name)
