@@ -47,7 +47,9 @@ LOG2E = math.log2(math.e)
 class MosaicConfig:
     """Tile sizes: ``block_q`` rows per compute warpgroup (wgmma's M is 64), ``block_kv`` keys per step, and
     ``stages`` k/v slots in flight; ``bwd_*`` the same for the backward kernels (both blocks 64: each compute
-    warpgroup there holds two float32 accumulators, dK and dV or dQ, plus two score-sized tiles)."""
+    warpgroup there holds two float32 accumulators, dK and dV or dQ, plus two score-sized tiles).
+    ``pipeline=True`` adds FlashAttention-3's intra-warpgroup pipelining to the forward (see
+    :func:`_pipelined_steps`). H = 256 needs ``block_kv=64`` (see :func:`smem_bytes`)."""
 
     block_q: int = 64
     block_kv: int = 128
@@ -55,8 +57,10 @@ class MosaicConfig:
     bwd_block_q: int = 64
     bwd_block_kv: int = 64
     bwd_stages: int = 2
+    pipeline: bool = False
 
     def __post_init__(self):
+        check_flag("MosaicConfig.pipeline", self.pipeline)
         for name in ("block_q", "block_kv", "stages", "bwd_block_q", "bwd_block_kv", "bwd_stages"):
             check_block_size(f"MosaicConfig.{name}", getattr(self, name))
         for name in ("block_q", "block_kv", "bwd_block_q", "bwd_block_kv"):
@@ -145,7 +149,12 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, causal, cfg, stages,
             plgpu.barrier_arrive(v_free.at[slot])
             return acc, m_new, l
 
-        if not causal:
+        if cfg.pipeline:  # FlashAttention-3's intra-warpgroup overlap on top of the ping-pong (issue 17)
+            acc, m, l = _pipelined_steps(
+                (acc, m, l), qo_smem, k_smem, v_smem, (k_ready, v_ready, k_free, v_free), schedule, take_turn,
+                row0=row0, steps=steps, cta_steps=cta_steps, causal=causal, stages=stages, scale=scale,
+            )  # fmt: skip
+        elif not causal:
             acc, m, l = lax.fori_loop(0, n_kv, step, (acc, m, l))
         else:
             # Blocks wholly at or below the diagonal need no mask; those that straddle it do; the rest are skipped.
@@ -186,6 +195,107 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, causal, cfg, stages,
             plgpu.copy_gmem_to_smem(k_ref.at[rows], k_smem.at[slot], k_ready.at[slot])
             plgpu.barrier_wait(v_free.at[slot])
             plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem.at[slot], v_ready.at[slot])
+
+
+def _pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take_turn, *, row0, steps, cta_steps,
+                     causal, stages, scale):  # fmt: skip
+    """FlashAttention-3's intra-warpgroup pipelining (its §3.2): one warpgroup's loop over its key blocks, software
+    pipelined by one block so that its own softmax overlaps its own p·v matmul.
+
+    Step j issues s = q kᵀ of block j+1 and acc += p v of block j back to back, hands the tensor cores to the other
+    warpgroup, waits for the q·kᵀ only (``wait_n=1``: p·v may still run) and computes block j+1's softmax while
+    p·v runs; then waits for p·v and rescales acc by block j+1's correction. A prologue computes block 0's s and
+    softmax, an epilogue issues the last p·v. The ping-pong stays: each block still takes two turns of the schedule
+    barrier (after the matmuls are issued and after the softmax), so the two warpgroups keep alternating on the
+    tensor cores. The price: block j's p (16-bit) stays in registers, read by the running p·v, while block j+1's s
+    and p are made.
+    """
+    import jax.experimental.pallas as pl
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    k_ready, v_ready, k_free, v_free = kv_barriers
+    acc, m, l = carry
+    (bq, head_dim), bkv, dtype = acc.shape, k_smem.shape[1], qo_smem.dtype
+    c = scale * LOG2E
+
+    def slot(j):
+        return lax.rem(j, jnp.array(stages, jnp.int32))
+
+    def softmax(s, m, l, j, masked):  # block j's online softmax in base 2: (p in 16 bits, new max, new sum, alpha)
+        if masked:
+            rows = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=plgpu.Layout.WGMMA) + row0
+            cols = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=plgpu.Layout.WGMMA) + j * bkv
+            s = jnp.where(cols <= rows, s, -jnp.inf)
+        m_new = jnp.maximum(m, s.max(axis=1) * c)
+        alpha = jnp.exp2(m - m_new)
+        p = jnp.exp2(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
+        # Keep the compiler from sinking the softmax past the waits and barriers that follow it.
+        return lax.optimization_barrier((p.astype(dtype), m_new, l * alpha + p.sum(axis=1), alpha))
+
+    def end_turn(j):  # block j's softmax is done: wait for block j+1's k and block j's v, then for our turn
+        plgpu.barrier_arrive(schedule)
+
+        @pl.when(j + 1 < steps)
+        def _():
+            plgpu.barrier_wait(k_ready.at[slot(j + 1)])
+
+        plgpu.barrier_wait(v_ready.at[slot(j)])
+        plgpu.barrier_wait(schedule)
+
+    def qk(s_ref):  # prologue: block 0's s = q kᵀ
+        plgpu.wgmma(s_ref, qo_smem, k_smem.at[0].transpose((1, 0)))
+        take_turn()
+        return s_ref[...]
+
+    zero = jnp.array(0, jnp.int32)
+    s = pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32))
+    plgpu.barrier_arrive(k_free.at[0])
+    p16, m, l, _ = softmax(s, m, l, zero, masked=causal)  # a mask on a block below the diagonal changes nothing
+    end_turn(zero)
+
+    def step(j, carry, masked=False):  # issue q·k_{j+1}ᵀ and p_j·v_j; block j+1's softmax while p_j·v_j runs
+        acc, m, l, p16 = carry
+
+        def both(s_ref, o_ref):
+            o_ref[...] = acc
+            plgpu.wgmma(s_ref, qo_smem, k_smem.at[slot(j + 1)].transpose((1, 0)))
+            plgpu.wgmma(o_ref, p16, v_smem.at[slot(j)])
+            take_turn()
+            s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # q·kᵀ done; p·v may still run
+            plgpu.barrier_arrive(k_free.at[slot(j + 1)])
+            block = softmax(s, m, l, j + 1, masked)
+            return o_ref[...], block  # reading o_ref waits for p·v
+
+        o, (p16, m, l, alpha) = pl.run_scoped(
+            both, plgpu.ACC((bq, bkv), jnp.float32), plgpu.ACC((bq, head_dim), jnp.float32)
+        )
+        plgpu.barrier_arrive(v_free.at[slot(j)])
+        end_turn(j + 1)
+        return o * lax.broadcast_in_dim(alpha, o.shape, [0]), m, l, p16
+
+    last = jnp.asarray(steps, jnp.int32) - 1
+    if not causal:
+        acc, m, l, p16 = lax.fori_loop(zero, last, step, (acc, m, l, p16))
+    else:  # step j makes block j+1's p: unmasked while j+1 lies wholly below the diagonal
+        split = jnp.maximum(jnp.minimum(lax.div(row0, jnp.array(bkv, jnp.int32)), steps) - 1, 0)
+        carry = lax.fori_loop(zero, split, step, (acc, m, l, p16))
+        acc, m, l, p16 = lax.fori_loop(split, last, functools.partial(step, masked=True), carry)
+
+    def pv(acc_ref):  # epilogue: the last block's p·v
+        plgpu.wgmma(acc_ref, p16, v_smem.at[slot(last)])
+
+    acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+    plgpu.barrier_arrive(v_free.at[slot(last)])
+    if causal:
+
+        @pl.loop(steps, cta_steps)
+        def _(j):  # warpgroup 0 ends early: keep freeing slots and taking turns so the others go on
+            plgpu.barrier_arrive(k_free.at[slot(j)])
+            plgpu.barrier_arrive(v_free.at[slot(j)])
+            take_turn()
+            take_turn()
+
+    return acc, m, l
 
 
 def _load(ref, layout):
@@ -438,7 +548,8 @@ def mosaic_flash_attention(
 ):
     """Our Mosaic GPU FlashAttention: q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H), differentiable. Hopper only.
 
-    float16 or bfloat16; H = 64 or 128; T a multiple of 2·block_q (128), S a multiple of block_kv (128). Causal
+    float16 or bfloat16; H = 64 or 128 (or 256, forward only, with ``config=MosaicConfig(block_kv=64)``); T a
+    multiple of 2·block_q (128), S a multiple of block_kv (128). Causal
     masks align top-left, as everywhere on this site. ``return_lse=True`` returns ``(out, lse)`` with lse
     (B, N, T) float32, each row's natural log-sum-exp of the scaled scores (for context parallelism; differentiable).
 
@@ -546,6 +657,8 @@ def _backward(q, k, v, d_out, lse2, delta, plan: _Plan):
 
     cfg = plan.cfg
     B, T, S, N, K, H = attention_shape(q, k, v)
+    if H > 128:  # dK and dV at H = 256 would take 2 × 128 registers per thread alone
+        raise ValueError(f"the backward kernels take H = 64 or 128; got H={H} (H = 256 is forward-only here).")
     bq, bkv, dt = cfg.bwd_block_q, cfg.bwd_block_kv, q.dtype
     common = dict(causal=plan.causal, bq=bq, bkv=bkv, groups=N // K, scale=plan.scale)
     args = (q, k, v, d_out, lse2, delta)
@@ -608,12 +721,46 @@ def _on_hopper() -> str | None:
     return None
 
 
+SMEM_BYTES = 227 * 1024  # shared memory one CTA may use on Hopper (H100, H200)
+TILE_REGISTERS = 192  # of a compute thread's 232 (set_max_registers), for tiles; the rest: indices, max, sum, ...
+
+
+def smem_bytes(cfg: MosaicConfig, head_dim: int, dtype) -> int:
+    """Bytes of shared memory the forward allocates: both compute warpgroups' q/output tiles (2·block_q × H),
+    the k and v rings (stages·block_kv × H each) and the log-sum-exp rows. H = 256 in 16 bits: 64 KiB of q with
+    2×64 rows, and k + v take 2·stages·block_kv·512 B: block_kv = 128 with 2 stages needs 256 KiB more (too much),
+    block_kv = 64 with 2 stages 128 KiB (192.5 KiB in all)."""
+    item = jnp.dtype(dtype).itemsize
+    return (2 * cfg.block_q + 2 * cfg.stages * cfg.block_kv) * head_dim * item + 2 * cfg.block_q * 4
+
+
+def tile_registers(cfg: MosaicConfig, head_dim: int) -> int:
+    """32-bit registers per compute thread for the forward's tiles, each spread over a warpgroup's 128 threads: the
+    float32 accumulator (block_q × H: 128 at H = 256), the float32 scores s (block_q × block_kv) and p in 16 bits
+    (two to a register) — twice when pipelined (block j's p feeds the running p·v while block j+1's is made)."""
+    regs = lambda cols, bits: cfg.block_q * cols * bits // 32 // 128  # noqa: E731
+    return regs(head_dim, 32) + regs(cfg.block_kv, 32) + regs(cfg.block_kv, 16) * (2 if cfg.pipeline else 1)
+
+
 def _problem_why_not(shape: AttentionShape, dtype, cfg: MosaicConfig) -> str | None:
     name = jnp.dtype(dtype).name
     if name not in ("bfloat16", "float16"):
         return f"it takes bfloat16 or float16 inputs, not {name}."
-    if shape.head_dim not in (64, 128):
-        return f"head_dim must be 64 or 128; got {shape.head_dim}."
+    H = shape.head_dim
+    if H not in (64, 128, 256):
+        return f"head_dim must be 64, 128 or 256; got {H}."
+    if (need := smem_bytes(cfg, H, dtype)) > SMEM_BYTES:
+        return (
+            f"at H={H}, block_kv={cfg.block_kv} and stages={cfg.stages} the forward's tiles need {need / 1024:.1f} "
+            f"KiB of shared memory, more than a Hopper CTA's {SMEM_BYTES // 1024} KiB: pick a smaller block_kv or "
+            f"fewer stages (H=256 fits with config=MosaicConfig(block_kv=64, stages=2))."
+        )
+    if (H > 128 or cfg.pipeline) and (regs := tile_registers(cfg, H)) > TILE_REGISTERS:
+        return (
+            f"at H={H}, block_kv={cfg.block_kv}{' with pipeline=True' if cfg.pipeline else ''} the forward's tiles "
+            f"need {regs} registers per thread, more than the {TILE_REGISTERS} this kernel budgets: pick "
+            f"block_kv=64 (e.g. config=MosaicConfig(block_kv=64, stages=2{', pipeline=True' if cfg.pipeline else ''}))."
+        )
     if shape.seq_q % (2 * cfg.block_q):
         return f"T must be a multiple of 2·block_q = {2 * cfg.block_q}; got T={shape.seq_q}. Pad the queries."
     if shape.seq_kv % cfg.block_kv:

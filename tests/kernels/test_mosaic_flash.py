@@ -11,11 +11,14 @@ import pytest
 from attention_tutorial.inputs import AttentionShape, make_qkv
 from attention_tutorial.kernels.mosaic_flash import (
     MosaicConfig,
+    _on_hopper,
     _problem_why_not,
     bundled_why_not,
     jax_bundled_mosaic,
     mosaic_flash_attention,
     mosaic_flash_backward,
+    smem_bytes,
+    tile_registers,
     why_not,
 )
 from attention_tutorial.kernels.reference import reference_attention
@@ -31,7 +34,8 @@ from tests.kernels.test_pallas_flash import (  # float64 NumPy gradients, shared
     ("shape", "dtype", "expected"),
     [
         (AttentionShape(1, 256, 256, 4, 4, 128), jnp.float32, "bfloat16 or float16"),
-        (AttentionShape(1, 256, 256, 4, 4, 96), jnp.bfloat16, "head_dim must be 64 or 128; got 96"),
+        (AttentionShape(1, 256, 256, 4, 4, 96), jnp.bfloat16, "head_dim must be 64, 128 or 256; got 96"),
+        (AttentionShape(1, 256, 256, 4, 4, 256), jnp.bfloat16, "320.5 KiB of shared memory"),
         (AttentionShape(1, 200, 256, 4, 4, 64), jnp.bfloat16, "multiple of 2·block_q = 128; got T=200"),
         (AttentionShape(1, 256, 200, 4, 4, 64), jnp.float16, "multiple of block_kv = 128; got S=200"),
         (AttentionShape(1, 256, 384, 4, 2, 128), jnp.float16, None),
@@ -173,7 +177,7 @@ def test_backward_alone_checks_its_inputs():
         mosaic_flash_backward(q, k, v, q[:, :128], lse, q)
     with pytest.raises(ValueError, match=r"lse \(B, N, T\) = \(1, 2, 256\)"):
         mosaic_flash_backward(q, k, v, q, lse[:, :1], q)
-    with pytest.raises(ValueError, match="head_dim must be 64 or 128"):
+    with pytest.raises(ValueError, match="head_dim must be 64, 128 or 256"):
         mosaic_flash_backward(*make_qkv(1, 256, 2, 32, dtype=jnp.bfloat16), q, lse, q)
 
 
@@ -189,3 +193,117 @@ def test_gpu_backward_alone_from_out_and_lse(causal):
     got = jax.jit(functools.partial(mosaic_flash_backward, is_causal=causal))(q, k, v, out, lse, d_out)
     for name, g, want in zip(("dq", "dk", "dv"), got, reference_grads(q, k, v, d_out, is_causal=causal)):
         np.testing.assert_allclose(np.asarray(g, np.float64), want, atol=3e-2, rtol=3e-2, err_msg=name)
+
+
+# Issue 17: FlashAttention-3's intra-warpgroup pipelining (MosaicConfig(pipeline=True)) and H = 256 in the forward.
+H256 = MosaicConfig(block_kv=64)  # the default's block_kv=128 does not fit H = 256's tiles in shared memory
+CONFIGS = [(64, MosaicConfig(pipeline=True)), (128, MosaicConfig(pipeline=True)), (256, H256),
+           (256, MosaicConfig(block_kv=64, pipeline=True))]  # fmt: skip
+
+
+def test_budgets_by_hand():
+    # q/out 2·64×256, k and v (2) × 2 stages × 64 × 256, 2 bytes each, plus 2·64 float32 lse rows: 192.5 KiB
+    assert smem_bytes(H256, 256, jnp.bfloat16) == (2 * 64 * 256 + 2 * 2 * 64 * 256) * 2 + 512 == 197120
+    assert smem_bytes(MosaicConfig(), 128, jnp.float16) == (128 * 128 + 4 * 128 * 128) * 2 + 512  # 160.5 KiB
+    # per thread of 128: acc 64·H/128 float32, s 64·block_kv/128 float32, p 64·block_kv/256 (two 16-bit per register)
+    assert tile_registers(H256, 256) == 128 + 32 + 16
+    assert tile_registers(MosaicConfig(block_kv=64, pipeline=True), 256) == 128 + 32 + 2 * 16
+    assert tile_registers(MosaicConfig(pipeline=True), 128) == 64 + 64 + 2 * 32
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "cfg", "expected"),
+    [
+        (256, H256, None),
+        (256, MosaicConfig(block_kv=64, pipeline=True), None),
+        (128, MosaicConfig(pipeline=True), None),
+        (128, MosaicConfig(stages=3), None),  # 224.5 KiB: still fits
+        (256, MosaicConfig(block_kv=64, stages=3), "256.5 KiB of shared memory"),
+        (128, MosaicConfig(stages=4), "288.5 KiB of shared memory, more than a Hopper CTA's 227 KiB"),
+        (256, MosaicConfig(block_kv=128, stages=1), "need 224 registers per thread"),
+        (128, MosaicConfig(block_kv=256, stages=1, pipeline=True), "with pipeline=True the forward's tiles need 320"),
+    ],
+)  # fmt: skip
+def test_h256_and_pipeline_budgets_name_the_fix(head_dim, cfg, expected):
+    reason = _problem_why_not(AttentionShape(1, 512, 512, 4, 4, head_dim), jnp.bfloat16, cfg)
+    assert reason is None if expected is None else (expected in reason and "block_kv=64" in reason)
+
+
+def test_default_config_still_refuses_h256():
+    """The site's registry asks ``why_not`` with the default config: H = 256 stays refused there."""
+    reason = _problem_why_not(AttentionShape(1, 1024, 1024, 4, 4, 256), jnp.bfloat16, MosaicConfig())
+    assert "config=MosaicConfig(block_kv=64, stages=2)" in reason
+    q = jax.ShapeDtypeStruct((1, 256, 2, 256), jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"mosaic_flash_attention: at H=256, block_kv=128 and stages=2"):
+        jax.jit(mosaic_flash_attention).trace(q, q, q)
+
+
+def test_h256_backward_is_refused():
+    q = jax.ShapeDtypeStruct((1, 256, 2, 256), jnp.bfloat16)
+
+    def loss(q):
+        return mosaic_flash_attention(q, q, q, config=H256).astype(jnp.float32).sum()
+
+    with pytest.raises(ValueError, match=r"backward kernels take H = 64 or 128; got H=256"):
+        jax.jit(jax.grad(loss)).trace(q)
+
+
+def test_pipeline_flag_must_be_bool():
+    with pytest.raises(ValueError, match=r"MosaicConfig\.pipeline must be True or False; got 'yes'"):
+        MosaicConfig(pipeline="yes")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("head_dim", "cfg"), [(64, MosaicConfig()), (128, MosaicConfig()), *CONFIGS])
+def test_configs_lower_to_one_mosaic_gpu_kernel(causal, head_dim, cfg):
+    """Pipeline off/on × causal × H = 64, 128, 256: GQA, T < S."""
+    q = jax.ShapeDtypeStruct((2, 256, 8, head_dim), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((2, 512, 2, head_dim), jnp.bfloat16)
+    fn = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg))
+    hlo = fn.trace(q, kv, kv).lower(lowering_platforms=("cuda",)).as_text()
+    assert re.findall(r"custom_call @(mosaic_gpu\w*)", hlo) == ["mosaic_gpu_v2"]
+
+
+@pytest.mark.parametrize(("head_dim", "cfg"), CONFIGS)
+def test_configs_lower_with_x64_enabled(head_dim, cfg):
+    q = jax.ShapeDtypeStruct((1, 256, 4, head_dim), jnp.bfloat16)
+    with jax.enable_x64(True):
+        fn = jax.jit(functools.partial(mosaic_flash_attention, is_causal=True, config=cfg))
+        hlo = fn.trace(q, q, q).lower(lowering_platforms=("cuda",)).as_text()
+    assert len(re.findall(r"custom_call @mosaic_gpu", hlo)) == 1
+
+
+def _kernel_jaxpr(cfg, causal):
+    q = jax.ShapeDtypeStruct((1, 256, 2, 128), jnp.bfloat16)
+    return str(jax.make_jaxpr(functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg))(q, q, q))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_pipelined_softmax_runs_between_the_two_waits(causal):
+    """Pipelined: each loop step waits for q·kᵀ alone (wait_n=1), computes the softmax (exp2), and only then waits
+    for p·v (wait_n=0); the default kernel never waits with a matmul still in flight."""
+    assert "wait_n=1" not in _kernel_jaxpr(MosaicConfig(), causal)
+    text = _kernel_jaxpr(MosaicConfig(pipeline=True), causal)
+    loops = text.split("wait_n=1")[1:]
+    assert len(loops) == (2 if causal else 1)  # causal: the unmasked and the masked loop
+    for after in loops:
+        between = after.split("wait_n=0")[0]
+        assert "exp2" in between and "wgmma_ref" not in between
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("head_dim", "cfg"), CONFIGS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_gpu_pipelined_and_h256_match_reference(causal, head_dim, cfg, dtype):
+    if reason := _on_hopper():
+        pytest.skip(reason)
+    for b, t, s, n, k in ((2, 1024, 1024, 8, 8), (1, 512, 1024, 8, 2), (1, 1024, 256, 4, 1)):  # MHA, GQA T<S, MQA T>S
+        assert _problem_why_not(AttentionShape(b, t, s, n, k, head_dim), dtype, cfg) is None
+        q, kk, v = make_qkv(b, t, n, head_dim, seq_kv=s, kv_heads=k, dtype=dtype, seed=t + s + head_dim)
+        fn = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg, return_lse=True))
+        out, lse = fn(q, kk, v)
+        _check(out, q, kk, v, causal)
+        want = reference_lse(q[:, :256], kk, is_causal=causal)  # the first rows, as _check does (top-left mask)
+        np.testing.assert_allclose(np.asarray(lse)[..., :256], want, atol=1e-2, rtol=1e-3)
+        assert any(name.startswith("mosaic_gpu") for name in kernels_used(fn, q, kk, v))
