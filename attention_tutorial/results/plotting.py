@@ -163,6 +163,8 @@ COLUMNS = {
     "mask": ("mask", str),
     "pass": ("pass", lambda v: {"fwd": "forward", "fwd+bwd": "forward + backward"}.get(v, v)),
     "kernel": ("kernel that ran", str),
+    "local": ("local step", str),
+    "vs_local": ("time / local step's", lambda v: f"{v:.3g}"),
     "reason": ("why not", str),
     "backend": ("backend chosen", str),
     "rel_error": ("relative error vs float32", lambda v: f"{v:.3g}"),
