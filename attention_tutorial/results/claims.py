@@ -7,10 +7,12 @@ committed result files.
 - :func:`compare` — is A faster than B? Only when their timing spreads do not overlap; otherwise "on par".
 - :func:`growth` — how a quantity grows per doubling of x: "stays flat", "grows linearly", "grows quadratically".
 - :func:`agreement` — do two results agree, to the rounding of their dtype (tolerances in :data:`TOLERANCES`)?
+- :func:`loss_agreement` — do training runs through different implementations trace the same loss curve?
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -141,3 +143,46 @@ def versus(records, impl: str, baseline: str = "cudnn", *, min_seq: int = 0, **w
         if others:
             out[r["seq_q"]] = compare([r], others)
     return dict(sorted(out.items()))
+
+
+def loss_agreement(step_records, dtype: str) -> dict[str, Claim]:
+    """Per implementation after the first one in ``step_records`` (kind "step" records of one training run): the
+    :func:`agreement` of its largest loss difference from the first one's at the same logged steps."""
+    by: dict[str, dict[int, float]] = {}
+    for r in step_records:
+        by.setdefault(r["impl"], {})[r["step"]] = r["loss"]
+    if not by:
+        return {}
+    first, *others = by
+    out = {}
+    for o in others:
+        common = set(by[o]) & set(by[first])
+        if common:
+            out[o] = agreement(max(abs(by[o][s] - by[first][s]) for s in common), dtype)
+    return out
+
+
+def loss_motion(step_records, impl: str) -> float | None:
+    """How much ``impl``'s loss moves from one logged step to the next (median over the second half of training):
+    the yardstick a loss difference between implementations is read against."""
+    losses = [r["loss"] for r in sorted((r for r in step_records if r["impl"] == impl), key=lambda r: r["step"])]
+    half = losses[len(losses) // 2 :]
+    moves = sorted(abs(b - a) for a, b in itertools.pairwise(half))
+    return moves[len(moves) // 2] if moves else None
+
+
+def loss_agreement_words(step_records, dtype: str) -> str:
+    """Markdown lines: each implementation's largest loss difference from the first one, in words, and the
+    yardstick from :func:`loss_motion`."""
+    claims = loss_agreement(step_records, dtype)
+    if not claims:
+        return "*(only one implementation trained)*"
+    first = next(iter({r["impl"]: None for r in step_records}))
+    n = len({r["step"] for r in step_records if r["impl"] == first})
+    lines = [f"- {impl} and {first} {c.word}: max |loss difference| over {n} logged steps = {c.value:.2e} "
+             f"(tolerance {c.high:.0e})" for impl, c in claims.items()]  # fmt: skip
+    motion = loss_motion(step_records, first)
+    if motion is not None:
+        lines.append(f"- for scale: {first}'s loss moves by a median {motion:.2e} from one logged step to the next "
+                     "(different batches) over the second half of training")  # fmt: skip
+    return "\n".join(lines)

@@ -104,6 +104,25 @@ def live_vs_recorded(live, recorded) -> list[dict]:
     return rows
 
 
+def train_rows(summaries) -> list[dict]:
+    """One table row per training run (``kind`` "summary" records): time, throughput, memory, losses, kernel."""
+
+    def mib(b):
+        return f"{b / 2**20:.1f}" if b is not None else "–"
+
+    rows = []
+    for s in summaries:
+        ok = s["status"] == "ok"
+        rows.append({"impl": s["impl"], "status": s["status"], "median_ms": s["median_ms"],
+                     "tokens/s": f"{s['tokens_per_s']:,.0f}" if ok else "–", "tflops": s["tflops"],
+                     "step footprint (MiB)": mib(s.get("step_bytes")) if ok else "–",
+                     "peak memory (MiB)": mib(s.get("peak_bytes")) if ok else "–",
+                     "final loss": f"{s['final_loss']:.3f}" if ok else "–",
+                     "held-out loss": f"{s['eval_loss_init']:.3f} → {s['eval_loss']:.3f}" if ok else "–",
+                     "kernel": s.get("attention_kernel") or s.get("reason", "")})  # fmt: skip
+    return rows
+
+
 def _show(records, columns, plot, title):
     from IPython.display import Markdown, display
 

@@ -147,3 +147,40 @@ def test_versus_cudnn_on_the_recorded_backward_race_words_follow_the_spreads():
         overlap = mine["p10_ms"] <= max(r["p90_ms"] for r in cu) and min(r["p10_ms"] for r in cu) <= mine["p90_ms"]
         assert (c.word == "on par") == overlap
         assert c.low <= c.value <= c.high
+
+
+def _steps(impl, losses):
+    return [{"impl": impl, "step": i, "loss": x, "kind": "step"} for i, x in enumerate(losses)]
+
+
+def test_loss_agreement_words_follow_the_tolerance():
+    base = [5.0, 4.0, 3.5, 3.0, 3.2, 2.9]
+    recs = _steps("cudnn", base) + _steps("ours", [x + 0.01 for x in base]) + _steps("bad", [x + 0.5 for x in base])
+    got = claims.loss_agreement(recs, "bfloat16")
+    assert list(got) == ["ours", "bad"]
+    assert got["ours"].value == pytest.approx(0.01) and got["ours"].word == "agree to within bfloat16 rounding"
+    assert got["bad"].word == "differ by more than bfloat16 rounding"
+    assert claims.loss_agreement(recs, "float32")["ours"].word == "differ by more than float32 rounding"
+    assert claims.loss_motion(recs, "cudnn") == pytest.approx(0.3)  # second half 3.0, 3.2, 2.9: moves 0.2, 0.3
+    words = claims.loss_agreement_words(recs, "bfloat16")
+    assert "- ours and cudnn agree to within bfloat16 rounding: max |loss difference| over 6 logged steps" in words
+    assert claims.loss_agreement_words(_steps("cudnn", base), "bfloat16") == "*(only one implementation trained)*"
+
+
+@pytest.mark.skipif(DATA is None, reason="no committed H200 result file")
+def test_recorded_training_runs_agree_within_bf16_rounding():
+    # the training page's claim, against the committed H200 run: our Mosaic kernel and XLA trace cuDNN's curve
+    steps = [r for r in _recs(grid="train") if r.get("kind") == "step"]
+    if not steps:
+        pytest.skip("no train grid recorded")
+    by = {}
+    for r in steps:
+        by.setdefault(r["impl"], {})[r["step"]] = r["loss"]
+    first = steps[0]["impl"]
+    got = claims.loss_agreement(steps, "bfloat16")
+    assert set(got) == set(by) - {first} and "mosaic" in got
+    for impl, claim in got.items():
+        diff = max(abs(by[impl][s] - by[first][s]) for s in by[first])  # recomputed from the raw records
+        assert claim.value == pytest.approx(diff)
+        assert (diff <= claims.TOLERANCES["bfloat16"]) == (claim.word == "agree to within bfloat16 rounding")
+        assert claim.word == "agree to within bfloat16 rounding", (impl, diff)

@@ -61,3 +61,15 @@ def test_live_vs_recorded_pairs_the_same_point():
 def test_shapes_in_words():
     assert report.shapes(RECORDS[:2]) == "B = 1, T = S = 4096, N = 1, H = 64, 128, bfloat16, no mask"
     assert report.shapes([_rec("x", "xla", t) for t in (64, 128, 256, 512)]).startswith("B = 1, T = S = 64…512")
+
+
+def test_train_rows_format_ok_and_failed_runs():
+    ok = {"impl": "mosaic", "status": "ok", "median_ms": 52.4, "tokens_per_s": 312797.1, "tflops": 100.7,
+          "step_bytes": 3 * 2**20, "peak_bytes": 4 * 2**30, "final_loss": 2.4442, "eval_loss_init": 5.61,
+          "eval_loss": 2.5, "attention_kernel": "mosaic_gpu"}  # fmt: skip
+    failed = {"impl": "pallas", "status": "error", "median_ms": None, "tflops": None, "reason": "no kernel"}
+    rows = report.train_rows([ok, failed])
+    assert rows[0]["tokens/s"] == "312,797" and rows[0]["peak memory (MiB)"] == "4096.0"
+    assert rows[0]["final loss"] == "2.444" and rows[0]["held-out loss"] == "5.610 → 2.500"
+    assert rows[0]["kernel"] == "mosaic_gpu"
+    assert rows[1]["tokens/s"] == rows[1]["final loss"] == "–" and rows[1]["kernel"] == "no kernel"
