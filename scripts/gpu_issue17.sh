@@ -8,9 +8,9 @@
 set -uo pipefail
 export TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -k pipelined_and_h256 tests/kernels/test_mosaic_flash.py \
+timeout "${T17_TEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -m gpu -k pipelined_and_h256 tests/kernels/test_mosaic_flash.py \
   2>&1 | tail -15
-timeout 220 python3 - "$OUT/issue17_timings.json" <<'EOF'
+timeout "${T17_TIME_S:-220}" python3 - "$OUT/issue17_timings.json" <<'EOF'
 import functools
 import json
 import os
