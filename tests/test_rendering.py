@@ -54,3 +54,12 @@ def test_built_pages_render_cleanly():
     assert pages
     bad = {p.name: problems(p.read_text()) for p in pages}
     assert not {name: found for name, found in bad.items() if found}
+
+
+def test_float64_cells_pin_the_cpu_device():
+    # a GPU build runs every page on the GPU, where cuBLASLt has no float64 GEMM ("GEMM is not supported by
+    # cublasLt"): every float64 block in a page must put its arrays on the CPU device
+    pages = sorted((Path(__file__).resolve().parents[1] / "docs").glob("*.md"))
+    bad = [f"{p.name}:{i}" for p in pages for i, line in enumerate(p.read_text().splitlines(), 1)
+           if "jax.enable_x64(" in line and "default_device(" not in line]  # fmt: skip
+    assert pages and not bad, f"float64 blocks without jax.default_device(jax.devices('cpu')[0]): {bad}"
