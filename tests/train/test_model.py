@@ -61,3 +61,13 @@ def test_bad_config_and_too_long_input_name_the_fix(params):
         Config(layers=0)
     with pytest.raises(ValueError, match="seq_len"):
         GPT(TINY, "xla").apply({"params": params}, jnp.zeros((1, TINY.seq_len + 1), jnp.int32))
+
+
+def test_named_configs_are_valid_and_small_one_fits_our_kernels():
+    from attention_tutorial.train.model import H200, SMALL
+
+    for cfg in (TINY, SMALL, H200):
+        assert cfg.warmup_steps >= 1 and 0 < cfg.learning_rate <= 3e-3
+    # SMALL is a GPU build's live run: bf16 and a shape every GPU implementation takes (H 64, T a multiple of 128)
+    assert SMALL.dtype == "bfloat16" and SMALL.head_dim in (64, 128) and SMALL.seq_len % 128 == 0
+    assert SMALL.learning_rate < TINY.learning_rate and SMALL.warmup_steps > TINY.warmup_steps
