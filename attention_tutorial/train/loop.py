@@ -21,7 +21,7 @@ import optax
 from .. import registry
 from ..inputs import AttentionShape
 from ..measure.compiled import compile_stats
-from ..measure.flops import attention_flops
+from ..measure.flops import attention_flops, peak_for
 from ..measure.timing import summarize
 from .data import batch_at, load_corpus
 from .model import GPT, TINY, Config, matmul_flops_per_token
@@ -154,7 +154,8 @@ def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0
 def _timed(rec: dict, samples_ms, flops: float, tokens: int, peak_tflops: float | None) -> dict:
     median, p10, p90 = summarize(samples_ms)
     tflops = flops / (median / 1e3) / 1e12
-    pct = {"pct_peak": 100 * tflops / peak_tflops} if peak_tflops else {}
+    peak, basis = peak_for(rec["dtype"], peak_tflops)  # the measured bf16 matmul ceiling (x2 for FP8)
+    pct = {"pct_peak": 100 * tflops / peak, "peak_basis": basis} if peak else {}
     return {**rec, "status": "ok", "median_ms": median, "p10_ms": p10, "p90_ms": p90, "step_ms": median,
             "tokens_per_s": tokens / (median / 1e3), "tflops": tflops, **pct, "peak_bytes": peak_bytes()}  # fmt: skip
 

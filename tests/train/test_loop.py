@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from attention_tutorial.measure.flops import BF16_PEAK
 from attention_tutorial.results import store
 from attention_tutorial.train.loop import train_records
 from attention_tutorial.train.model import TINY
@@ -79,3 +80,10 @@ def test_cudnn_trains_like_xla_on_the_gpu():
     np.testing.assert_allclose([r["loss"] for r in xla.records], [r["loss"] for r in cudnn.records], atol=5e-2)
     assert "cuDNN" in cudnn.summary["attention_kernel"], cudnn.summary["attention_kernel"]
     assert cudnn.summary["peak_bytes"] > 0 and cudnn.summary["step_bytes"] > 0
+
+
+def test_percent_of_peak_names_its_basis():
+    rec, summary = train_records("xla", steps=2, config=TINY, eval_batches=1, peak_tflops=2.0)
+    for r in [*rec, summary]:
+        assert r["peak_basis"] == BF16_PEAK
+        assert r["pct_peak"] == pytest.approx(100 * r["tflops"] / 2.0)
