@@ -186,3 +186,24 @@ def loss_agreement_words(step_records, dtype: str) -> str:
         lines.append(f"- for scale: {first}'s loss moves by a median {motion:.2e} from one logged step to the next "
                      "(different batches) over the second half of training")  # fmt: skip
     return "\n".join(lines)
+
+
+def time_change(first, last, var: str = "x") -> str:
+    """How the time per call changes from record ``first`` to record ``last`` (two points of one sweep, at
+    ``var`` = their x): "rises ×1.26 from x = 32 to 256 (outside the spreads)", or "stays within the spreads"."""
+    c = compare([first], [last])  # value: last's time / first's; "faster": first is faster, so the time rises
+    lo_x, hi_x = first.get(var), last.get(var)
+    where = f"from {var} = {lo_x} to {hi_x}" if lo_x is not None else ""
+    if c.word == "on par":
+        return f"stays within the timing spreads {where}".rstrip()
+    rises = c.word == "faster"
+    return (
+        f"{'rises' if rises else 'falls'} ×{c.value if rises else 1 / c.value:.2f} {where} (outside the timing spreads)"
+    )
+
+
+def per_doubling(xs, ys, var: str = "x") -> str:
+    """The growth factor of ``ys`` per doubling of ``xs``, step by step: "×1.89, ×1.34, ×1.07 per doubling of H"."""
+    pts = sorted((x, y) for x, y in zip(xs, ys) if x and y)
+    steps = [(y2 / y1) ** (1 / math.log2(x2 / x1)) for (x1, y1), (x2, y2) in itertools.pairwise(pts) if x2 > x1]
+    return ", ".join(f"×{s:.2f}" for s in steps) + f" per doubling of {var}"

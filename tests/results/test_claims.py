@@ -184,3 +184,24 @@ def test_recorded_training_runs_agree_within_bf16_rounding():
         assert claim.value == pytest.approx(diff)
         assert (diff <= claims.TOLERANCES["bfloat16"]) == (claim.word == "agree to within bfloat16 rounding")
         assert claim.word == "agree to within bfloat16 rounding", (impl, diff)
+
+
+def test_time_change_and_per_doubling_words():
+    a = {"median_ms": 3.383, "p10_ms": 3.370, "p90_ms": 3.394, "head_dim": 32}
+    b = {"median_ms": 4.264, "p10_ms": 4.197, "p90_ms": 4.361, "head_dim": 256}
+    assert (
+        claims.time_change(a, b, var="head_dim") == "rises ×1.26 from head_dim = 32 to 256 (outside the timing spreads)"
+    )
+    assert claims.time_change(b, a, var="head_dim").startswith("falls ×1.26")
+    c = {**a, "median_ms": 3.39, "p10_ms": 3.38, "p90_ms": 3.40, "head_dim": 256}
+    assert claims.time_change(a, c, var="head_dim").startswith("stays within the timing spreads")
+    assert claims.per_doubling([32, 64, 128], [100, 189, 253.26], var="H") == "×1.89, ×1.34 per doubling of H"
+    assert claims.per_doubling([1, 4], [1, 4]) == "×2.00 per doubling of x"
+
+
+@needs_data
+def test_head_dim_words_follow_the_recorded_spreads():
+    rs = sorted(_recs(grid="head_dim", impl="xla"), key=lambda r: r["head_dim"])
+    word = claims.time_change(rs[0], rs[-1], var="head_dim")
+    outside = rs[0]["p90_ms"] < rs[-1]["p10_ms"] or rs[-1]["p90_ms"] < rs[0]["p10_ms"]
+    assert ("outside the timing spreads" in word) == outside
