@@ -27,6 +27,9 @@ EXTRA_LABELS = {
     "cudnn_fp8_s1": "cuDNN FP8 (P scale 1)", "cudnn_fp8_s448": "cuDNN FP8 (P scale 448)",
     "te_autocast": "TransformerEngine under te.autocast", "te_dense_bf16": "TE DenseGeneral, bf16",
     "te_dense_fp8": "TE DenseGeneral, FP8 (autocast)",
+    "cp_local": "local step alone (one call)", "cp_ring_1dev": "ring code on a one-device mesh",
+    "cp_emulated_P2": "2 ring steps, emulated on one device", "cp_emulated_P4": "4 ring steps, emulated on one device",
+    "cp_emulated_P8": "8 ring steps, emulated on one device",
 }  # fmt: skip
 MAX_LINES_PER_AXES = 6
 YLABELS = {
@@ -163,7 +166,7 @@ COLUMNS = {
     "mask": ("mask", str),
     "pass": ("pass", lambda v: {"fwd": "forward", "fwd+bwd": "forward + backward"}.get(v, v)),
     "kernel": ("kernel that ran", str),
-    "local": ("local step", str),
+    "local": ("local step", lambda v: {"mosaic": "our Mosaic GPU kernel", "blockwise": "blockwise JAX"}.get(v, v)),
     "vs_local": ("time / local step's", lambda v: f"{v:.3g}"),
     "reason": ("why not", str),
     "backend": ("backend chosen", str),
