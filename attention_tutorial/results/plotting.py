@@ -157,7 +157,7 @@ COLUMNS = {
     "pct_peak": ("% of bf16 peak", lambda v: f"{v:.1f}"),
     "gbps": ("GB/s", lambda v: f"{v:.4g}"),
     "pct_read": ("% read ceiling", lambda v: f"{v:.1f}"),
-    "temp_bytes": ("temporaries (MiB)", lambda v: f"{v / 2**20:.4g}"),
+    "temp_bytes": ("temporaries", lambda v: size_text(v)),
     "per_t2": ("bytes per T²", lambda v: f"{v:.1f}"),
     "matrices": ("float32 T×T matrices per head", lambda v: f"{v:.2f}"),
     "recorded_ms": ("recorded median (ms)", lambda v: f"{v:.4g}"),
@@ -174,6 +174,14 @@ COLUMNS = {
     "max_abs_diff_vs_bf16": ("max abs. difference from bf16", lambda v: f"{v:.3g}"),
     "fp8_types_in_hlo": ("FP8 types in HLO", lambda v: ", ".join(v) or "none"),
 }
+
+
+def size_text(nbytes) -> str:
+    """Bytes in the unit that reads best: '512 B', '14.1 KiB', '36.0 MiB', '12.0 GiB' (binary units)."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.3g} {unit}" if nbytes / size < 100 else f"{nbytes / size:,.0f} {unit}"
+    return f"{nbytes:.0f} B"
 
 
 def cell(text) -> str:

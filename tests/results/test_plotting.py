@@ -116,3 +116,14 @@ def test_long_legends_go_beside_the_axes():
     short.canvas.draw()
     r2 = short.canvas.get_renderer()
     assert short.axes[0].get_legend().get_window_extent(r2).x0 >= short.axes[0].get_window_extent(r2).x1
+
+
+def test_size_text_picks_a_readable_unit():
+    from attention_tutorial.results.plotting import size_text
+
+    assert size_text(512) == "512 B"
+    assert size_text(14.1 * 2**10) == "14.1 KiB"
+    assert size_text(36 * 2**20) == "36 MiB"
+    assert size_text(12288 * 2**20) == "12 GiB"
+    assert size_text(768.1 * 2**20) == "768 MiB"
+    assert size_text(3 * 2**40) == "3,072 GiB"
