@@ -166,6 +166,7 @@ COLUMNS = {
     "mask": ("mask", str),
     "pass": ("pass", lambda v: {"fwd": "forward", "fwd+bwd": "forward + backward"}.get(v, v)),
     "kernel": ("kernel that ran", str),
+    "custom_calls": ("custom calls in the compiled program", str),
     "local": ("local step", lambda v: {"mosaic": "our Mosaic GPU kernel", "blockwise": "blockwise JAX"}.get(v, v)),
     "vs_local": ("time / local step's", lambda v: f"{v:.3g}"),
     "reason": ("why not", str),
