@@ -51,7 +51,11 @@ def assert_grads_close(fn, q, k, v, *, causal, tol):
     """jax.vjp through ``fn`` against :func:`reference_grads` with a random output gradient."""
     d_out = jax.random.normal(jax.random.key(7), q.shape, jnp.float32).astype(q.dtype)
     _, vjp = jax.vjp(fn, q, k, v)
-    grads = jax.jit(vjp)(d_out)
+    assert_grads_match(jax.jit(vjp)(d_out), q, k, v, d_out, causal=causal, tol=tol)
+
+
+def assert_grads_match(grads, q, k, v, d_out, *, causal, tol):
+    """(dq, dk, dv) computed for the output gradient ``d_out`` against :func:`reference_grads`."""
     for name, got, want in zip(("dq", "dk", "dv"), grads, reference_grads(q, k, v, d_out, is_causal=causal)):
         got = np.asarray(got, np.float64)
         assert got.shape == want.shape and np.isfinite(got).all(), name
