@@ -18,11 +18,7 @@
 #   ATTENTION_TUTORIAL_CP_TE=0            leave TransformerEngine's context parallelism out
 # A later run of the extra replaces the whole cp_scaling grid in the result file (the recorder's rule).
 set -uo pipefail
-export TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-[ -f /tmp/site/te_env.sh ] && . /tmp/site/te_env.sh
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/results attention_tutorial/results/data
-RES=attention_tutorial/results/data/nvidia-h200.json
-[ -f /tmp/results/nvidia-h200.json ] && cp /tmp/results/nvidia-h200.json "$RES"
+. "$(dirname "$0")/gpu_env.sh"  # environment, $OUT, $RES
 if [ "${1:-}" = tests ]; then
   python3 -m pytest -q -m "gpu or te" -p no:cacheprovider tests/measure/test_cp_scaling.py 2>&1 | tail -25
   exit

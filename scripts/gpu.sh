@@ -8,11 +8,7 @@
 #   bash scripts/gpu.sh docs             the whole site, built live on the GPU from carried wheels (.whl)
 # Results accumulate in /tmp/results while the machine stays up, and are copied to $OUT after each step.
 set -uo pipefail
-export TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-[ -f /tmp/site/te_env.sh ] && . /tmp/site/te_env.sh
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/results attention_tutorial/results/data
-RES=attention_tutorial/results/data/nvidia-h200.json
-[ -f /tmp/results/nvidia-h200.json ] && cp /tmp/results/nvidia-h200.json "$RES"
+. "$(dirname "$0")/gpu_env.sh"  # environment, $OUT, $RES
 step=$1; shift
 case "$step" in
   tests)
