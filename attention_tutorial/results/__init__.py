@@ -2,7 +2,9 @@
 
 Modules: :mod:`~attention_tutorial.results.store` (result files: provenance, save/load/validate, selection),
 :mod:`~attention_tutorial.results.record` (the recorder), :mod:`~attention_tutorial.results.report` (live runs and
-recorded references for the pages) and :mod:`~attention_tutorial.results.plotting` (figures and tables).
+recorded references for the pages), :mod:`~attention_tutorial.results.plotting` (figures and tables),
+:mod:`~attention_tutorial.results.claims` (words from data) and :mod:`~attention_tutorial.results.lesson_tables` (the
+small lessons' tables).
 The store's functions are re-exported here: ``from attention_tutorial import results; results.load(path)``.
 This layer may import everything below it (``kernels``, ``measure`` and the top-level modules).
 """

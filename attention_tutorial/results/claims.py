@@ -61,6 +61,11 @@ def compare(a_records, b_records) -> Claim:
     return Claim(b / a, b_lo / a_hi, b_hi / a_lo, word)
 
 
+def relative(claim: Claim, other: str) -> str:
+    """A :func:`compare` claim as a phrase about ``other``: "faster than X", "slower than X" or "on par with X"."""
+    return f"on par with {other}" if claim.word == "on par" else f"{claim.word} than {other}"
+
+
 def exponent_word(p: float, var: str = "x") -> str:
     """Name a growth exponent (y ∝ x**p): 'stays flat', 'grows linearly', 'grows quadratically', or 'grows as x^p'."""
     if abs(p) < 0.3:

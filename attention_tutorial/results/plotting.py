@@ -76,8 +76,12 @@ def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title
     else:
         fig, axes = ax.figure, [ax]
     firsts = list(dict.fromkeys(key[0] for key in series))
-    for key, rs in series.items():
+    for rs in series.values():
         rs.sort(key=lambda r: r[x])
+    same = _identical_series(series, x, y, split)
+    for key, rs in series.items():
+        if key in same and same[key] is None:
+            continue  # drawn as part of an identical series, under a joint name
         j = rests.index(key[1:])
         target = axes[j] if split else axes[0]
         xs, ys = [r[x] for r in rs], [r[y] for r in rs]
@@ -87,6 +91,10 @@ def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title
             colour, marker = PALETTE[firsts.index(key[0]) % len(PALETTE)], MARKERS[firsts.index(key[0]) % len(MARKERS)]
         shown = 1 if split else len(by)  # in a panel, the panel's title names the other fields
         name = ", ".join(label(k) if b == "impl" else _fmt_key(b, k) for b, k in list(zip(by, key))[:shown])
+        if same.get(key):  # other series with exactly these points: one line, both names
+            others = [", ".join(label(k) if b == "impl" else _fmt_key(b, k) for b, k in list(zip(by, o))[:shown])
+                      for o in same[key]]  # fmt: skip
+            name = " = ".join([name, *others]) + " (identical)"
         style = "-" if split else LINESTYLES[j % len(LINESTYLES)]
         if split:
             target.set_title(", ".join(_fmt_key(b, k) for b, k in zip(by[1:], key[1:])), fontsize=10)
@@ -110,6 +118,22 @@ def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title
         fig.suptitle(title, fontsize=11) if split else axes[0].set_title(title, fontsize=11)
     _legend(fig, axes, split)
     return fig
+
+
+def _identical_series(series, x, y, split) -> dict:
+    """{first key: [later keys with exactly its points], later key: None} for series drawn on one axes whose
+    (x, y) points are identical — drawn once, or the later line would hide the first and its legend entry lie."""
+    out: dict = {}
+    keys = list(series)
+    for i, a in enumerate(keys):
+        if a in out:
+            continue
+        pa = [(r[x], r[y]) for r in series[a]]
+        for b in keys[i + 1 :]:
+            if b not in out and (not split or a[1:] == b[1:]) and [(r[x], r[y]) for r in series[b]] == pa:
+                out.setdefault(a, []).append(b)
+                out[b] = None
+    return out
 
 
 def _legend(fig, axes, split):

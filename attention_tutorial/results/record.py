@@ -78,7 +78,7 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
     steps = [(name, lambda name=name: _sized_sweep(name, memory, peak_tflops=peak, progress=progress,
                                                    repeats=repeats, max_seconds=max_seconds)) for name in grid_names]  # fmt: skip
     steps += [(name, functools.partial(EXTRAS[name], peak, repeats=repeats, max_seconds=max_seconds))
-              for name in extras if name != "kernel_code"]  # fmt: skip
+              for name in extras if EXTRAS[name] is not None]  # fmt: skip
     for name, measure in steps:
         t0 = time.perf_counter()
         recs = measure()
@@ -95,6 +95,14 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
         store.save(out, prov, [])
         statuses = ", ".join(f"{name}: {rec['status']}" for name, rec in prov["kernel_code"].items())
         print(f"kernel_code: {statuses}", flush=True)
+    if "lessons" in extras:  # TF32 vs float32, what cuDNN refuses, GQA = MHA: kept in the provenance
+        from ..measure.lessons import lesson_records
+
+        t0 = time.perf_counter()
+        prov["lessons"] = lesson_records(repeats=repeats, max_seconds=max_seconds)
+        prov["grids"] = {"lessons": _grid_provenance(env, round(time.perf_counter() - t0, 1), command, peak)}
+        store.save(out, prov, [])
+        print(f"lessons: {', '.join(f'{k}: {len(v)} rows' for k, v in prov['lessons'].items())}", flush=True)
     return out
 
 
@@ -160,7 +168,8 @@ def _train_records(peak, **timing):
     return train_grid(("cudnn", "xla", "mosaic"), steps=200, peak_tflops=peak)
 
 
-# Experiments beside the grids, by name: each returns records (kernel_code: instruction counts, kept in provenance).
+# Experiments beside the grids, by name: each returns records (None: kept in the provenance instead — kernel_code:
+# instruction counts; lessons: see measure.lessons).
 EXTRAS = {
     "fp8": _fp8_records,
     "device_time": _device_time_records,
@@ -168,6 +177,7 @@ EXTRAS = {
     "cp_scaling": _cp_scaling_records,
     "train": _train_records,
     "kernel_code": None,
+    "lessons": None,
 }
 
 # What an extra adds to its grid's provenance, by name (called after the extra ran).

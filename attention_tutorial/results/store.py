@@ -3,7 +3,7 @@
 A result file is JSON with two keys. ``provenance``: backend ("gpu" when absent, or "cpu"), gpu, driver, jax,
 jaxlib, cudnn, transformer_engine, python, created, command, and the ceilings matmul_bf16_tflops and copy_gbps
 measured in the same run (null when not measured; gpu, driver and cudnn are null on a CPU), plus per-grid details
-under ``grids``, instruction counts of the Pallas kernels under ``kernel_code`` and what scripts did to the file
+under ``grids``, instruction counts of the Pallas kernels under ``kernel_code``, the small lessons of :mod:`~attention_tutorial.measure.lessons` under ``lessons`` and what scripts did to the file
 under ``history``. ``records``: one dict per measured point, built and checked by
 :mod:`attention_tutorial.measure.sweep` (the one owner of the record schema), each tagged with its ``grid``.
 
@@ -32,7 +32,7 @@ PROVENANCE_FIELDS = {
 GPU_ONLY = ("gpu", "driver", "cudnn")  # null on a CPU
 CEILINGS = ("matmul_bf16_tflops", "copy_gbps")  # present in every file; null when the run did not measure them
 # Provenance entries a later run adds to instead of replacing: per-grid details, kernel instruction counts, history.
-MERGED_PROVENANCE = ("grids", "kernel_code")
+MERGED_PROVENANCE = ("grids", "kernel_code", "lessons")
 REFERENCE_GPU = "nvidia-h200"
 RESULTS_DIR = Path(os.environ.get("ATTENTION_TUTORIAL_RESULTS", Path(__file__).resolve().parent / "data"))
 

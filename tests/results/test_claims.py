@@ -205,3 +205,9 @@ def test_head_dim_words_follow_the_recorded_spreads():
     word = claims.time_change(rs[0], rs[-1], var="head_dim")
     outside = rs[0]["p90_ms"] < rs[-1]["p10_ms"] or rs[-1]["p90_ms"] < rs[0]["p10_ms"]
     assert ("outside the timing spreads" in word) == outside
+
+
+def test_relative_phrases_the_comparison_word():
+    assert claims.relative(claims.compare([rec(1.0, 0.9, 1.1)], [rec(2.0, 1.8, 2.2)]), "B") == "faster than B"
+    assert claims.relative(claims.compare([rec(2.0, 1.8, 2.2)], [rec(1.0, 0.9, 1.1)]), "B") == "slower than B"
+    assert claims.relative(claims.compare([rec(1.0, 0.9, 1.2)], [rec(1.1, 1.0, 1.3)]), "B") == "on par with B"

@@ -68,8 +68,8 @@ def test_markdown_table_formats_fp8_fields():
 
 def test_colour_follows_the_implementation_and_line_style_the_rest():
     recs = [
-        {"impl": impl, "seq_q": t, "causal": causal, "status": "ok", "tflops": 1.0 + t / 1000}
-        for impl in ("xla", "cudnn")
+        {"impl": impl, "seq_q": t, "causal": causal, "status": "ok", "tflops": i + causal / 2 + t / 1000}
+        for i, impl in enumerate(("xla", "cudnn"))
         for causal in (False, True)
         for t in (64, 128)
     ]
@@ -81,7 +81,10 @@ def test_colour_follows_the_implementation_and_line_style_the_rest():
 
 def test_an_implementation_keeps_its_colour_on_every_plot():
     one = [{"impl": "cudnn", "seq_q": 64, "status": "ok", "tflops": 1.0}]
-    two = [{"impl": impl, "seq_q": 64, "status": "ok", "tflops": 1.0} for impl in ("naive", "xla", "cudnn")]
+    two = [
+        {"impl": impl, "seq_q": 64, "status": "ok", "tflops": 1.0 + i}
+        for i, impl in enumerate(("naive", "xla", "cudnn"))
+    ]
     colour = {line.get_label(): line.get_color() for line in plot_records(two, y="tflops").axes[0].lines}
     assert plot_records(one, y="tflops").axes[0].lines[0].get_color() == colour["cuDNN"]
     assert len(set(colour.values())) == 3
@@ -89,8 +92,8 @@ def test_an_implementation_keeps_its_colour_on_every_plot():
 
 def test_more_than_six_lines_split_into_panels():
     recs = [
-        {"impl": impl, "seq_q": 64, "causal": causal, "status": "ok", "tflops": 1.0}
-        for impl in ("naive", "xla", "cudnn", "pallas")
+        {"impl": impl, "seq_q": 64, "causal": causal, "status": "ok", "tflops": 1.0 + i}
+        for i, impl in enumerate(("naive", "xla", "cudnn", "pallas"))
         for causal in (False, True)
     ]
     fig = plot_records(recs, y="tflops", by=("impl", "causal"))
@@ -104,7 +107,7 @@ def test_table_cells_escape_what_markdown_would_eat():
 
 
 def test_long_legends_go_beside_the_axes():
-    recs = [{"impl": f"impl{i}", "seq_q": 64, "status": "ok", "tflops": 1.0} for i in range(8)]
+    recs = [{"impl": f"impl{i}", "seq_q": 64, "status": "ok", "tflops": 1.0 + i} for i in range(8)]
     fig = plot_records(recs, y="tflops")
     ax = fig.axes[0]
     legend = ax.get_legend()
@@ -127,3 +130,12 @@ def test_size_text_picks_a_readable_unit():
     assert size_text(12288 * 2**20) == "12 GiB"
     assert size_text(768.1 * 2**20) == "768 MiB"
     assert size_text(3 * 2**40) == "3,072 GiB"
+
+
+def test_identical_series_are_drawn_once_under_both_names():
+    naive = [{**r, "impl": "naive"} for r in RECS[:2]]
+    other = [{**RECS[0], "impl": "blockwise", "tflops": 1.5}, {**RECS[1], "impl": "blockwise"}]
+    fig = plot_records(RECS + naive + other, y="tflops")
+    names = fig.axes[0].get_legend_handles_labels()[1]
+    assert names == ["XLA = naive (from scratch) (identical)", "blockwise JAX (online softmax)"]
+    assert len(fig.axes[0].lines) == 2  # one line for the identical pair, one for the one that differs at T=64

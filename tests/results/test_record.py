@@ -29,6 +29,20 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(rec_mod, "_kernel_code_records", lambda: {"mosaic bfloat16": {"status": "ok", "run": 1}})
 
 
+def test_lessons_are_kept_in_the_provenance_and_merged(fake_gpu, tmp_path, monkeypatch):
+    from attention_tutorial.measure import lessons
+
+    out = tmp_path / "gpu.json"
+    monkeypatch.setattr(lessons, "lesson_records", lambda **t: {"gqa": [{"impl": "xla"}], "inputs": [{"n": 1}]})
+    rec_mod.record(["decode"], out=out, repeats=3, max_seconds=0.1, extras=("lessons",), progress=False, command="t")
+    data = results.load(out)
+    assert data["provenance"]["lessons"] == {"gqa": [{"impl": "xla"}], "inputs": [{"n": 1}]}
+    assert set(data["provenance"]["grids"]) == {"decode", "lessons"}
+    monkeypatch.setattr(lessons, "lesson_records", lambda **t: {"gqa": [{"impl": "naive"}]})
+    rec_mod.record([], out=out, extras=("lessons",), progress=False, command="again")
+    assert results.load(out)["provenance"]["lessons"] == {"gqa": [{"impl": "naive"}], "inputs": [{"n": 1}]}
+
+
 def test_record_writes_a_valid_file_grid_by_grid_and_merges(fake_gpu, tmp_path, monkeypatch):
     out = tmp_path / "gpu.json"
     monkeypatch.setattr(rec_mod, "environment", lambda: {**FAKE_ENV, "transformer_engine": "2.20.2"})
@@ -94,6 +108,6 @@ def test_every_extra_is_offered_by_the_cli_and_unknown_ones_are_refused():
     args = cli._parser().parse_args(["record", "--extras", *rec_mod.EXTRAS])
     assert tuple(args.extras) == tuple(rec_mod.EXTRAS)
     with pytest.raises(
-        ValueError, match="choose from fp8, device_time, context_parallel, cp_scaling, train, kernel_code"
+        ValueError, match="choose from fp8, device_time, context_parallel, cp_scaling, train, kernel_code, lessons"
     ):
         rec_mod.record(["seq_long"], extras=("nope",))

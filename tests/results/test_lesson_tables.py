@@ -1,0 +1,83 @@
+"""The lessons' tables and words: synthetic rows a wrong word would fail, and the recorded rows read back."""
+
+import pytest
+
+from attention_tutorial.results import lesson_tables as lt
+from attention_tutorial.results import record as rec_mod
+from attention_tutorial.results import store
+
+
+def timed(ms, lo, hi, **kw):
+    return {"median_ms": ms, "p10_ms": lo, "p90_ms": hi, **kw}
+
+
+PREC = [
+    timed(1.0, 0.95, 1.05, precision="default", matmuls_in="tf32", max_abs_error=6e-4, time_shape="T=2048"),
+    timed(3.0, 2.9, 3.1, precision="highest", matmuls_in="float32", max_abs_error=4e-7, time_shape="T=2048"),
+]
+
+
+def test_precision_table_judges_each_error_against_its_own_precision():
+    rows = lt.precision_table(PREC)
+    assert rows[0]["verdict"] == "agree to within tf32 rounding (tolerance 2e-03)"
+    assert rows[1]["verdict"] == "agree to within float32 rounding (tolerance 1e-05)"
+    assert rows[0]["ms per call at T=2048 (p10–p90)"] == "1 (0.95–1.05)"
+    bad = lt.precision_table([{**PREC[1], "max_abs_error": 1e-3}])
+    assert bad[0]["verdict"].startswith("differ by more than float32")
+
+
+def test_highest_vs_default_says_slower_only_outside_the_spread():
+    c = lt.highest_vs_default(PREC)
+    assert c.word == "slower" and c.value == pytest.approx(1 / 3)
+    close = [PREC[0], timed(1.02, 0.97, 1.1, precision="highest", matmuls_in="float32", max_abs_error=0.0)]
+    assert lt.highest_vs_default(close).word == "on par"
+
+
+def test_refusal_table_and_consistency():
+    rows = [{"head_dim": 128, "dtype": "bfloat16", "why_not": None, "forced": "runs"},
+            {"head_dim": 100, "dtype": "bfloat16", "why_not": "head_dim must be a multiple of 8", "forced": "ValueError: x"}]  # fmt: skip
+    table = lt.refusal_table(rows)
+    assert table[0]["our check (cudnn_why_not)"] == "runs" and table[1]["JAX when cuDNN is forced"] == "ValueError: x"
+    assert lt.refusals_consistent(rows)
+    assert not lt.refusals_consistent([{**rows[0], "forced": "RuntimeError: no"}])  # we say runs, JAX refuses
+    assert not lt.refusals_consistent([{**rows[1], "forced": "runs"}])  # we refuse, JAX runs it
+
+
+def test_gqa_table_uses_the_tolerance_of_what_was_computed_in():
+    rows = [{"impl": "xla", "status": "ok", "computed_in": "bfloat16", "max_abs_diff": 4.9e-4, "reason": None},
+            {"impl": "naive", "status": "ok", "computed_in": "float32", "max_abs_diff": 4.9e-4, "reason": None},
+            {"impl": "te", "status": "unsupported", "computed_in": "bfloat16", "max_abs_diff": None, "reason": "no TE"}]  # fmt: skip
+    table = lt.gqa_table(rows)
+    assert table[0]["implementation"] == "XLA" and table[0]["verdict"].startswith("agree to within bfloat16")
+    assert table[1]["verdict"].startswith("differ by more than float32")
+    assert table[2]["max |GQA − MHA|"] == "—" and table[2]["verdict"] == "no TE"
+
+
+def test_inputs_words_compare_each_constant_kind_with_random_data():
+    rows = [timed(0.8, 0.78, 0.82, inputs="zeros", n=8192, tflops=1.0),
+            timed(0.99, 0.95, 1.05, inputs="ones", n=8192, tflops=1.0),
+            timed(1.0, 0.97, 1.03, inputs="random normal", n=8192, tflops=1.0)]  # fmt: skip
+    claims = lt.inputs_vs_random(rows)
+    assert claims["zeros"].word == "faster" and claims["zeros"].value == pytest.approx(1.25)
+    assert claims["ones"].word == "on par"
+    assert (
+        lt.inputs_words(rows) == "zeros ran faster than random data (1.25×); ones ran on par with random data (1.01×)"
+    )
+    assert lt.input_table(rows)[0]["matmul"] == "8192×8192 @ 8192×8192, bf16"
+
+
+def test_recorded_lesson_reads_the_provenance_and_says_none_when_absent(tmp_path):
+    assert lt.recorded_lesson("gqa", tmp_path) == (None, None)
+    with pytest.raises(ValueError, match="unknown lesson 'tf32'; choose from precision"):
+        lt.recorded_lesson("tf32", tmp_path)
+    env = {"gpu": "NVIDIA H200", "driver": "580.0", "jax": "0.11.2", "jaxlib": "0.11.2", "cudnn": "9.19.0",
+           "transformer_engine": None, "python": "3.12.3", "created": "2026-12-03T00:00:00+00:00"}  # fmt: skip
+    prov = rec_mod.provenance(env, {"matmul_bf16_tflops": 700.0, "copy_gbps": 3000.0}, "test")
+    prov["lessons"] = {"gqa": [{"impl": "xla", "status": "ok"}]}
+    one = store.recorded("nvidia-h200")["records"][:1]  # any valid record: a result file is never empty
+    grid = {"created": "2026-12-03T01:00:00+00:00", **{k: env[k] for k in rec_mod.GRID_VERSIONS}}
+    prov["grids"] = {"lessons": grid, one[0]["grid"]: grid}
+    store.save(tmp_path / "nvidia-h200.json", prov, one)
+    rows, where = lt.recorded_lesson("gqa", tmp_path)
+    assert rows == [{"impl": "xla", "status": "ok"}] and "NVIDIA H200" in where and "2026-12-03" in where
+    assert lt.recorded_lesson("precision", tmp_path) == (None, None)
