@@ -232,8 +232,11 @@ def markdown_table(records, columns) -> str:
     return "\n".join(lines)
 
 
-def show_table(records, columns):
-    """Display ``markdown_table`` in a notebook (the pages' way of showing a table)."""
+def show_table(records, columns=None):
+    """``markdown_table`` as a notebook Markdown object (display it, or end a cell with it); ``columns`` default to
+    the first record's fields."""
     from IPython.display import Markdown
 
-    return Markdown(markdown_table(records, columns))
+    if not records:
+        return Markdown("*(no rows)*")
+    return Markdown(markdown_table(records, list(columns or records[0])))

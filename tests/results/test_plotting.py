@@ -139,3 +139,11 @@ def test_identical_series_are_drawn_once_under_both_names():
     names = fig.axes[0].get_legend_handles_labels()[1]
     assert names == ["XLA = naive (from scratch) (identical)", "blockwise JAX (online softmax)"]
     assert len(fig.axes[0].lines) == 2  # one line for the identical pair, one for the one that differs at T=64
+
+
+def test_show_table_defaults_to_the_first_records_fields():
+    from attention_tutorial.results.plotting import show_table
+
+    text = show_table([{"impl": "xla", "seq_q": 64}]).data
+    assert text.splitlines()[0] == "| implementation | T |" and "| XLA | 64 |" in text
+    assert show_table([]).data == "*(no rows)*"
