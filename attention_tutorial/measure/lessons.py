@@ -52,7 +52,7 @@ def _on_gpu() -> bool:
 def precision_rows(batch=4, seq=128, heads=8, head_dim=64, *, time_seq=None, seed=0, timing=None) -> list[dict]:
     """float32 XLA attention at the default and the "highest" matmul precision.
 
-    Error: max |out − float64| at (B=batch, T=S=seq, N=heads, H=head_dim). Time: the same call at T = S =
+    Error: the largest absolute difference from float64 at (B=batch, T=S=seq, N=heads, H=head_dim). Time: the same call at T = S =
     ``time_seq`` (default 2048 on a GPU, 256 elsewhere; median, p10, p90 in ms; ``timing`` passes options to
     :func:`~attention_tutorial.measure.timing.time_fn`).
     """
@@ -97,7 +97,7 @@ def cudnn_refusal_rows(cases=REFUSAL_CASES) -> list[dict]:
 
 
 def gqa_rows(batch=2, seq=256, heads=8, kv_heads=2, head_dim=64, *, dtype=None, impls=GQA_IMPLS, seed=3) -> list[dict]:
-    """Max |GQA − MHA with repeated kv heads| per implementation (status "unsupported" with the reason where this
+    """The largest absolute difference between GQA and MHA with repeated kv heads, per implementation (status "unsupported" with the reason where this
     machine cannot run it). ``dtype``: bfloat16 on a GPU, float32 elsewhere, by default."""
     from ..registry import IMPLEMENTATIONS, why_not
 
