@@ -70,7 +70,7 @@ def gqa_table(rows) -> list[dict]:
 
 def input_table(rows) -> list[dict]:
     """Display rows of :func:`~attention_tutorial.measure.lessons.input_rows`: TFLOP/s and time with spread per input kind."""
-    return [{"inputs": r["inputs"], "matmul": f"{r['n']}×{r['n']} @ {r['n']}×{r['n']}, bf16", "TFLOP/s": f"{r['tflops']:.0f}",
+    return [{"inputs": r["inputs"], "matmul": f"{r['n']}×{r['n']} @ {r['n']}×{r['n']}, bf16", "TFLOP/s": f"{r['tflops']:.3g}",
              "ms per call (p10–p90)": _ms(r)} for r in rows]  # fmt: skip
 
 
