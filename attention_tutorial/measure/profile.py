@@ -167,7 +167,7 @@ def compare(t: Timing, kernels, *, profiled_calls: int) -> dict:
     }  # fmt: skip
 
 
-def compare_with_timing(fn, *args, profiled_calls: int = 10, compiled=None, **timing) -> dict:
+def compare_with_timing(fn, *args, profiled_calls: int = 50, compiled=None, **timing) -> dict:
     """Profile ``profiled_calls`` calls of ``fn(*args)`` and time it with ``time_fn`` (``timing`` are its options,
     ``repeats`` among them); the comparison of :func:`compare`, plus ``compile_s``."""
     compile_s = 0.0
@@ -190,7 +190,7 @@ PROFILED_IMPLS = ("cudnn", "xla", "mosaic", "pallas", "blockwise", "te")
 
 
 def profile_records(impls=PROFILED_IMPLS, *, batch=4, seq=4096, heads=16, head_dim=128, dtype="bfloat16",
-                    causal=(False, True), peak_tflops: float | None = None, profiled_calls: int = 10, seed: int = 0,
+                    causal=(False, True), peak_tflops: float | None = None, profiled_calls: int = 50, seed: int = 0,
                     **timing) -> list[dict]:  # fmt: skip
     """One record per implementation and mask at one shape (B, T = S, N = K, H): the timing and TFLOP/s of
     :func:`~attention_tutorial.measure.sweep.timed_record` plus the fields of :func:`compare`. Unsupported or
