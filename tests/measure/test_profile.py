@@ -36,7 +36,7 @@ def test_parser_reads_a_real_cpu_trace(tmp_path):
     names = {name for name, _, _ in evts}
     assert names and all(re.search(rf"%{re.escape(n)} = ", hlo) for n in names), names  # each is an op of ours
     assert all(kind == profile.HOST_KIND and ns > 0 for _, kind, ns in evts)
-    assert len(evts) % 3 == 0  # the same ops in each of the three calls
+    assert len(evts) % 4 == 0  # the same ops in each of the three timed calls and the one before them
 
 
 @cpu_only
@@ -79,6 +79,18 @@ def test_compare_record_fields_and_ratio():
     assert host["time_source"] == "host" and host["device_ratio"] == pytest.approx(2.1)
     assert compare(t, [], profiled_calls=1)["device_ratio"] is None
     assert profile.agreement_pct({"device_ratio": None}) is None
+    same = compare(t, rows, profiled_calls=10, traced_wall_ms=2.04, device_span_ms=2.0)
+    assert same["span_ratio"] == pytest.approx(1.02) and profile.agreement_pct(same) == pytest.approx(2.0)
+    assert compare(t, rows, profiled_calls=10, traced_wall_ms=2.0, device_span_ms=None)["span_ratio"] is None
+
+
+def test_busy_span_leaves_out_the_untimed_call_and_counts_gaps():
+    # two events per call, 3 calls (the first untimed): call i runs [10i, 10i+3] and [10i+4, 10i+8] µs
+    spans = [(10_000 * i + a, 10_000 * i + b) for i in range(3) for a, b in ((0, 3_000), (4_000, 8_000))]
+    # timed calls 1 and 2: from 10 µs to 28 µs = 18 µs over 2 calls (the 1 µs gaps inside count, the 2 µs after not)
+    assert profile.busy_span_ms(spans, calls=2) == pytest.approx(9e-3)
+    assert profile.busy_span_ms(spans[:-1], calls=2) is None  # 5 events do not split into 3 calls
+    assert profile.busy_span_ms([], calls=2) is None
 
 
 def test_profile_records_follow_the_schema():
@@ -106,6 +118,7 @@ def test_device_time_agrees_with_pipelined_time_for_a_long_cudnn_call():
     assert rec["time_source"] == "device"
     assert any(k["kind"] == "kernel" for k in rec["kernels"])
     assert rec["device_ms"] >= 1.0, rec
+    assert rec["span_ratio"] is not None, rec  # host and GPU time of the very same calls
     assert profile.agreement_pct(rec) <= 3.0, rec
 
 
@@ -126,12 +139,23 @@ def test_agreement_sentence_is_worded_from_the_data():
     assert profile.agreement_sentence([{"status": "unsupported"}]) == "No call was profiled here."
 
 
+def test_agreement_sentence_prefers_the_same_calls_comparison():
+    recs = [{**_rec("cudnn", 1.08, 2.0), "span_ratio": 1.01, "traced_wall_ms": 2.02, "device_span_ms": 2.0},
+            {**_rec("xla", 0.95, 4.0), "span_ratio": 0.98, "traced_wall_ms": 3.92, "device_span_ms": 4.0}]  # fmt: skip
+    text = profile.agreement_sentence(recs)
+    assert "GPU's busy span over the same calls agree within 2.0 % (inside the 3 % target" in text
+    assert "largest gap: xla, no mask" in text and "is 93–105 % of the pipelined median" in text
+
+
 def test_table_rows_format_records():
     rec = {**_rec("cudnn", 1.0123, 2.5), "median_ms": 2.53, "p10_ms": 2.5, "p90_ms": 2.6, "dispatch_ms": 0.012,
            "kernels": [{"name": "k" * 200, "us": 12345.6, "count": 1.0, "kind": "kernel"},
                        {"name": "fmha", "us": 99.94, "count": 2.0, "kind": "kernel"}]}  # fmt: skip
     row = profile.summary_row(rec)
     assert row["pipelined / summed"] == "1.012" and row["p10–p90 (ms)"] == "2.5–2.6"
+    assert row["pipelined ms (p10–p90)"] == "2.53 (2.5–2.6)" and row["profiled calls: host / GPU busy (ms)"] == "–"
+    same = profile.summary_row({**rec, "traced_wall_ms": 2.55, "device_span_ms": 2.5, "span_ratio": 1.02})
+    assert same["profiled calls: host / GPU busy (ms)"] == "2.55 / 2.5 = 1.020"
     assert row["summed over"] == "GPU kernels" and row["dispatch (ms)"] == "0.012"
     skipped = profile.summary_row({"impl": "te", "causal": True, "status": "unsupported", "reason": "no TE"})
     assert skipped["pipelined median (ms)"] == "–" and skipped["reason"] == "no TE"
