@@ -16,6 +16,8 @@ import itertools
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 #: Largest max-abs difference between two attention outputs (unit-variance inputs) that is still rounding, per dtype
 #: of the computation. "tf32" is float32 whose matmuls run on TF32 tensor cores (10 stored mantissa bits), the
 #: default for float32 matmuls on NVIDIA GPUs in JAX.
@@ -59,6 +61,21 @@ def compare(a_records, b_records) -> Claim:
     b, b_lo, b_hi = spread_ms(b_records)
     word = "faster" if a_hi < b_lo else "slower" if a_lo > b_hi else "on par"
     return Claim(b / a, b_lo / a_hi, b_hi / a_lo, word)
+
+
+def paired_compare(a_records, b_records, key: str = "step") -> Claim:
+    """How fast A is against B, pairing records that share ``key`` (say, the same logged window of two training
+    runs): value = the median of B's time / A's time over the pairs (above 1: A faster), low/high = its p10/p90.
+    The word is "faster" or "slower" only when at least 90 % of the pairs say so, else "on par". Pairing keeps a
+    drift that both runs share (a GPU's clock, a step time growing over a run) out of the comparison."""
+    b_by = {r[key]: r["median_ms"] for r in b_records if r.get("status", "ok") == "ok" and r.get("median_ms")}
+    ratios = sorted(b_by[r[key]] / r["median_ms"] for r in a_records
+                    if r.get("status", "ok") == "ok" and r.get("median_ms") and r[key] in b_by)  # fmt: skip
+    if not ratios:
+        raise ValueError(f"paired_compare needs records of A and B sharing {key!r}; got none")
+    lo, mid, hi = (float(x) for x in np.percentile(ratios, [10, 50, 90]))
+    word = "faster" if lo > 1 else "slower" if hi < 1 else "on par"
+    return Claim(mid, lo, hi, word)
 
 
 def relative(claim: Claim, other: str) -> str:
@@ -150,20 +167,57 @@ def versus(records, impl: str, baseline: str = "cudnn", *, min_seq: int = 0, **w
     return dict(sorted(out.items()))
 
 
-def loss_agreement(step_records, dtype: str) -> dict[str, Claim]:
-    """Per implementation after the first one in ``step_records`` (kind "step" records of one training run): the
-    :func:`agreement` of its largest loss difference from the first one's at the same logged steps."""
+TWIN_SUFFIX = "_twin"  # a training run of the first implementation from weights nudged by one rounding step
+TWIN_FACTOR = 3.0  # a loss difference up to this many times the twin's counts as rounding noise
+
+
+def _losses(step_records) -> dict[str, dict[int, float]]:
     by: dict[str, dict[int, float]] = {}
     for r in step_records:
         by.setdefault(r["impl"], {})[r["step"]] = r["loss"]
-    if not by:
+    return by
+
+
+def _max_diff(a: dict, b: dict) -> float | None:
+    common = set(a) & set(b)
+    return max(abs(a[s] - b[s]) for s in common) if common else None
+
+
+def loss_noise(step_records) -> float | None:
+    """The rounding-noise yardstick of a training comparison: the largest loss difference between the first
+    implementation and its twin (the same run from weights nudged by one rounding step); None without a twin."""
+    by = _losses(step_records)
+    plain = [i for i in by if not i.endswith(TWIN_SUFFIX)]
+    if not plain or plain[0] + TWIN_SUFFIX not in by:
+        return None
+    return _max_diff(by[plain[0]], by[plain[0] + TWIN_SUFFIX])
+
+
+def loss_agreement(step_records, dtype: str) -> dict[str, Claim]:
+    """Per implementation after the first one in ``step_records`` (kind "step" records of one training run): its
+    largest loss difference from the first one's at the same logged steps, judged against rounding.
+
+    With a twin run (see :func:`loss_noise`) the yardstick is how far rounding alone moved the curve: up to
+    :data:`TWIN_FACTOR` times the twin's difference reads "agree within rounding noise", more "differ by more than
+    rounding noise" (``high`` is that limit). Without a twin, the attention-output tolerance of ``dtype``
+    (:func:`agreement`)."""
+    by = _losses(step_records)
+    plain = [i for i in by if not i.endswith(TWIN_SUFFIX)]
+    if not plain:
         return {}
-    first, *others = by
+    first, *others = plain
+    noise = loss_noise(step_records)
     out = {}
     for o in others:
-        common = set(by[o]) & set(by[first])
-        if common:
-            out[o] = agreement(max(abs(by[o][s] - by[first][s]) for s in common), dtype)
+        diff = _max_diff(by[o], by[first])
+        if diff is None:
+            continue
+        if noise:
+            limit = TWIN_FACTOR * noise
+            word = "agree within rounding noise" if diff <= limit else "differ by more than rounding noise"
+            out[o] = Claim(float(diff), 0.0, limit, word)
+        else:
+            out[o] = agreement(diff, dtype)
     return out
 
 
@@ -177,15 +231,24 @@ def loss_motion(step_records, impl: str) -> float | None:
 
 
 def loss_agreement_words(step_records, dtype: str) -> str:
-    """Markdown lines: each implementation's largest loss difference from the first one, in words, and the
-    yardstick from :func:`loss_motion`."""
+    """Markdown lines: each implementation's largest loss difference from the first one, in words, with the
+    yardstick it was judged against, and :func:`loss_motion` for scale."""
     claims = loss_agreement(step_records, dtype)
     if not claims:
         return "*(only one implementation trained)*"
-    first = next(iter({r["impl"]: None for r in step_records}))
+    first = next(i for i in _losses(step_records) if not i.endswith(TWIN_SUFFIX))
     n = len({r["step"] for r in step_records if r["impl"] == first})
-    lines = [f"- {impl} and {first} {c.word}: max |loss difference| over {n} logged steps = {c.value:.2e} "
-             f"(tolerance {c.high:.0e})" for impl, c in claims.items()]  # fmt: skip
+    noise = loss_noise(step_records)
+    if noise:
+        lines = [f"- the yardstick: {first} trained again from weights nudged by one {dtype} rounding step differs "
+                 f"from itself by up to {noise:.2e}; a difference up to {TWIN_FACTOR:g}× that ({TWIN_FACTOR * noise:.2e}) "
+                 "counts as rounding noise"]  # fmt: skip
+        lines += [f"- {impl} and {first} {c.word}: max |loss difference| over {n} logged steps = {c.value:.2e} "
+                  f"({c.value / noise:.1f}× the yardstick)" for impl, c in claims.items()]  # fmt: skip
+    else:
+        lines = [f"- {impl} and {first} {c.word}: max |loss difference| over {n} logged steps = {c.value:.2e} "
+                 f"(tolerance {c.high:.0e}, the attention-output tolerance of {dtype}: this run has no twin to "
+                 "measure rounding noise with)" for impl, c in claims.items()]  # fmt: skip
     motion = loss_motion(step_records, first)
     if motion is not None:
         lines.append(f"- for scale: {first}'s loss moves by a median {motion:.2e} from one logged step to the next "

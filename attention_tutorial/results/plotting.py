@@ -47,11 +47,16 @@ def label(impl: str) -> str:
     """The display name of an implementation (the registry's label, or the name itself)."""
     if impl in registry.IMPLEMENTATIONS:
         return registry.IMPLEMENTATIONS[impl].label
+    if impl.endswith("_twin") and impl[: -len("_twin")] in registry.IMPLEMENTATIONS:  # train.loop's twin run
+        return f"{registry.IMPLEMENTATIONS[impl[: -len('_twin')]].label}, weights nudged by one rounding"
     return EXTRA_LABELS.get(impl, impl)
 
 
 def impl_style(impl: str, fallback: int = 0) -> tuple[str, str]:
-    """(colour, marker) of an implementation: fixed for the known ones, from the palette otherwise."""
+    """(colour, marker) of an implementation: fixed for the known ones (a twin run in black), from the palette
+    otherwise."""
+    if impl.endswith("_twin"):
+        return ("#000000", ".")
     return IMPL_STYLE.get(impl, (PALETTE[fallback % len(PALETTE)], MARKERS[fallback % len(MARKERS)]))
 
 

@@ -55,6 +55,21 @@ def init_params(config: Config, seed: int):
     return GPT(config).init(jax.random.key(seed), tokens)["params"]
 
 
+def rounding_step(dtype) -> float:
+    """The relative size of one step of ``dtype``'s rounding grid: its machine epsilon, 2^-(stored mantissa bits)
+    (half of it can round straight back to the value it started from)."""
+    return float(jnp.finfo(jnp.dtype(dtype)).eps)
+
+
+def perturb_params(params, rel: float, seed: int):
+    """``params`` with each entry nudged by ±``rel`` of itself, the signs drawn at random from ``seed``: a
+    difference of the size one rounding makes, to see how far rounding alone moves a training run."""
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    signs = [jax.random.rademacher(k, x.shape, x.dtype) for k, x in zip(keys, leaves)]
+    return jax.tree.unflatten(tree, [x * (1 + rel * s) for x, s in zip(leaves, signs)])
+
+
 def make_step(model, opt):
     """(params, opt_state, tokens) -> (params, opt_state, loss): one AdamW step."""
 
@@ -90,15 +105,20 @@ def evaluate(model, params, tokens: np.ndarray, config: Config, *, seed: int, ba
     return float(np.mean([float(x) for x in losses]))
 
 
-def _base(impl: str, config: Config, seed: int, steps: int) -> dict:
+TWIN = "_twin"  # suffix of a twin run's implementation name (weights nudged by one rounding step)
+
+
+def _base(impl: str, config: Config, seed: int, steps: int, perturb: float = 0.0) -> dict:
     c = config
-    return {"impl": impl, "batch": c.batch, "seq_q": c.seq_len, "seq_kv": c.seq_len, "heads": c.heads,
+    twin = {"impl": impl + TWIN, "perturb": perturb} if perturb else {"impl": impl}
+    return {**twin, "batch": c.batch, "seq_q": c.seq_len, "seq_kv": c.seq_len, "heads": c.heads,
             "kv_heads": c.heads, "head_dim": c.head_dim, "dtype": c.dtype, "causal": True, "pass": "fwd+bwd",
             "seed": seed, "steps": steps, **{f"cfg_{k}": v for k, v in c.fields().items()}}  # fmt: skip
 
 
 def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0, log_every: int = 1,
-                  eval_batches: int = 4, corpus=None, peak_tflops: float | None = None) -> TrainResult:  # fmt: skip
+                  eval_batches: int = 4, corpus=None, peak_tflops: float | None = None,
+                  perturb: float = 0.0) -> TrainResult:  # fmt: skip
     """Train ``steps`` AdamW steps with attention ``impl`` and return the per-step records and a summary.
 
     A step record (``kind`` "step", one every ``log_every`` steps and at the last) holds the loss of that step's
@@ -106,12 +126,14 @@ def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0
     "summary") holds the held-out loss before and after training, the median step time over all steps, compile
     time, compiled temporaries and footprint, peak device memory, which attention kernel the compiled step calls,
     and ``pct_peak`` given the measured bf16 matmul ``peak_tflops``. When the registry says ``impl`` cannot run
-    this shape here, the summary alone comes back with status "unsupported".
+    this shape here, the summary alone comes back with status "unsupported". ``perturb`` > 0 nudges the initial
+    weights by that relative amount (:func:`perturb_params`): the run is then a *twin*, its records marked
+    ``perturb``, the yardstick of how far rounding alone moves the loss curve.
     """
     if steps < 1 or log_every < 1:
         raise ValueError(f"steps and log_every must be >= 1; got steps={steps}, log_every={log_every}.")
     c = config
-    base = _base(impl, c, seed, steps)
+    base = _base(impl, c, seed, steps, perturb)
     shape = AttentionShape(c.batch, c.seq_len, c.seq_len, c.heads, c.heads, c.head_dim)
     reason = registry.why_not(impl, shape, c.dtype, causal=True)
     if reason:
@@ -120,6 +142,8 @@ def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0
     corpus = corpus or load_corpus()
     model, opt = GPT(c, impl), optimizer(c, steps)
     params = init_params(c, seed)
+    if perturb:
+        params = perturb_params(params, perturb, seed + 1)
     opt_state = opt.init(params)
     batch = lambda s: jax.device_put(batch_at(corpus.train, batch=c.batch, seq_len=c.seq_len, seed=seed, step=s))  # noqa: E731
     eval_before = evaluate(model, params, corpus.held_out, c, seed=seed, batches=eval_batches)

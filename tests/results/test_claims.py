@@ -211,3 +211,46 @@ def test_relative_phrases_the_comparison_word():
     assert claims.relative(claims.compare([rec(1.0, 0.9, 1.1)], [rec(2.0, 1.8, 2.2)]), "B") == "faster than B"
     assert claims.relative(claims.compare([rec(2.0, 1.8, 2.2)], [rec(1.0, 0.9, 1.1)]), "B") == "slower than B"
     assert claims.relative(claims.compare([rec(1.0, 0.9, 1.2)], [rec(1.1, 1.0, 1.3)]), "B") == "on par with B"
+
+
+def test_loss_agreement_with_a_twin_judges_against_rounding_noise():
+    base = [5.0, 4.0, 3.5, 3.0, 3.2, 2.9]
+    twin = [5.0, 4.0, 3.52, 3.01, 3.18, 2.9]  # rounding alone moved the curve by up to 0.02
+    recs = (_steps("xla", base) + _steps("ours", [x + 0.05 for x in base]) + _steps("bad", [x + 0.07 for x in base])
+            + _steps("xla_twin", twin))  # fmt: skip
+    assert claims.loss_noise(recs) == pytest.approx(0.02)
+    got = claims.loss_agreement(recs, "bfloat16")
+    assert list(got) == ["ours", "bad"]  # the twin is the yardstick, not a contender
+    assert got["ours"].word == "agree within rounding noise" and got["ours"].high == pytest.approx(0.06)
+    assert got["bad"].word == "differ by more than rounding noise"
+    words = claims.loss_agreement_words(recs, "bfloat16")
+    assert (
+        "xla trained again from weights nudged by one bfloat16 rounding step differs from itself by up to 2.00e-02"
+        in words
+    )
+    assert (
+        "- ours and xla agree within rounding noise: max |loss difference| over 6 logged steps = 5.00e-02 (2.5× the yardstick)"
+        in words
+    )
+    assert claims.loss_noise(_steps("xla", base) + _steps("ours_twin", twin)) is None  # a twin of another impl
+
+
+def test_without_a_twin_the_words_name_the_fallback_tolerance():
+    base = [5.0, 4.0]
+    words = claims.loss_agreement_words(_steps("cudnn", base) + _steps("ours", [x + 0.01 for x in base]), "bfloat16")
+    assert "the attention-output tolerance of bfloat16: this run has no twin" in words
+
+
+def test_paired_compare_sees_a_gap_that_a_shared_drift_hides():
+    drift = [34.0 + i for i in range(40)]  # both runs slow down over time
+    fast = [rec(ms, ms * 0.99, ms * 1.01, step=i) for i, ms in enumerate(drift)]
+    slow = [rec(ms * 1.28, ms * 1.27, ms * 1.29, step=i) for i, ms in enumerate(drift)]
+    pooled = claims.compare([rec(50.0, 36.0, 70.0)], [rec(64.0, 46.0, 89.0)])
+    assert pooled.word == "on par"  # pooled spreads overlap
+    c = claims.paired_compare(slow, fast)
+    assert c.word == "slower" and c.value == pytest.approx(1 / 1.28)
+    assert claims.paired_compare(fast, slow).word == "faster"
+    mixed = [rec(ms * (1.05 if i % 3 else 0.95), 0, 0, step=i) for i, ms in enumerate(drift)]
+    assert claims.paired_compare(mixed, fast).word == "on par"
+    with pytest.raises(ValueError, match="sharing 'step'"):
+        claims.paired_compare(fast, [rec(1.0, 1.0, 1.0, step=99)])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import numpy as np
 import pytest
 
@@ -87,3 +88,26 @@ def test_percent_of_peak_names_its_basis():
     for r in [*rec, summary]:
         assert r["peak_basis"] == BF16_PEAK
         assert r["pct_peak"] == pytest.approx(100 * r["tflops"] / 2.0)
+
+
+def test_rounding_step_is_one_epsilon():
+    from attention_tutorial.train.loop import rounding_step
+
+    assert rounding_step("bfloat16") == 2.0**-7 and rounding_step("float32") == 2.0**-23
+
+
+def test_perturb_params_nudges_every_weight_by_the_relative_step():
+    import numpy as np
+
+    from attention_tutorial.train.loop import init_params, perturb_params
+
+    params = init_params(TINY, 0)
+    nudged = perturb_params(params, 2.0**-8, seed=1)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(nudged)):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        nz = a != 0
+        np.testing.assert_allclose(np.abs(b[nz] / a[nz] - 1), 2.0**-8, rtol=1e-4)
+        assert np.all(b[~nz] == 0)
+    signs = np.concatenate([np.sign(np.asarray(b) - np.asarray(a)).ravel()
+                            for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(nudged))])  # fmt: skip
+    assert 0.4 < np.mean(signs[signs != 0] > 0) < 0.6  # both directions, at random
