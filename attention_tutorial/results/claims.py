@@ -110,6 +110,52 @@ def growth(xs, ys, var: str = "x") -> Claim:
     return Claim(2**p, min(steps), max(steps), exponent_word(p, var))
 
 
+def growth_terms(xs, ys, var: str = "x") -> Claim:
+    """How ``ys`` grows, as the parts of the best fit y = a + b·x + c·x² with non-negative a, b, c that make at least
+    10 % of y at the largest x: 'stays flat', 'grows linearly', 'grows quadratically', or a sum such as 'is a
+    constant part plus one linear in T'. A power law (:func:`growth`) calls 14 → 21 MiB over T ×8 "flat" although
+    the increments double with T; this names the constant and the linear part. Value, low, high as :func:`growth`."""
+    g = growth(xs, ys, var)
+    x = np.asarray([float(v) for v in xs])
+    y = np.asarray([float(v) for v in ys])
+    cols = {"constant": np.ones_like(x), "linear": x, "quadratic": x**2}
+    best = None
+    for k in range(1, 4):
+        for names in itertools.combinations(cols, k):
+            a = np.stack([cols[n] for n in names], axis=1)
+            coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+            if np.all(coef >= 0):
+                err = float(np.sum((a @ coef - y) ** 2))
+                if best is None or err < best[0] * (1 - 1e-9):
+                    best = (err, dict(zip(names, coef)))
+    if best is None:  # no non-negative fit (falling data): the power law's word
+        return g
+    at = x.max()
+    share = {n: c * (1 if n == "constant" else at if n == "linear" else at**2) for n, c in best[1].items()}
+    total = sum(share.values()) or 1.0
+    parts = [n for n in ("constant", "linear", "quadratic") if share.get(n, 0) >= 0.1 * total]
+    single = {
+        "constant": "stays flat",
+        "linear": f"grows linearly in {var}",
+        "quadratic": f"grows quadratically in {var}",
+    }
+    if len(parts) == 1:
+        word = single[parts[0]]
+    else:
+        named = {
+            "constant": "a constant part",
+            "linear": f"one linear in {var}",
+            "quadratic": f"one quadratic in {var}",
+        }
+        word = "is " + " plus ".join(
+            named[n] if i else named[n].replace("one ", "a part ") for i, n in enumerate(parts)
+        )
+    first, last = int(np.argmin(x)), int(np.argmax(x))
+    if y[first] > 0 and y[last] / y[first] > 1.1 * (x[last] / x[first]) ** 2:
+        word += f" (faster than {var}² over this range)"
+    return Claim(g.value, g.low, g.high, word)
+
+
 def agreement(diff: float, dtype: str) -> Claim:
     """Whether a max-abs difference between two results is rounding in ``dtype`` (see :data:`TOLERANCES`).
 
@@ -275,3 +321,14 @@ def per_doubling(xs, ys, var: str = "x") -> str:
     pts = sorted((x, y) for x, y in zip(xs, ys) if x and y)
     steps = [(y2 / y1) ** (1 / math.log2(x2 / x1)) for (x1, y1), (x2, y2) in itertools.pairwise(pts) if x2 > x1]
     return ", ".join(f"×{s:.2f}" for s in steps) + f" per doubling of {var}"
+
+
+def step_factors(xs, ys, var: str = "x") -> str:
+    """The factor of ``ys`` between neighbouring ``xs``, as measured (not scaled to a doubling, which would stretch
+    a step such as 100 → 128): "×1.95 from H = 32 to 64, ×1.40 to 100, ×1.34 to 128"."""
+    pts = sorted((x, y) for x, y in zip(xs, ys) if x and y)
+    if len(pts) < 2:
+        raise ValueError(f"step_factors needs two points with positive x and y; got {list(zip(xs, ys))}")
+    parts = [f"×{y2 / y1:.2f} " + (f"from {var} = {x1} to {x2}" if i == 0 else f"to {x2}")
+             for i, ((x1, y1), (x2, y2)) in enumerate(itertools.pairwise(pts))]  # fmt: skip
+    return ", ".join(parts)

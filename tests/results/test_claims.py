@@ -254,3 +254,23 @@ def test_paired_compare_sees_a_gap_that_a_shared_drift_hides():
     assert claims.paired_compare(mixed, fast).word == "on par"
     with pytest.raises(ValueError, match="sharing 'step'"):
         claims.paired_compare(fast, [rec(1.0, 1.0, 1.0, step=99)])
+
+
+def test_growth_terms_name_a_constant_and_a_linear_part():
+    mib = 2**20
+    ts = [256, 512, 1024, 2048]
+    blockwise = claims.growth_terms(ts, [14.1 * mib, 15.1 * mib, 17.2 * mib, 21.3 * mib], "T")
+    assert blockwise.word == "is a constant part plus one linear in T"
+    assert claims.growth(ts, [14.1, 15.1, 17.2, 21.3], "T").word == "stays flat"  # what a power law would say
+    assert claims.growth_terms(ts, [2 * t for t in ts], "T").word == "grows linearly in T"
+    assert claims.growth_terms(ts, [5.0] * 4, "T").word == "stays flat"
+    naive = claims.growth_terms(ts, [1.0, 4.5, 19.0, 85.3], "T")  # ×85 while T² grew ×64
+    assert naive.word == "grows quadratically in T (faster than T² over this range)"
+    assert naive.value == pytest.approx(claims.growth(ts, [1.0, 4.5, 19.0, 85.3]).value)
+
+
+def test_step_factors_are_the_measured_steps():
+    text = claims.step_factors([32, 64, 100, 128], [40.0, 78.0, 109.2, 146.3], var="H")
+    assert text == "×1.95 from H = 32 to 64, ×1.40 to 100, ×1.34 to 128"
+    with pytest.raises(ValueError, match="two points"):
+        claims.step_factors([32], [1.0])
