@@ -32,12 +32,13 @@ EXTRA_LABELS = {
     "cp_emulated_P8": "8 ring steps, emulated on one device",
 }  # fmt: skip
 MAX_LINES_PER_AXES = 6
+SCALE = {"temp_bytes": 2**20}  # plotted in the unit of its axis label (bytes as MiB)
 YLABELS = {
     "tflops": "TFLOP/s",
     "pct_peak": "% of measured bf16 matmul peak",
     "gbps": "GB/s (fewest bytes / time)",
     "median_ms": "ms per call (median)",
-    "temp_bytes": "compiled temporaries (bytes)",
+    "temp_bytes": "compiled temporaries (MiB)",
 }
 XLABELS = {"seq_q": "T (query length)", "seq_kv": "S (key length)", "batch": "B (batch)", "head_dim": "H (head dim)",
            "kv_heads": "K (kv heads)"}  # fmt: skip
@@ -89,7 +90,7 @@ def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title
             continue  # drawn as part of an identical series, under a joint name
         j = rests.index(key[1:])
         target = axes[j] if split else axes[0]
-        xs, ys = [r[x] for r in rs], [r[y] for r in rs]
+        xs, ys = [r[x] for r in rs], [r[y] / SCALE.get(y, 1) for r in rs]
         if by[0] == "impl":
             colour, marker = impl_style(key[0], firsts.index(key[0]))
         else:

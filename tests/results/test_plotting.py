@@ -147,3 +147,9 @@ def test_show_table_defaults_to_the_first_records_fields():
     text = show_table([{"impl": "xla", "seq_q": 64}]).data
     assert text.splitlines()[0] == "| implementation | T |" and "| XLA | 64 |" in text
     assert show_table([]).data == "*(no rows)*"
+
+
+def test_temporaries_are_plotted_in_mib():
+    recs = [{"impl": "xla", "seq_q": t, "status": "ok", "temp_bytes": t * 2**20} for t in (64, 128)]
+    ax = plot_records(recs, y="temp_bytes").axes[0]
+    assert list(ax.lines[0].get_ydata()) == [64, 128] and ax.get_ylabel() == "compiled temporaries (MiB)"
