@@ -25,7 +25,7 @@ def recorded_lesson(name: str, directory=None) -> tuple[list[dict] | None, str |
 
 
 def _ms(row) -> str:
-    return f"{row['median_ms']:.3g} ({row['p10_ms']:.3g}–{row['p90_ms']:.3g})"
+    return f"{row['median_ms']:#.3g} ({row['p10_ms']:#.3g}–{row['p90_ms']:#.3g})"
 
 
 def precision_table(rows) -> list[dict]:

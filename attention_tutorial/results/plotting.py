@@ -8,6 +8,8 @@ split into panels. Tables come out as Markdown, with human names and units in th
 
 from __future__ import annotations
 
+import re
+
 import matplotlib.pyplot as plt
 
 from .. import registry
@@ -199,7 +201,7 @@ COLUMNS = {
     "custom_calls": ("custom calls in the compiled program", str),
     "local": ("local step", lambda v: {"mosaic": "our Mosaic GPU kernel", "blockwise": "blockwise JAX"}.get(v, v)),
     "vs_local": ("time / local step's", lambda v: f"{v:.3g}"),
-    "reason": ("why not", str),
+    "reason": ("why not", lambda r: _reason(r)),
     "backend": ("backend chosen", str),
     "rel_error": ("relative error vs float32", lambda v: f"{v:.3g}"),
     "max_abs_diff_vs_bf16": ("max abs. difference from bf16", lambda v: f"{v:.3g}"),
@@ -213,6 +215,11 @@ def size_text(nbytes) -> str:
         if nbytes >= size:
             return f"{nbytes / size:.3g} {unit}" if nbytes / size < 100 else f"{nbytes / size:,.0f} {unit}"
     return f"{nbytes:.0f} B"
+
+
+def _reason(text) -> str:
+    """A failure's reason for a table: XLA's allocator tags (``[tf-allocator-allocation-error='']``, …) left out."""
+    return re.sub(r"\s*\[[a-z_-]+='[^']*'\]", "", str(text)).strip()
 
 
 def cell(text) -> str:

@@ -153,3 +153,10 @@ def test_temporaries_are_plotted_in_mib():
     recs = [{"impl": "xla", "seq_q": t, "status": "ok", "temp_bytes": t * 2**20} for t in (64, 128)]
     ax = plot_records(recs, y="temp_bytes").axes[0]
     assert list(ax.lines[0].get_ydata()) == [64, 128] and ax.get_ylabel() == "compiled temporaries (MiB)"
+
+
+def test_oom_reasons_lose_the_allocator_tags():
+    rec = {"impl": "naive", "status": "oom", "reason": "JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while "
+           "trying to allocate 64.00GiB. [tf-allocator-allocation-error=''] [executable_name='jit_forward']"}  # fmt: skip
+    text = markdown_table([rec], ["impl", "reason"])
+    assert "allocate 64.00GiB. |" in text and "tf-allocator" not in text and "executable_name" not in text
