@@ -104,6 +104,14 @@ def live_vs_recorded(live, recorded) -> list[dict]:
     return rows
 
 
+def recorded_failures(live, recorded) -> list[dict]:
+    """The recorded records that did not run (unsupported, oom, error) at points the live run did not also fail at:
+    what a compact live/recorded comparison would otherwise hide."""
+    live_failed = {(r["impl"], *(r.get(f) for f in POINT_FIELDS)) for r in live if r.get("status") != "ok"}
+    return [r for r in recorded if r.get("status") != "ok"
+            and (r["impl"], *(r.get(f) for f in POINT_FIELDS)) not in live_failed]  # fmt: skip
+
+
 def train_rows(summaries) -> list[dict]:
     """One table row per training run (``kind`` "summary" records): time, throughput, memory, losses, kernel."""
 
@@ -185,6 +193,10 @@ def show_recorded(grid_name, columns, *, plot=None, title="", peak_line=False, i
                     + markdown_table(rows, [*keys, "median_ms", "recorded_ms", "live_over_recorded"])
                 )
             )
+            failed = recorded_failures(live, recs)
+            if failed:
+                display(Markdown("Recorded points that did not run, and why:\n\n"
+                                 + markdown_table(failed, [*keys, "status", "reason"])))  # fmt: skip
             if p:
                 _plot(recs, p, f"{title} — recorded, {prov['gpu']}")
         else:

@@ -58,6 +58,13 @@ def test_live_vs_recorded_pairs_the_same_point():
     assert len(rows) == 1 and rows[0]["recorded_ms"] == 1.0 and rows[0]["live_over_recorded"] == 2.0
 
 
+def test_recorded_failures_keep_what_the_live_run_did_not_also_fail():
+    refused = {**_rec("head_dim", "cudnn", 4096), "status": "unsupported", "reason": "head_dim 100"}
+    oom = {**_rec("seq_long", "naive", 32768), "status": "oom", "reason": "out of memory"}
+    live = [{**_rec("seq_long", "naive", 32768), "status": "oom"}, _rec("seq_long", "xla", 4096)]
+    assert report.recorded_failures(live, [*RECORDS, refused, oom]) == [refused]
+
+
 def test_shapes_in_words():
     assert report.shapes(RECORDS[:2]) == "B = 1, T = S = 4096, N = 1, H = 64, 128, bfloat16, no mask"
     assert report.shapes([_rec("x", "xla", t) for t in (64, 128, 256, 512)]).startswith("B = 1, T = S = 64…512")
