@@ -116,10 +116,12 @@ def overhead_sentence(records) -> str:
     best: dict[tuple, dict] = {}
     for r in rows:
         p = int(r["impl"].removeprefix("cp_emulated_P"))
-        k = (r["seq_q"], r["causal"], r["pass"])
+        k = (r["seq_q"], r["causal"], r["pass"], r["local"])
         if k not in best or p > best[k]["P"]:
             best[k] = {**r, "P": p}
-    parts = [f"T = {t}, {'causal' if c else 'no mask'}: {b['P']} steps take ×{b['vs_local']:.2f} the local step's "
+    passes = {k[2] for k in best}
+    parts = [f"T = {t}, {'causal' if c else 'no mask'}{', ' + ps if len(passes) > 1 else ''}, local step {loc}: "
+             f"{b['P']} steps take ×{b['vs_local']:.2f} the local step's "
              f"time, so each of {b['P']} devices would spend ≈{b['vs_local'] / b['P']:.2f}× one call's time "
-             f"(ideal {1 / b['P']:.2f}×)" for (t, c, _), b in sorted(best.items())]  # fmt: skip
+             f"(ideal {1 / b['P']:.2f}×)" for (t, c, ps, loc), b in sorted(best.items())]  # fmt: skip
     return "Read per device: " + "; ".join(parts) + ". Communication, which one device cannot show, comes on top."

@@ -343,9 +343,10 @@ def device_timelines(path) -> dict[str, list[tuple[str, float, float]]]:
 
 
 def overlap_fields(compiled, args, *, calls: int = 3) -> dict:
-    """Record fields from a profiler trace of ``calls`` calls: per GPU ``comm_ms`` and ``compute_ms`` per call and
+    """Record fields from a profiler trace of ``calls`` calls (plus the untimed one :func:`~.profile.trace` runs
+    first; all of them are counted in the per-call averages): per GPU ``comm_ms`` and ``compute_ms`` per call and
     ``overlap_pct`` (see :func:`overlap`), their mean ``overlap_mean_pct``; off a GPU, None with ``overlap_reason``."""
-    from .profile import trace
+    from .profile import TRACED_EXTRA, trace
 
     none = {"overlap_pct": None, "overlap_mean_pct": None, "comm_ms": None, "compute_ms": None}
     if jax.default_backend() != "gpu":
@@ -359,8 +360,9 @@ def overlap_fields(compiled, args, *, calls: int = 3) -> dict:
         return {**none, "overlap_reason": "the trace holds no /device:GPU plane (CUPTI unavailable?)"}
     res = overlap(timelines)
     pcts = [x for x in res["overlap_pct"] if x is not None]
+    traced = calls + TRACED_EXTRA  # trace() runs one untimed call inside the profiler before the timed ones
     return {
-        "comm_ms": [x / calls for x in res["comm_ms"]], "compute_ms": [x / calls for x in res["compute_ms"]],
+        "comm_ms": [x / traced for x in res["comm_ms"]], "compute_ms": [x / traced for x in res["compute_ms"]],
         "overlap_pct": res["overlap_pct"], "overlap_mean_pct": float(np.mean(pcts)) if pcts else None,
         "overlap_reason": None if pcts else "no NCCL or peer-copy events in the device timelines",
     }  # fmt: skip

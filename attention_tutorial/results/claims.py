@@ -258,7 +258,7 @@ def loss_agreement(step_records, dtype: str) -> dict[str, Claim]:
         diff = _max_diff(by[o], by[first])
         if diff is None:
             continue
-        if noise:
+        if noise is not None:
             limit = TWIN_FACTOR * noise
             word = "agree within rounding noise" if diff <= limit else "differ by more than rounding noise"
             out[o] = Claim(float(diff), 0.0, limit, word)
@@ -285,7 +285,13 @@ def loss_agreement_words(step_records, dtype: str) -> str:
     first = next(i for i in _losses(step_records) if not i.endswith(TWIN_SUFFIX))
     n = len({r["step"] for r in step_records if r["impl"] == first})
     noise = loss_noise(step_records)
-    if noise:
+    if noise == 0:
+        lines = [f"- the yardstick: {first} trained again from weights nudged by one {dtype} rounding step traced the "
+                 "very same losses (the nudge did not change the curve), so only an exact match counts as rounding "
+                 "noise here"]  # fmt: skip
+        lines += [f"- {impl} and {first} {c.word}: max |loss difference| over {n} logged steps = {c.value:.2e}"
+                  for impl, c in claims.items()]  # fmt: skip
+    elif noise is not None:
         lines = [f"- the yardstick: {first} trained again from weights nudged by one {dtype} rounding step differs "
                  f"from itself by up to {noise:.2e}; a difference up to {TWIN_FACTOR:g}× that ({TWIN_FACTOR * noise:.2e}) "
                  "counts as rounding noise"]  # fmt: skip

@@ -31,15 +31,17 @@ def train_grid(impls=DEFAULT_IMPLS, *, steps: int = 300, config: str | Config = 
                log_every: int = 5, isolate: bool = True, peak_tflops: float | None = None,
                timeout_s: float = 600, twin: bool = True) -> list[dict]:  # fmt: skip
     """Train ``config`` (a name in ``CONFIGS``, or a :class:`Config` when not ``isolate``) with each of ``impls``;
-    all their records, in order. ``twin``: once more with the first implementation, from weights nudged by one
-    rounding step of the config's dtype (records marked ``perturb``), the yardstick for comparing loss curves."""
+    all their records, in order. ``twin``: once more with the first implementation that can run here, from weights
+    nudged by one rounding step of the config's dtype (records marked ``perturb``), the yardstick for comparing
+    loss curves."""
     if isinstance(config, Config):
         if isolate:
             raise ValueError("isolate=True passes the config to a child by name; give a name from CONFIGS.")
     elif config not in CONFIGS:
         raise ValueError(f"unknown config {config!r}; choose from {sorted(CONFIGS)}.")
     cfg = config if isinstance(config, Config) else CONFIGS[config]
-    runs = [(impl, 0.0) for impl in impls] + ([(impls[0], rounding_step(cfg.dtype))] if twin and impls else [])
+    runs = [(impl, 0.0) for impl in impls] + [(first, rounding_step(cfg.dtype)) for first in _runnable(impls, cfg)[:1]
+                                              if twin]  # fmt: skip
     records = []
     for impl, perturb in runs:
         if isolate:
@@ -47,6 +49,17 @@ def train_grid(impls=DEFAULT_IMPLS, *, steps: int = 300, config: str | Config = 
         else:
             records += _in_process(impl, steps, cfg, seed, log_every, peak_tflops, perturb)
     return records
+
+
+def _runnable(impls, cfg: Config) -> list[str]:
+    """The implementations of ``impls`` the registry can run at ``cfg``'s shape here (unknown names left out)."""
+    from .. import registry
+    from ..inputs import AttentionShape
+
+    shape = AttentionShape(cfg.batch, cfg.seq_len, cfg.seq_len, cfg.heads, cfg.heads, cfg.head_dim)
+    return [
+        i for i in impls if i in registry.IMPLEMENTATIONS and registry.why_not(i, shape, cfg.dtype, causal=True) is None
+    ]
 
 
 def _in_process(impl, steps, cfg: Config, seed, log_every, peak_tflops, perturb=0.0) -> list[dict]:

@@ -47,6 +47,6 @@ def test_overhead_sentence_reads_the_largest_ring_per_device():
 
     recs = [rec("cp_local", 1.0), rec("cp_emulated_P2", 1.54), rec("cp_emulated_P4", 3.79)]
     text = overhead_sentence(recs)
-    assert "T = 4096, causal: 4 steps take ×3.79 the local step's time" in text
+    assert "T = 4096, causal, local step mosaic: 4 steps take ×3.79 the local step's time" in text
     assert "each of 4 devices would spend ≈0.95× one call's time (ideal 0.25×)" in text and "P2" not in text
     assert overhead_sentence([rec("cp_local", 1.0)]) == "No emulated ring was timed here."

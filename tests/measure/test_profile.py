@@ -79,8 +79,10 @@ def test_compare_record_fields_and_ratio():
     assert host["time_source"] == "host" and host["device_ratio"] == pytest.approx(2.1)
     assert compare(t, [], profiled_calls=1)["device_ratio"] is None
     assert profile.agreement_pct({"device_ratio": None}) is None
-    same = compare(t, rows, profiled_calls=10, traced_wall_ms=2.04, device_span_ms=2.0)
-    assert same["span_ratio"] == pytest.approx(1.02) and profile.agreement_pct(same) == pytest.approx(2.0)
+    same = compare(t, rows, profiled_calls=10, traced_wall_ms=2.06, device_span_ms=2.05)
+    assert same["span_ratio"] == pytest.approx(2.06 / 2.05)
+    assert profile.same_calls_ratio(same) == pytest.approx(1.03) and profile.agreement_pct(same) == pytest.approx(3.0)
+    assert profile.occupancy(same) == pytest.approx(2.0 / 2.05)  # the kernels' 2.0 ms of the 2.05 ms span
     assert compare(t, rows, profiled_calls=10, traced_wall_ms=2.0, device_span_ms=None)["span_ratio"] is None
 
 
@@ -118,7 +120,8 @@ def test_device_time_agrees_with_pipelined_time_for_a_long_cudnn_call():
     assert rec["time_source"] == "device"
     assert any(k["kind"] == "kernel" for k in rec["kernels"])
     assert rec["device_ms"] >= 1.0, rec
-    assert rec["span_ratio"] is not None, rec  # host and GPU time of the very same calls
+    assert profile.same_calls_ratio(rec) is not None, rec  # host and kernel time of the very same calls
+    assert profile.occupancy(rec) > 0.97, rec  # one cuDNN kernel: the GPU idles hardly at all between calls
     assert profile.agreement_pct(rec) <= 3.0, rec
 
 
@@ -141,11 +144,13 @@ def test_agreement_sentence_is_worded_from_the_data():
 
 
 def test_agreement_sentence_prefers_the_same_calls_comparison():
-    recs = [{**_rec("cudnn", 1.08, 2.0), "span_ratio": 1.01, "traced_wall_ms": 2.02, "device_span_ms": 2.0},
-            {**_rec("xla", 0.95, 4.0), "span_ratio": 0.98, "traced_wall_ms": 3.92, "device_span_ms": 4.0}]  # fmt: skip
+    recs = [{**_rec("cudnn", 1.08, 2.0), "traced_wall_ms": 2.02, "device_span_ms": 2.01},
+            {**_rec("xla", 0.95, 4.0), "traced_wall_ms": 4.08, "device_span_ms": 4.4}]  # fmt: skip
     text = profile.agreement_sentence(recs)
-    assert "GPU's busy span over the same calls agree within 2.0 % (inside the 3 % target" in text
-    assert "largest gap: xla, no mask" in text and "is 93–105 % of the pipelined median" in text
+    assert "and their summed kernel time agree within 2.0 % (inside the 3 % target; the largest gap: xla" in text
+    assert "busy for 91–100 % of those calls' span" in text and "the summed kernel time is 93–105 %" in text
+    worse = profile.agreement_sentence([*recs, {**_rec("blockwise", 1.0, 6.0), "traced_wall_ms": 6.6}])
+    assert "differ by up to 10.0 % (outside the 3 % target for 1 of them; the largest gap: blockwise" in worse
 
 
 def test_table_rows_format_records():
@@ -154,9 +159,9 @@ def test_table_rows_format_records():
                        {"name": "fmha", "us": 99.94, "count": 2.0, "kind": "kernel"}]}  # fmt: skip
     row = profile.summary_row(rec)
     assert row["pipelined / summed"] == "1.012" and row["p10–p90 (ms)"] == "2.5–2.6"
-    assert row["pipelined ms (p10–p90)"] == "2.53 (2.5–2.6)" and row["profiled calls: host / GPU busy (ms)"] == "–"
-    same = profile.summary_row({**rec, "traced_wall_ms": 2.55, "device_span_ms": 2.5, "span_ratio": 1.02})
-    assert same["profiled calls: host / GPU busy (ms)"] == "2.55 / 2.5 = 1.020"
+    assert row["pipelined ms (p10–p90)"] == "2.53 (2.5–2.6)" and row["profiled calls: host / kernels (ms)"] == "–"
+    same = profile.summary_row({**rec, "traced_wall_ms": 2.55, "device_span_ms": 2.6})
+    assert same["profiled calls: host / kernels (ms)"] == "2.55 / 2.5 = 1.020" and same["GPU busy"] == "96 %"
     assert row["summed over"] == "GPU kernels" and row["dispatch (ms)"] == "0.012"
     skipped = profile.summary_row({"impl": "te", "causal": True, "status": "unsupported", "reason": "no TE"})
     assert skipped["pipelined median (ms)"] == "–" and skipped["reason"] == "no TE"

@@ -274,3 +274,11 @@ def test_step_factors_are_the_measured_steps():
     assert text == "×1.95 from H = 32 to 64, ×1.40 to 100, ×1.34 to 128"
     with pytest.raises(ValueError, match="two points"):
         claims.step_factors([32], [1.0])
+
+
+def test_a_twin_that_did_not_move_makes_only_an_exact_match_noise():
+    base = [5.0, 4.0, 3.5]
+    recs = _steps("xla", base) + _steps("ours", [x + 1e-3 for x in base]) + _steps("xla_twin", base)
+    assert claims.loss_noise(recs) == 0.0
+    assert claims.loss_agreement(recs, "bfloat16")["ours"].word == "differ by more than rounding noise"
+    assert "the nudge did not change the curve" in claims.loss_agreement_words(recs, "bfloat16")

@@ -43,3 +43,9 @@ def test_the_twin_trains_the_first_implementation_from_nudged_weights():
     # the nudge moves the curve, by bfloat16 rounding's order, not more
     diffs = [abs(loss[("xla_twin", s)] - loss[("xla", s)]) for s in range(3)]
     assert 0 < max(diffs) < 0.1, diffs
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="cuDNN runs on a GPU: the first runnable is cuDNN there")
+def test_the_twin_is_of_the_first_implementation_that_can_run():
+    recs = train_grid(("cudnn", "xla"), steps=1, config="tiny", isolate=False, log_every=1)
+    assert [r["impl"] for r in recs if r["kind"] == "summary"] == ["cudnn", "xla", "xla_twin"]
