@@ -62,7 +62,7 @@ def rounding_step(dtype) -> float:
 
 
 def perturb_params(params, rel: float, seed: int):
-    """``params`` with each entry nudged by ±``rel`` of itself, the signs drawn at random from ``seed``: a
+    """``params`` with each entry nudged up or down by ``rel`` times itself, the signs drawn at random from ``seed``: a
     difference of the size one rounding makes, to see how far rounding alone moves a training run."""
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.key(seed), len(leaves))
