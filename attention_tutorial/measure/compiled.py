@@ -63,11 +63,13 @@ def kernels_in_hlo(hlo_text: str) -> tuple[str, ...]:
 
 
 def describe_kernels(kernels: tuple[str, ...]) -> str:
-    """Name the attention path from custom-call targets, e.g. 'cuDNN fused attention (__cudnn$fmhaSoftmax)'."""
+    """Name the attention path from custom-call targets, e.g. 'cuDNN fused attention (__cudnn$fmhaSoftmax)'; every
+    distinct target of that family is named (a gradient's program calls a forward and a backward kernel)."""
     for target in kernels:
         for prefix, family in ATTENTION_KERNELS.items():
             if target.startswith(prefix):
-                return f"{family} ({target})"
+                same = dict.fromkeys(t for t in kernels if t.startswith(prefix))
+                return f"{family} ({', '.join(same)})"
     if any("cublas" in t for t in kernels):
         return "XLA: cuBLAS matmuls + fusions"
     return "XLA: own fusions, no library kernel"

@@ -21,6 +21,9 @@ def test_describe_kernels_families():
     assert describe_kernels(("__cublas$lt$matmul", "__cudnn$fmhaSoftmax")).startswith("cuDNN fused attention")
     assert "ScaleBias" in describe_kernels(("__cudnn$fmhaScaleBiasSoftmax",))
     assert describe_kernels(("te_fused_attn_forward_ffi",)).startswith("TransformerEngine")
+    both = describe_kernels(("te_fused_attn_forward_ffi", "__cublas$lt$matmul", "te_fused_attn_backward_ffi",
+                             "te_fused_attn_forward_ffi"))  # fmt: skip
+    assert both == "TransformerEngine fused attention (te_fused_attn_forward_ffi, te_fused_attn_backward_ffi)"
     assert "cuBLAS" in describe_kernels(("__cublas$lt$matmul",))
     assert describe_kernels(()).startswith("XLA")
 
