@@ -38,15 +38,15 @@ REFUSAL_CASES = (
 )
 
 
+def _on_gpu() -> bool:
+    return jax.default_backend() == "gpu"
+
+
 def matmul_kind(dtype="float32") -> str:
     """The precision float32 matmuls really run in on this backend at JAX's default: "tf32" on a GPU (NVIDIA,
     Ampere on), else the dtype's own name."""
     name = jnp.dtype(dtype).name
-    return "tf32" if name == "float32" and jax.default_backend() == "gpu" else name
-
-
-def _on_gpu() -> bool:
-    return jax.default_backend() == "gpu"
+    return "tf32" if name == "float32" and _on_gpu() else name
 
 
 def precision_rows(batch=4, seq=128, heads=8, head_dim=64, *, time_seq=None, seed=0, timing=None) -> list[dict]:
@@ -103,7 +103,7 @@ def gqa_rows(batch=2, seq=256, heads=8, kv_heads=2, head_dim=64, *, dtype=None, 
 
     if heads % kv_heads:
         raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
-    dtype = jnp.dtype(dtype or (jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32))
+    dtype = jnp.dtype(dtype or (jnp.bfloat16 if _on_gpu() else jnp.float32))
     q, k, v = make_qkv(batch, seq, heads, head_dim, kv_heads=kv_heads, dtype=dtype, seed=seed)
     rep = lambda x: jnp.repeat(x, heads // kv_heads, axis=2)  # noqa: E731 — kv head j -> query heads jG … jG+G-1
     rows = []

@@ -347,9 +347,7 @@ def _share_range(shares) -> str:
 
 def _ratio_range(records) -> str:
     """The summed kernel time as a share of the pipelined median, over ``records``: '91–99 %'."""
-    shares = [100 / r["device_ratio"] for r in records]
-    lo, hi = min(shares), max(shares)
-    return f"{lo:.0f} %" if round(lo) == round(hi) else f"{lo:.0f}–{hi:.0f} %"
+    return _share_range([1 / r["device_ratio"] for r in records])
 
 
 def agreement_sentence(records, *, within: float = AGREE_PCT, min_ms: float = MIN_MS) -> str:

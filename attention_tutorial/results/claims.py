@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..train import TWIN  # the suffix of a twin run's implementation name
+
 #: Largest max-abs difference between two attention outputs (unit-variance inputs) that is still rounding, per dtype
 #: of the computation. "tf32" is float32 whose matmuls run on TF32 tensor cores (10 stored mantissa bits), the
 #: default for float32 matmuls on NVIDIA GPUs in JAX.
@@ -213,7 +215,6 @@ def versus(records, impl: str, baseline: str = "cudnn", *, min_seq: int = 0, **w
     return dict(sorted(out.items()))
 
 
-TWIN_SUFFIX = "_twin"  # a training run of the first implementation from weights nudged by one rounding step
 TWIN_FACTOR = 3.0  # a loss difference up to this many times the twin's counts as rounding noise
 
 
@@ -233,10 +234,10 @@ def loss_noise(step_records) -> float | None:
     """The rounding-noise yardstick of a training comparison: the largest loss difference between the first
     implementation and its twin (the same run from weights nudged by one rounding step); None without a twin."""
     by = _losses(step_records)
-    plain = [i for i in by if not i.endswith(TWIN_SUFFIX)]
-    if not plain or plain[0] + TWIN_SUFFIX not in by:
+    plain = [i for i in by if not i.endswith(TWIN)]
+    if not plain or plain[0] + TWIN not in by:
         return None
-    return _max_diff(by[plain[0]], by[plain[0] + TWIN_SUFFIX])
+    return _max_diff(by[plain[0]], by[plain[0] + TWIN])
 
 
 def loss_agreement(step_records, dtype: str) -> dict[str, Claim]:
@@ -248,7 +249,7 @@ def loss_agreement(step_records, dtype: str) -> dict[str, Claim]:
     rounding noise" (``high`` is that limit). Without a twin, the attention-output tolerance of ``dtype``
     (:func:`agreement`)."""
     by = _losses(step_records)
-    plain = [i for i in by if not i.endswith(TWIN_SUFFIX)]
+    plain = [i for i in by if not i.endswith(TWIN)]
     if not plain:
         return {}
     first, *others = plain
@@ -282,7 +283,7 @@ def loss_agreement_words(step_records, dtype: str) -> str:
     claims = loss_agreement(step_records, dtype)
     if not claims:
         return "*(only one implementation trained)*"
-    first = next(i for i in _losses(step_records) if not i.endswith(TWIN_SUFFIX))
+    first = next(i for i in _losses(step_records) if not i.endswith(TWIN))
     n = len({r["step"] for r in step_records if r["impl"] == first})
     noise = loss_noise(step_records)
     if noise == 0:

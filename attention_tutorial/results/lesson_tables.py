@@ -8,7 +8,6 @@ from ..registry import IMPLEMENTATIONS
 from . import store
 from .claims import TOLERANCES, agreement, compare, relative
 
-REFERENCE_GPU = "nvidia-h200"
 LESSONS = ("precision", "cudnn_refusals", "gqa", "inputs")
 
 
@@ -17,7 +16,7 @@ def recorded_lesson(name: str, directory=None) -> tuple[list[dict] | None, str |
     reference GPU's result file (in ``directory``, default the committed ones); (None, None) when not recorded."""
     if name not in LESSONS:
         raise ValueError(f"unknown lesson {name!r}; choose from {', '.join(LESSONS)}")
-    data = store.recorded(REFERENCE_GPU, directory)
+    data = store.recorded(store.REFERENCE_GPU, directory)
     rows = (data or {}).get("provenance", {}).get("lessons", {}).get(name)
     if not rows:
         return None, None

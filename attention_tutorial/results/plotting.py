@@ -13,6 +13,7 @@ import re
 import matplotlib.pyplot as plt
 
 from .. import registry
+from ..train import TWIN
 
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
@@ -50,15 +51,15 @@ def label(impl: str) -> str:
     """The display name of an implementation (the registry's label, or the name itself)."""
     if impl in registry.IMPLEMENTATIONS:
         return registry.IMPLEMENTATIONS[impl].label
-    if impl.endswith("_twin") and impl[: -len("_twin")] in registry.IMPLEMENTATIONS:  # train.loop's twin run
-        return f"{registry.IMPLEMENTATIONS[impl[: -len('_twin')]].label}, weights nudged by one rounding"
+    if impl.endswith(TWIN) and impl.removesuffix(TWIN) in registry.IMPLEMENTATIONS:  # a training run's twin
+        return f"{registry.IMPLEMENTATIONS[impl.removesuffix(TWIN)].label}, weights nudged by one rounding"
     return EXTRA_LABELS.get(impl, impl)
 
 
 def impl_style(impl: str, fallback: int = 0) -> tuple[str, str]:
     """(colour, marker) of an implementation: fixed for the known ones (a twin run in black), from the palette
     otherwise."""
-    if impl.endswith("_twin"):
+    if impl.endswith(TWIN):
         return ("#000000", ".")
     return IMPL_STYLE.get(impl, (PALETTE[fallback % len(PALETTE)], MARKERS[fallback % len(MARKERS)]))
 

@@ -54,9 +54,8 @@ def train_grid(impls=DEFAULT_IMPLS, *, steps: int = 300, config: str | Config = 
 def _runnable(impls, cfg: Config) -> list[str]:
     """The implementations of ``impls`` the registry can run at ``cfg``'s shape here (unknown names left out)."""
     from .. import registry
-    from ..inputs import AttentionShape
 
-    shape = AttentionShape(cfg.batch, cfg.seq_len, cfg.seq_len, cfg.heads, cfg.heads, cfg.head_dim)
+    shape = cfg.attention_shape()
     return [
         i for i in impls if i in registry.IMPLEMENTATIONS and registry.why_not(i, shape, cfg.dtype, causal=True) is None
     ]

@@ -19,10 +19,10 @@ import numpy as np
 import optax
 
 from .. import registry
-from ..inputs import AttentionShape
 from ..measure.compiled import compile_stats
 from ..measure.flops import attention_flops, peak_for
 from ..measure.timing import summarize
+from . import TWIN
 from .data import batch_at, load_corpus
 from .model import GPT, TINY, Config, matmul_flops_per_token
 
@@ -105,9 +105,6 @@ def evaluate(model, params, tokens: np.ndarray, config: Config, *, seed: int, ba
     return float(np.mean([float(x) for x in losses]))
 
 
-TWIN = "_twin"  # suffix of a twin run's implementation name (weights nudged by one rounding step)
-
-
 def _base(impl: str, config: Config, seed: int, steps: int, perturb: float = 0.0) -> dict:
     c = config
     twin = {"impl": impl + TWIN, "perturb": perturb} if perturb else {"impl": impl}
@@ -134,8 +131,7 @@ def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0
         raise ValueError(f"steps and log_every must be >= 1; got steps={steps}, log_every={log_every}.")
     c = config
     base = _base(impl, c, seed, steps, perturb)
-    shape = AttentionShape(c.batch, c.seq_len, c.seq_len, c.heads, c.heads, c.head_dim)
-    reason = registry.why_not(impl, shape, c.dtype, causal=True)
+    reason = registry.why_not(impl, c.attention_shape(), c.dtype, causal=True)
     if reason:
         return TrainResult([], {**base, "kind": "summary", "status": "unsupported", "reason": reason,
                                 "median_ms": None, "p10_ms": None, "p90_ms": None, "tflops": None})  # fmt: skip

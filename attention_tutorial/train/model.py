@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from .. import registry
+from ..inputs import AttentionShape
 from .data import VOCAB
 
 
@@ -46,6 +47,10 @@ class Config:
     def fields(self) -> dict:
         """The config as record fields."""
         return dataclasses.asdict(self)
+
+    def attention_shape(self) -> AttentionShape:
+        """The attention problem each layer solves: (B, T = S, N = K, H), causal in the model."""
+        return AttentionShape(self.batch, self.seq_len, self.seq_len, self.heads, self.heads, self.head_dim)
 
 
 TINY = Config()  # seconds on a CPU
