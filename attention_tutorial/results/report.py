@@ -112,6 +112,18 @@ def recorded_failures(live, recorded) -> list[dict]:
             and (r["impl"], *(r.get(f) for f in POINT_FIELDS)) not in live_failed]  # fmt: skip
 
 
+def live_failures(live, recorded) -> list[dict]:
+    """The live records that did not run (oom, error, ...) at points the recording ran: each with the recorded
+    median (``recorded_ms``), so the compact comparison does not drop them silently."""
+    rows = []
+    for r in live:
+        same = [o for o in recorded if o.get("status") == "ok" and o["impl"] == r["impl"]
+                and all(o.get(f) == r.get(f) for f in POINT_FIELDS)]  # fmt: skip
+        if r.get("status") != "ok" and same:
+            rows.append({**r, "recorded_ms": same[0]["median_ms"]})
+    return rows
+
+
 def train_rows(summaries) -> list[dict]:
     """One table row per training run (``kind`` "summary" records): time, throughput, memory, losses, kernel."""
 
@@ -193,6 +205,12 @@ def show_recorded(grid_name, columns, *, plot=None, title="", peak_line=False, i
                     + markdown_table(rows, [*keys, "median_ms", "recorded_ms", "live_over_recorded"])
                 )
             )
+            live_only = live_failures(live, recs)
+            if live_only:
+                display(Markdown(
+                    "Points that failed in this build but ran in the recording (the recorder ran them in its own "
+                    "process; this build's process has also run every earlier cell of the page):\n\n"
+                    + markdown_table(live_only, [*keys, "status", "reason", "recorded_ms"])))  # fmt: skip
             failed = recorded_failures(live, recs)
             if failed:
                 display(Markdown("Recorded points that did not run, and why:\n\n"

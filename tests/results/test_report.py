@@ -65,6 +65,14 @@ def test_recorded_failures_keep_what_the_live_run_did_not_also_fail():
     assert report.recorded_failures(live, [*RECORDS, refused, oom]) == [refused]
 
 
+def test_live_failures_keep_live_failures_the_recording_ran():
+    live_oom = {**_rec("seq_long", "xla", 4096), "status": "oom", "reason": "out of memory", "median_ms": None}
+    both_failed = {**_rec("seq_long", "naive", 32768), "status": "oom"}
+    recorded_oom = {**both_failed, "status": "oom"}
+    rows = report.live_failures([live_oom, both_failed, _rec("seq_long", "xla", 4096)], [*RECORDS, recorded_oom])
+    assert [(r["impl"], r["seq_q"], r["status"], r["recorded_ms"]) for r in rows] == [("xla", 4096, "oom", 1.0)]
+
+
 def test_shapes_in_words():
     assert report.shapes(RECORDS[:2]) == "B = 1, T = S = 4096, N = 1, H = 64, 128, bfloat16, no mask"
     assert report.shapes([_rec("x", "xla", t) for t in (64, 128, 256, 512)]).startswith("B = 1, T = S = 64…512")
