@@ -46,7 +46,7 @@ def _pipelined_steps_rs(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, t
 
     k_ready, v_ready, k_free, v_free = kv_barriers
     acc, m, l = carry
-    (bq, head_dim), bkv, dtype = acc.shape, k_smem.shape[1], qo_smem.dtype
+    (bq, _), bkv, dtype = acc.shape, k_smem.shape[1], qo_smem.dtype
     c = scale * LOG2E
 
     def slot(j):
