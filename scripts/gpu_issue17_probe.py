@@ -35,8 +35,9 @@ def patch(variant):
         mf._pipelined_steps = _pipelined_steps_rs
 
 
-def _pipelined_steps_rs(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take_turn, *, row0, steps, cta_steps,
-                        causal, stages, scale):
+def _pipelined_steps_rs(
+    carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take_turn, *, row0, steps, cta_steps, causal, stages, scale
+):
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
     import jax.numpy as jnp
@@ -97,7 +98,8 @@ def _pipelined_steps_rs(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, t
             st_ref[...] = softmax(s, m, l, j + 1, masked)
 
         _, o, (p16n, mn, ln, alphan) = pl.run_state(both)(
-            (plgpu.ACC.init(s_zero), plgpu.ACC.init(acc), (p16, m, l, alpha)))
+            (plgpu.ACC.init(s_zero), plgpu.ACC.init(acc), (p16, m, l, alpha))
+        )
         plgpu.barrier_arrive(v_free.at[slot(j)])
         end_turn(j + 1)
         return o * lax.broadcast_in_dim(alphan, o.shape, [0]), mn, ln, p16n, alphan
@@ -128,8 +130,14 @@ def _pipelined_steps_rs(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, t
 
 
 def child(variant, folder):
-    os.environ.update({"MOSAIC_GPU_DUMP_TO": folder, "MOSAIC_GPU_DUMP_PTX": "1", "MOSAIC_GPU_DUMP_SASS": "1",
-                       "MOSAIC_GPU_DUMP_PTXAS": "1"})
+    os.environ.update(
+        {
+            "MOSAIC_GPU_DUMP_TO": folder,
+            "MOSAIC_GPU_DUMP_PTX": "1",
+            "MOSAIC_GPU_DUMP_SASS": "1",
+            "MOSAIC_GPU_DUMP_PTXAS": "1",
+        }
+    )
     import jax
     import jax.numpy as jnp
 
@@ -163,14 +171,19 @@ def child(variant, folder):
 
 def code_facts(folder):
     text = "\n".join(p.read_text(errors="replace") for p in sorted(Path(folder).rglob("*")) if p.is_file())
-    sass = "\n".join(p.read_text(errors="replace") for p in sorted(Path(folder).rglob("*"))
-                     if p.is_file() and re.search(r"/\*[0-9a-f]{4}\*/\s+[A-Z@]", p.read_text(errors="replace")))
+    sass = "\n".join(
+        p.read_text(errors="replace")
+        for p in sorted(Path(folder).rglob("*"))
+        if p.is_file() and re.search(r"/\*[0-9a-f]{4}\*/\s+[A-Z@]", p.read_text(errors="replace"))
+    )
     return {
         "registers": sorted(set(map(int, re.findall(r"Used (\d+) registers", text)))),
         "spill_lines": sorted(set(re.findall(r"\d+ bytes spill stores, \d+ bytes spill loads", text))),
         "ptxas_wgmma": sorted(set(l.strip()[:300] for l in text.splitlines() if "wgmma" in l and "erializ" in l)),
-        "sass_STL": len(re.findall(r"\bSTL\b", sass)), "sass_LDL": len(re.findall(r"\bLDL\b", sass)),
-        "sass_HGMMA": len(re.findall(r"\bHGMMA\b", sass)), "sass_WARPGROUP_DEPBAR": len(re.findall(r"WARPGROUP\.DEPBAR", sass)),
+        "sass_STL": len(re.findall(r"\bSTL\b", sass)),
+        "sass_LDL": len(re.findall(r"\bLDL\b", sass)),
+        "sass_HGMMA": len(re.findall(r"\bHGMMA\b", sass)),
+        "sass_WARPGROUP_DEPBAR": len(re.findall(r"WARPGROUP\.DEPBAR", sass)),
         "sass_lines": len(sass.splitlines()),
     }
 
@@ -181,12 +194,18 @@ def main():
     result = []
     for variant in variants:
         with tempfile.TemporaryDirectory() as folder:
-            run = subprocess.run([sys.executable, __file__, "--child", variant, folder], capture_output=True,
-                                 text=True, timeout=300)
+            run = subprocess.run(
+                [sys.executable, __file__, "--child", variant, folder], capture_output=True, text=True, timeout=300
+            )
             facts = code_facts(folder)
         rows = [json.loads(l[4:]) for l in run.stdout.splitlines() if l.startswith("ROWS")]
-        entry = {"variant": variant, "rc": run.returncode, "code": facts, "rows": rows[0] if rows else [],
-                 "stderr_tail": run.stderr[-1500:] if run.returncode or not rows else ""}
+        entry = {
+            "variant": variant,
+            "rc": run.returncode,
+            "code": facts,
+            "rows": rows[0] if rows else [],
+            "stderr_tail": run.stderr[-1500:] if run.returncode or not rows else "",
+        }
         result.append(entry)
         tmp = out_path + ".tmp"
         Path(tmp).write_text(json.dumps(result, indent=1))
@@ -197,9 +216,12 @@ def main():
                 print("  causal", r["causal"], r["error"][:300])
             else:
                 ratio = [r["ours"][0] / r["cudnn"][0], r["ours2"][0] / r["cudnn2"][0]]
-                print(f"  causal={r['causal']!s:5} ours {r['ours'][0]:.0f}/{r['ours2'][0]:.0f} cudnn "
-                      f"{r['cudnn'][0]:.0f}/{r['cudnn2'][0]:.0f} ratio {ratio[0]:.3f}/{ratio[1]:.3f} "
-                      f"diff {r['max_abs_diff_vs_cudnn']:.1e}", flush=True)
+                print(
+                    f"  causal={r['causal']!s:5} ours {r['ours'][0]:.0f}/{r['ours2'][0]:.0f} cudnn "
+                    f"{r['cudnn'][0]:.0f}/{r['cudnn2'][0]:.0f} ratio {ratio[0]:.3f}/{ratio[1]:.3f} "
+                    f"diff {r['max_abs_diff_vs_cudnn']:.1e}",
+                    flush=True,
+                )
         if entry["stderr_tail"]:
             print(entry["stderr_tail"][-800:])
 
