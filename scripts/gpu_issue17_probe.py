@@ -95,7 +95,8 @@ def _pipelined_steps_rs(
             take_turn()
             s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
             plgpu.barrier_arrive(k_free.at[slot(j + 1)])
-            st_ref[...] = softmax(s, m, l, j + 1, masked)
+            for ref, value in zip(st_ref, softmax(s, m, l, j + 1, masked)):
+                ref[...] = value
 
         _, o, (p16n, mn, ln, alphan) = pl.run_state(both)(
             (plgpu.ACC.init(s_zero), plgpu.ACC.init(acc), (p16, m, l, alpha))
