@@ -266,9 +266,14 @@ def _pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take
             block = softmax(s, m, l, j + 1, masked)
             return o_ref[...], block  # reading o_ref waits for p·v
 
-        o, (p16, m, l, alpha) = pl.run_scoped(
+        o, (p16_next, m, l, alpha) = pl.run_scoped(
             both, plgpu.ACC((bq, bkv), jnp.float32), plgpu.ACC((bq, head_dim), jnp.float32)
         )
+        # The running p·v reads block j's p from registers, but the compiler sees p as dead once the wgmma is
+        # issued and would give its registers to block j+1's softmax; ptxas then serialises every wgmma (its
+        # warning C7513). Using p again here, after p·v has completed, keeps its registers untouched until then.
+        o, _ = lax.optimization_barrier((o, p16))
+        p16 = p16_next
         plgpu.barrier_arrive(v_free.at[slot(j)])
         end_turn(j + 1)
         return o * lax.broadcast_in_dim(alpha, o.shape, [0]), m, l, p16
