@@ -2,7 +2,7 @@
 in a fresh process: the machine code (registers, local-memory spills STL/LDL, ptxas's wgmma serialisation
 warnings) and the forward's TFLOP/s against cuDNN in the same process, B=4 T=8k N=16 H=128 bf16, causal and not.
 
-Variants: plain (no pipeline) and pipelined, each with the current register split (232/40) and 240/24; and
+Each variant and mask in its own process, so each kernel's machine code is read apart. Variants: plain (no pipeline) and pipelined, each with the current register split (232/40) and 240/24; and
 'rs': the pipelined step with p·v's accumulator carried by run_state (ACC.init(acc)) instead of copied into a
 fresh scoped accumulator.  Usage: python3 scripts/gpu_issue17_probe.py OUT_JSON [variant ...]
 """
@@ -130,7 +130,12 @@ def _pipelined_steps_rs(
     return acc, m, l
 
 
-def child(variant, folder):
+def child(variant, folder, causal_flags=(False, True)):
+    from attention_tutorial.measure.kernel_code import _cuda_tool
+
+    nvdisasm = _cuda_tool("nvdisasm")
+    if nvdisasm:  # Mosaic GPU calls nvdisasm for its SASS dump
+        os.environ["PATH"] = f"{os.path.dirname(nvdisasm)}:{os.environ['PATH']}"
     os.environ.update(
         {
             "MOSAIC_GPU_DUMP_TO": folder,
@@ -152,7 +157,7 @@ def child(variant, folder):
     B, T, N, H = 4, 8192, 16, 128
     q, k, v = make_qkv(B, T, N, H, dtype=jnp.bfloat16, seed=1)
     rows = []
-    for causal in (False, True):
+    for causal in causal_flags:
         flops = attention_flops(B, T, T, N, H, causal=causal)
         row = {"variant": variant, "causal": causal}
         try:
@@ -184,6 +189,7 @@ def code_facts(folder):
         "sass_STL": len(re.findall(r"\bSTL\b", sass)),
         "sass_LDL": len(re.findall(r"\bLDL\b", sass)),
         "sass_HGMMA": len(re.findall(r"\bHGMMA\b", sass)),
+        "sass_DEPBAR": len(re.findall(r"WARPGROUP\.DEPBAR|WARPGROUP\.ARRIVE|\bDEPBAR\b", sass)),
         "sass_WARPGROUP_DEPBAR": len(re.findall(r"WARPGROUP\.DEPBAR", sass)),
         "sass_lines": len(sass.splitlines()),
     }
@@ -211,7 +217,7 @@ def main():
         tmp = out_path + ".tmp"
         Path(tmp).write_text(json.dumps(result, indent=1))
         os.replace(tmp, out_path)
-        print(variant, json.dumps(facts), flush=True)
+        print(variant, causal, json.dumps(facts), flush=True)
         for r in entry["rows"]:
             if "error" in r:
                 print("  causal", r["causal"], r["error"][:300])
@@ -230,6 +236,6 @@ def main():
 if __name__ == "__main__":
     if sys.argv[1] == "--child":
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        child(sys.argv[2], sys.argv[3])
+        child(sys.argv[2], sys.argv[3], (sys.argv[4] == "causal",) if len(sys.argv) > 4 else (False, True))
     else:
         main()
