@@ -199,15 +199,19 @@ def main():
     out_path = sys.argv[1]
     variants = sys.argv[2:] or VARIANTS
     result = []
-    for variant in variants:
+    for variant, causal in [(v, c) for v in variants for c in ("noncausal", "causal")]:
         with tempfile.TemporaryDirectory() as folder:
             run = subprocess.run(
-                [sys.executable, __file__, "--child", variant, folder], capture_output=True, text=True, timeout=300
+                [sys.executable, __file__, "--child", variant, folder, causal],
+                capture_output=True,
+                text=True,
+                timeout=300,
             )
             facts = code_facts(folder)
         rows = [json.loads(l[4:]) for l in run.stdout.splitlines() if l.startswith("ROWS")]
         entry = {
             "variant": variant,
+            "mask": causal,
             "rc": run.returncode,
             "code": facts,
             "rows": rows[0] if rows else [],
