@@ -124,6 +124,16 @@ def live_failures(live, recorded) -> list[dict]:
     return rows
 
 
+def run_peaks(records, provenance) -> list[float]:
+    """The bf16 matmul peaks that the bf16/f16 ``records``' % of peak divides by: one per recording run (each run
+    measures its own, stored in the provenance of its grids), sorted, unrounded."""
+    from ..measure.flops import BF16_PEAK
+
+    grids = provenance.get("grids", {})
+    return sorted({grids.get(r["grid"], provenance).get("matmul_bf16_tflops", provenance["matmul_bf16_tflops"])
+                   for r in records if r.get("pct_peak") and r.get("peak_basis") == BF16_PEAK})  # fmt: skip
+
+
 def train_rows(summaries) -> list[dict]:
     """One table row per training run (``kind`` "summary" records): time, throughput, memory, losses, kernel."""
 

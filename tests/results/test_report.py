@@ -73,6 +73,15 @@ def test_live_failures_keep_live_failures_the_recording_ran():
     assert [(r["impl"], r["seq_q"], r["status"], r["recorded_ms"]) for r in rows] == [("xla", 4096, "oom", 1.0)]
 
 
+def test_run_peaks_one_per_run_unrounded():
+    from attention_tutorial.measure.flops import BF16_PEAK
+
+    prov = {**PROV, "grids": {**PROV["grids"], "a": {"matmul_bf16_tflops": 695.94}, "b": {"matmul_bf16_tflops": 696.41}}}
+    recs = [{"grid": g, "pct_peak": 50.0, "peak_basis": BF16_PEAK} for g in ("a", "b", "b", "seq_long")]
+    recs.append({"grid": "te", "pct_peak": 50.0, "peak_basis": "fp8"})  # another basis: not counted
+    assert report.run_peaks(recs, prov) == [695.94, 696.41, 700.0]
+
+
 def test_shapes_in_words():
     assert report.shapes(RECORDS[:2]) == "B = 1, T = S = 4096, N = 1, H = 64, 128, bfloat16, no mask"
     assert report.shapes([_rec("x", "xla", t) for t in (64, 128, 256, 512)]).startswith("B = 1, T = S = 64…512")
