@@ -138,7 +138,7 @@ def growth_terms(xs, ys, var: str = "x") -> Claim:
     # The simplest fit that is good enough (within FIT_TOLERANCE of the largest y), else the closest: a dip at
     # one point must not turn a linear series into a "quadratic" one (4.0, 3.8, 4.8, 6.8 MiB over T ×8).
     good = [f for f in fits if f[0] <= FIT_TOLERANCE]
-    best = min(good, key=lambda f: f[1:3] + (f[0],)) if good else min(fits, key=lambda f: f[0])
+    best = min(good, key=lambda f: (*f[1:3], f[0])) if good else min(fits, key=lambda f: f[0])
     best = (best[0], best[3])
     at = x.max()
     share = {n: c * (1 if n == "constant" else at if n == "linear" else at**2) for n, c in best[1].items()}

@@ -76,7 +76,10 @@ def test_live_failures_keep_live_failures_the_recording_ran():
 def test_run_peaks_one_per_run_unrounded():
     from attention_tutorial.measure.flops import BF16_PEAK
 
-    prov = {**PROV, "grids": {**PROV["grids"], "a": {"matmul_bf16_tflops": 695.94}, "b": {"matmul_bf16_tflops": 696.41}}}
+    prov = {
+        **PROV,
+        "grids": {**PROV["grids"], "a": {"matmul_bf16_tflops": 695.94}, "b": {"matmul_bf16_tflops": 696.41}},
+    }
     recs = [{"grid": g, "pct_peak": 50.0, "peak_basis": BF16_PEAK} for g in ("a", "b", "b", "seq_long")]
     recs.append({"grid": "te", "pct_peak": 50.0, "peak_basis": "fp8"})  # another basis: not counted
     assert report.run_peaks(recs, prov) == [695.94, 696.41, 700.0]
