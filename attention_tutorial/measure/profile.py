@@ -379,7 +379,8 @@ def agreement_sentence(records, *, within: float = AGREE_PCT, min_ms: float = MI
                 f"(issued back to back, waited for once, as the pipelined method does; under the profiler XLA runs its "
                 f"command buffers op by op) and their summed kernel time {agree} ({verdict}; the largest gap: "
                 f"{worst['impl']}, {mask}).{busy_text} Against the pipelined median of a separate run, the summed "
-                f"kernel time is {_ratio_range(long)} (the GPU's clock changes between runs).")  # fmt: skip
+                f"kernel time is {_ratio_range(long)} (a clock change between runs, or the profiler's op-by-op mode, "
+                "could explain the difference; neither is measured here).")  # fmt: skip
     else:
         text = (f"For the {len(long)} calls with {min_ms:g} ms or more of GPU work, the pipelined median and the "
                 f"summed kernel time {agree} ({verdict}; the largest gap: {worst['impl']}, {mask}).")  # fmt: skip
@@ -388,3 +389,69 @@ def agreement_sentence(records, *, within: float = AGREE_PCT, min_ms: float = MI
         text += (f" For the {len(short)} shorter calls, pipelined / summed ranges over "
                  f"{min(short):.2f}–{max(short):.2f}.")  # fmt: skip
     return text
+
+
+# Reading two profiled records side by side: which kernel did the work, and what else each call launched.
+
+
+def main_kernel(rec: dict) -> dict | None:
+    """The longest entry of kind "kernel" in a record's profiled list (the attention kernel); None without one."""
+    kernels = [k for k in rec.get("kernels") or [] if k.get("kind") == "kernel"]
+    return max(kernels, key=lambda k: k["us"]) if kernels else None
+
+
+def same_kernel(rec_a: dict, rec_b: dict) -> bool | None:
+    """Whether two records' main kernels are the very same one: identical full names as recorded (cut at 200
+    characters by :func:`compare`, so two names that long are not told apart); None when either lists no kernel."""
+    a, b = main_kernel(rec_a), main_kernel(rec_b)
+    return None if a is None or b is None else a["name"] == b["name"]
+
+
+def extra_kernels(rec: dict) -> list[dict]:
+    """Everything a record's profile lists besides its main kernel: kernels, memsets and copies, longest first."""
+    main = main_kernel(rec)
+    return [k for k in rec.get("kernels") or [] if k is not main and k.get("kind") in DEVICE_KINDS]
+
+
+def listed_all(rec: dict, rel: float = 1e-3) -> bool:
+    """Whether the record's kernel list sums to its summed device time (it keeps only the RECORD_KERNELS longest)."""
+    listed = sum(k["us"] for k in rec.get("kernels") or [] if k.get("kind") in DEVICE_KINDS) / 1e3
+    return rec.get("device_ms") is not None and abs(listed - rec["device_ms"]) <= rel * rec["device_ms"]
+
+
+def extras_text(rec: dict) -> str:
+    """A record's per-call extras in words: '3 launches (memset `Memset 3` ×3): 17.6 µs per call'."""
+    extras = extra_kernels(rec)
+    if not extras:
+        return "no other kernel" if listed_all(rec) else "no other kernel among the listed ones"
+    launches = sum(k["count"] for k in extras)
+    names = ", ".join(f"{k['kind']} `{k['name']}`" + (f" ×{k['count']:g}" if k["count"] != 1 else "") for k in extras)
+    least = "" if listed_all(rec) else "at least "
+    return f"{least}{launches:g} launches ({names}): {least}{sum(k['us'] for k in extras):.1f} µs per call"
+
+
+def _longer(ratio: float) -> str:
+    return "longer" if ratio > 1 else "shorter" if ratio < 1 else "as long"
+
+
+def device_time_sentence(rec_a: dict, rec_b: dict, name_a: str, name_b: str) -> str:
+    """Two profiled records of one point compared on the device, worded from the data: the main kernel's time
+    (when both ran the same one), the summed device time, and the host time of the very same profiled calls. One
+    profile each (a mean over its calls) records no spread, so the words say which number is larger, nothing more."""
+    ka, kb = main_kernel(rec_a), main_kernel(rec_b)
+    parts = []
+    if same_kernel(rec_a, rec_b):
+        r = ka["us"] / kb["us"]
+        parts.append(f"the shared kernel ran {_longer(r)} under {name_a} ({ka['us']:.1f} against {kb['us']:.1f} µs "
+                     f"per call, ×{r:.3f})")  # fmt: skip
+    r = rec_a["device_ms"] / rec_b["device_ms"]
+    parts.append(f"{name_a}'s summed device time was {_longer(r)} ({1e3 * rec_a['device_ms']:.1f} against "
+                 f"{1e3 * rec_b['device_ms']:.1f} µs, ×{r:.3f})")  # fmt: skip
+    wa, wb = rec_a.get("traced_wall_ms"), rec_b.get("traced_wall_ms")
+    if wa and wb:
+        parts.append(f"so was the host time of those very profiled calls ({wa:.4f} against {wb:.4f} ms)"
+                     if _longer(wa / wb) == _longer(r) else
+                     f"the host time of those very profiled calls was {_longer(wa / wb)} ({wa:.4f} against "
+                     f"{wb:.4f} ms)")  # fmt: skip
+    mask = "causal" if rec_a.get("causal") else "without a mask"
+    return f"{mask.capitalize()}, " + "; ".join(parts) + "."

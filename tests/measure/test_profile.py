@@ -168,3 +168,57 @@ def test_table_rows_format_records():
     rows = profile.kernel_rows([rec, {"status": "unsupported"}], top=2)
     assert [r["µs per call"] for r in rows] == ["12346", "99.94"] and rows[1]["launches per call"] == "2"
     assert len(rows[0]["kernel or op"]) == 90 and rows[0]["kernel or op"].endswith("…")
+
+
+FMHA = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_cga1x1x1_kernel0_0"
+
+
+def _prof(kernels, causal=False, wall=None):
+    """A profiled record whose device_ms is the sum of its (name, µs, count, kind) kernels."""
+    ks = [{"name": n, "us": us, "count": c, "kind": kind} for n, us, c, kind in kernels]
+    return {"impl": "x", "status": "ok", "causal": causal, "kernels": ks, "traced_wall_ms": wall,
+            "device_ms": sum(us for _, us, _, kind in kernels if kind in profile.DEVICE_KINDS) / 1e3}  # fmt: skip
+
+
+def test_same_kernel_compares_full_names_past_the_table_cut():
+    a = _prof([(FMHA, 873.2, 1, "kernel"), ("Memset 3", 0.9, 1, "memset"), ("graph", 9e4, 1, "graph")])
+    b = _prof([("Memset 3", 900.0, 3, "memset"), (FMHA, 835.9, 1, "kernel")])  # the longest *kernel*, not memset
+    other = _prof([(FMHA[:-1] + "1", 835.9, 1, "kernel")])  # differs only in the last character
+    assert profile.main_kernel(b)["us"] == 835.9 and profile.main_kernel(a)["name"] == FMHA
+    assert profile.same_kernel(a, b) is True and profile.same_kernel(a, other) is False
+    assert profile.kernel_rows([a], top=1)[0]["kernel or op"] == profile.kernel_rows([other], top=1)[0]["kernel or op"]
+    assert profile.same_kernel(a, _prof([("Memset 3", 1.0, 1, "memset")])) is None  # no kernel to compare
+    assert profile.main_kernel({}) is None
+
+
+def test_extra_kernels_and_their_words():
+    te = _prof([(FMHA, 873.2, 1, "kernel"), ("rng_state", 1.2, 1, "kernel"), ("Memset 3", 0.9, 1, "memset"),
+                ("loop_broadcast_fusion", 0.7, 1, "kernel"), ("graph", 5.0, 1, "graph")])  # fmt: skip
+    jax_cudnn = _prof([(FMHA, 835.9, 1, "kernel"), ("Memset 3", 17.6, 3, "memset")])
+    assert [k["name"] for k in profile.extra_kernels(te)] == ["rng_state", "Memset 3", "loop_broadcast_fusion"]
+    assert profile.listed_all(te) and profile.listed_all(jax_cudnn)
+    assert profile.extras_text(jax_cudnn) == "3 launches (memset `Memset 3` ×3): 17.6 µs per call"
+    assert profile.extras_text(te).startswith("3 launches (kernel `rng_state`, memset `Memset 3`, kernel `loop_")
+    assert profile.extras_text(te).endswith("): 2.8 µs per call")
+    cut = {**jax_cudnn, "device_ms": 1.0}  # the record listed fewer kernels than it summed
+    assert not profile.listed_all(cut) and profile.extras_text(cut).startswith("at least 3 launches")
+    alone = _prof([(FMHA, 500.0, 1, "kernel")])
+    assert profile.extra_kernels(alone) == [] and profile.extras_text(alone) == "no other kernel"
+
+
+def test_device_time_sentence_picks_words_from_the_numbers():
+    te = _prof([(FMHA, 873.2, 1, "kernel"), ("Memset 3", 3.5, 1, "memset")], wall=0.8917)
+    jc = _prof([(FMHA, 835.9, 1, "kernel"), ("Memset 3", 17.6, 3, "memset")], wall=0.8708)
+    text = profile.device_time_sentence(te, jc, "TE", "cuDNN")
+    assert text.startswith("Without a mask, the shared kernel ran longer under TE (873.2 against 835.9 µs per call")
+    assert "TE's summed device time was longer (876.7 against 853.5 µs, ×1.027)" in text
+    assert "so was the host time of those very profiled calls (0.8917 against 0.8708 ms)" in text
+    fast = _prof([(FMHA, 491.1, 1, "kernel"), ("Memset 3", 3.9, 1, "memset")], causal=True, wall=0.9)
+    slow = _prof([(FMHA, 494.7, 1, "kernel"), ("Memset 3", 17.8, 3, "memset")], causal=True, wall=0.5)
+    text = profile.device_time_sentence(fast, slow, "TE", "cuDNN")
+    assert text.startswith("Causal, the shared kernel ran shorter under TE") and "device time was shorter" in text
+    assert "the host time of those very profiled calls was longer (0.9000 against 0.5000 ms)" in text
+    other = _prof([("another_kernel", 400.0, 1, "kernel")], causal=True)
+    text = profile.device_time_sentence(fast, other, "TE", "XLA")
+    assert "shared kernel" not in text and "device time was longer (495.0 against 400.0 µs" in text
+    assert "host time" not in text  # neither record has it
