@@ -349,3 +349,19 @@ def step_factors(xs, ys, var: str = "x") -> str:
     parts = [f"×{y2 / y1:.2f} " + (f"from {var} = {x1} to {x2}" if i == 0 else f"to {x2}")
              for i, ((x1, y1), (x2, y2)) in enumerate(itertools.pairwise(pts))]  # fmt: skip
     return ", ".join(parts)
+
+
+def device_speed_ratios(records, impl: str, base: str) -> dict[bool, tuple[float, float]]:
+    """Per causal flag, ``impl``'s speed as a fraction of ``base``'s at the same point of a ``device_time`` grid:
+    (on the summed kernel time the profiler measured, on the host's pipelined median). Points where either did not
+    run are left out."""
+    out = {}
+    for r in records:
+        if r["impl"] != impl or r.get("status") != "ok" or not r.get("device_ms"):
+            continue
+        other = [o for o in records if o["impl"] == base and o.get("status") == "ok" and o.get("device_ms")
+                 and all(o.get(f) == r.get(f) for f in POINT_FIELDS)]  # fmt: skip
+        if other:
+            o = other[0]
+            out[r["causal"]] = (o["device_ms"] / r["device_ms"], o["median_ms"] / r["median_ms"])
+    return out

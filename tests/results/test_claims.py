@@ -296,3 +296,16 @@ def test_a_twin_that_did_not_move_makes_only_an_exact_match_noise():
     assert claims.loss_noise(recs) == 0.0
     assert claims.loss_agreement(recs, "bfloat16")["ours"].word == "differ by more than rounding noise"
     assert "the nudge did not change the curve" in claims.loss_agreement_words(recs, "bfloat16")
+
+
+def test_device_speed_ratios_pair_the_same_point():
+    def rec(impl, causal, device_ms, median_ms, status="ok"):
+        return {"impl": impl, "causal": causal, "batch": 4, "seq_q": 4096, "seq_kv": 4096, "heads": 16,
+                "kv_heads": 16, "head_dim": 128, "dtype": "bfloat16", "pass": "fwd", "status": status,
+                "device_ms": device_ms, "median_ms": median_ms}  # fmt: skip
+
+    recs = [rec("cudnn", False, 0.85, 0.95), rec("mosaic", False, 0.92, 0.99), rec("cudnn", True, 0.5, 0.56),
+            rec("mosaic", True, None, None, status="error")]  # fmt: skip
+    got = claims.device_speed_ratios(recs, "mosaic", "cudnn")
+    assert list(got) == [False]
+    assert got[False] == (pytest.approx(0.85 / 0.92), pytest.approx(0.95 / 0.99))
