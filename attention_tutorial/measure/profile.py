@@ -436,8 +436,9 @@ def _longer(ratio: float) -> str:
 
 def device_time_sentence(rec_a: dict, rec_b: dict, name_a: str, name_b: str) -> str:
     """Two profiled records of one point compared on the device, worded from the data: the main kernel's time
-    (when both ran the same one), the summed device time, and the host time of the very same profiled calls. One
-    profile each (a mean over its calls) records no spread, so the words say which number is larger, nothing more."""
+    (when both ran the same one), the summed device time (split into the shared kernel's part and the others' when
+    both lists are complete), and the host time of the very same profiled calls. One profile each (a mean over its
+    calls) records no spread, so the words say which number is larger, nothing more."""
     ka, kb = main_kernel(rec_a), main_kernel(rec_b)
     parts = []
     if same_kernel(rec_a, rec_b):
@@ -445,8 +446,13 @@ def device_time_sentence(rec_a: dict, rec_b: dict, name_a: str, name_b: str) -> 
         parts.append(f"the shared kernel ran {_longer(r)} under {name_a} ({ka['us']:.1f} against {kb['us']:.1f} µs "
                      f"per call, ×{r:.3f})")  # fmt: skip
     r = rec_a["device_ms"] / rec_b["device_ms"]
+    split = ""
+    if same_kernel(rec_a, rec_b) and listed_all(rec_a) and listed_all(rec_b):  # the difference, kernel by kernel
+        d_main = ka["us"] - kb["us"]
+        d_rest = 1e3 * (rec_a["device_ms"] - rec_b["device_ms"]) - d_main
+        split = f": {d_main:+.1f} µs in the shared kernel, {d_rest:+.1f} µs in the others".replace("-", "−")
     parts.append(f"{name_a}'s summed device time was {_longer(r)} ({1e3 * rec_a['device_ms']:.1f} against "
-                 f"{1e3 * rec_b['device_ms']:.1f} µs, ×{r:.3f})")  # fmt: skip
+                 f"{1e3 * rec_b['device_ms']:.1f} µs, ×{r:.3f}{split})")  # fmt: skip
     wa, wb = rec_a.get("traced_wall_ms"), rec_b.get("traced_wall_ms")
     if wa and wb:
         parts.append(f"so was the host time of those very profiled calls ({wa:.4f} against {wb:.4f} ms)"

@@ -211,7 +211,11 @@ def test_device_time_sentence_picks_words_from_the_numbers():
     jc = _prof([(FMHA, 835.9, 1, "kernel"), ("Memset 3", 17.6, 3, "memset")], wall=0.8708)
     text = profile.device_time_sentence(te, jc, "TE", "cuDNN")
     assert text.startswith("Without a mask, the shared kernel ran longer under TE (873.2 against 835.9 µs per call")
-    assert "TE's summed device time was longer (876.7 against 853.5 µs, ×1.027)" in text
+    # the 37.3 µs the kernel lost and the 14.1 µs (3.5 − 17.6: µs per call already sum the launches) the others won
+    assert (
+        "TE's summed device time was longer (876.7 against 853.5 µs, ×1.027: +37.3 µs in the shared kernel, "
+        "−14.1 µs in the others)" in text
+    )
     assert "so was the host time of those very profiled calls (0.8917 against 0.8708 ms)" in text
     fast = _prof([(FMHA, 491.1, 1, "kernel"), ("Memset 3", 3.9, 1, "memset")], causal=True, wall=0.9)
     slow = _prof([(FMHA, 494.7, 1, "kernel"), ("Memset 3", 17.8, 3, "memset")], causal=True, wall=0.5)
@@ -221,4 +225,6 @@ def test_device_time_sentence_picks_words_from_the_numbers():
     other = _prof([("another_kernel", 400.0, 1, "kernel")], causal=True)
     text = profile.device_time_sentence(fast, other, "TE", "XLA")
     assert "shared kernel" not in text and "device time was longer (495.0 against 400.0 µs" in text
-    assert "host time" not in text  # neither record has it
+    assert "host time" not in text and "in the others" not in text  # neither has host time nor a shared kernel
+    cut = {**slow, "device_ms": 1.0}  # a list that misses kernels: no split of the difference
+    assert "in the others" not in profile.device_time_sentence(fast, cut, "TE", "cuDNN")
