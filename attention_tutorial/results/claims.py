@@ -227,6 +227,16 @@ TWIN_FACTOR = 1.0  # a loss difference up to this many times the twin's counts a
 # weight by one rounding step already moves the curve more than a kernel's rounding does: no margin on top)
 
 
+LOSS_ULPS = 4  # the yardstick is never below this many float32 steps of the largest loss compared: a difference
+# of one step is the last bit of the loss itself, not a kernel's doing
+
+
+def loss_floor(step_records) -> float:
+    """:data:`LOSS_ULPS` float32 steps (``np.spacing``) of the largest loss in ``step_records``."""
+    top = max((abs(r["loss"]) for r in step_records), default=1.0)
+    return LOSS_ULPS * float(np.spacing(np.float32(top)))
+
+
 def _losses(step_records) -> dict[str, dict[int, float]]:
     by: dict[str, dict[int, float]] = {}
     for r in step_records:
@@ -269,7 +279,7 @@ def loss_agreement(step_records, dtype: str) -> dict[str, Claim]:
         if diff is None:
             continue
         if noise is not None:
-            limit = TWIN_FACTOR * noise
+            limit = max(TWIN_FACTOR * noise, loss_floor(step_records))
             word = "agree within rounding noise" if diff <= limit else "differ by more than rounding noise"
             out[o] = Claim(float(diff), 0.0, limit, word)
         else:
@@ -295,19 +305,23 @@ def loss_agreement_words(step_records, dtype: str) -> str:
     first = next(i for i in _losses(step_records) if not i.endswith(TWIN))
     n = len({r["step"] for r in step_records if r["impl"] == first})
     noise = loss_noise(step_records)
+    floor = loss_floor(step_records)
+    at_least = (f" (or {LOSS_ULPS} float32 steps of the loss, {floor:.2e}, where that is larger: one step is the "
+                "loss's own last bit)")  # fmt: skip
     if noise == 0:
         lines = [f"- the yardstick: {first} trained again from weights nudged by one {dtype} rounding step traced the "
-                 "very same losses (the nudge did not change the curve), so only an exact match counts as rounding "
-                 "noise here"]  # fmt: skip
+                 f"very same losses (the nudge did not change the curve), so only a difference within {LOSS_ULPS} "
+                 f"float32 steps of the loss ({floor:.2e}) counts as rounding noise here"]  # fmt: skip
         lines += [f"- {impl} and {first} {c.word}: max |loss difference| over {n} logged steps = {c.value:.2e}"
                   for impl, c in claims.items()]  # fmt: skip
     elif noise is not None:
+        limit = max(TWIN_FACTOR * noise, floor)
         lines = [f"- the yardstick: {first} trained again from weights nudged by one {dtype} rounding step differs "
                  f"from itself by up to {noise:.2e}; a difference "
                  + ("no larger than that" if TWIN_FACTOR == 1 else f"up to {TWIN_FACTOR:g}× that ({TWIN_FACTOR * noise:.2e})")
-                 + " counts as rounding noise"]  # fmt: skip
+                 + (at_least if floor > TWIN_FACTOR * noise else "") + " counts as rounding noise"]  # fmt: skip
         lines += [f"- {impl} and {first} {c.word}: max |loss difference| over {n} logged steps = {c.value:.2e} "
-                  f"({c.value / noise:.1f}× the yardstick)" for impl, c in claims.items()]  # fmt: skip
+                  f"({c.value / limit:.1f}× the yardstick)" for impl, c in claims.items()]  # fmt: skip
     else:
         lines = [f"- {impl} and {first} {c.word}: max |loss difference| over {n} logged steps = {c.value:.2e} "
                  f"(tolerance {c.high:.0e}, the attention-output tolerance of {dtype}: this run has no twin to "

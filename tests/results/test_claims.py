@@ -1,5 +1,6 @@
 """Claims: synthetic records that a wrong word would fail, and the pages' claims against the committed results."""
 
+import numpy as np
 import pytest
 
 from attention_tutorial.results import claims, store
@@ -309,3 +310,16 @@ def test_device_speed_ratios_pair_the_same_point():
     got = claims.device_speed_ratios(recs, "mosaic", "cudnn")
     assert list(got) == [False]
     assert got[False] == (pytest.approx(0.85 / 0.92), pytest.approx(0.95 / 0.99))
+
+
+def test_twin_yardstick_has_a_floor_of_a_few_float32_steps():
+    base = [5.0, 4.0, 3.5, 3.0]
+    step = float(np.spacing(np.float32(5.0)))  # one float32 step of the largest loss
+    twin = [5.0 + step, 4.0, 3.5, 3.0]  # the twin moved by one step only
+    recs = (_steps("xla", base) + _steps("ours", [x + 2 * step for x in base])
+            + _steps("bad", [x + 10 * step for x in base]) + _steps("xla_twin", twin))  # fmt: skip
+    assert claims.loss_floor(recs) == pytest.approx(claims.LOSS_ULPS * step)
+    got = claims.loss_agreement(recs, "float32")
+    assert got["ours"].word == "agree within rounding noise"  # two steps: the loss's own last bits
+    assert got["bad"].word == "differ by more than rounding noise"
+    assert "float32 steps of the loss" in claims.loss_agreement_words(recs, "float32")
