@@ -33,6 +33,9 @@ FAMILIES = {
     "setmaxnreg (per-warpgroup registers)": (r"\bsetmaxnreg\b", r"\bUSETMAXREG\b"),
 }
 _REGISTERS = re.compile(r"Used (\d+) registers")
+# ptxas's performance warnings (e.g. C7513/C7515, "wgmma.mma_async instructions are serialized due to ..."): a
+# warpgroup matmul that waits for itself loses the overlap a Hopper kernel is built around.
+_SERIALISED = re.compile(r"\((C75\d\d)\)[^\n]*?wgmma[^\n]*?serialized due to ([^\n]*?)(?: in the function|$)", re.M)
 
 
 def kind_of(text: str) -> str | None:
@@ -51,12 +54,15 @@ def count_instructions(text: str, kind: str) -> dict[str, int]:
 
 
 def summarise_dump(folder: Path) -> dict:
-    """Instruction counts over every PTX and SASS file under ``folder``, plus registers ptxas reported."""
+    """Instruction counts over every PTX and SASS file under ``folder``, plus the registers ptxas reported and its
+    warnings that it serialised warpgroup matmuls (``wgmma_serialised``: 'C7513: <why>', empty when none)."""
     totals: dict[str, dict[str, int]] = {}
     registers: set[int] = set()
+    serialised: set[str] = set()
     for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
         text = path.read_text(errors="replace")
         registers.update(int(n) for n in _REGISTERS.findall(text))
+        serialised.update(f"{code}: {why.strip()}" for code, why in _SERIALISED.findall(text))
         kind = kind_of(text)
         if kind is None:
             continue
@@ -64,7 +70,7 @@ def summarise_dump(folder: Path) -> dict:
         into = totals.setdefault(kind, dict.fromkeys(FAMILIES, 0))
         for name, n in counts.items():
             into[name] += n
-    return {"counts": totals, "registers": sorted(registers)}
+    return {"counts": totals, "registers": sorted(registers), "wgmma_serialised": sorted(serialised)}
 
 
 def _field(header: bytes, offset: int, size: int) -> int:
@@ -207,6 +213,8 @@ def kernel_code(impl: str, *, batch=4, seq_q=4096, heads=16, head_dim=128, dtype
             return {**spec, "status": "error", "reason": (run.stderr.strip().splitlines() or ["?"])[-1], **summary}
         # ptxas's register report goes to the Mosaic GPU dump or to stderr, depending on the version
         summary["registers"] = sorted({*summary["registers"], *map(int, _REGISTERS.findall(run.stderr))})
+        summary["wgmma_serialised"] = sorted({*summary["wgmma_serialised"],
+                                              *(f"{c}: {w.strip()}" for c, w in _SERIALISED.findall(run.stderr))})  # fmt: skip
     return {**spec, "status": "ok", **summary}
 
 

@@ -84,6 +84,20 @@ def test_summarise_dump_adds_files_and_reads_registers(tmp_path):
     assert summary["counts"]["sass"]["mma.sync (per-warp matmul)"] == 2
     assert set(summary["counts"]["ptx"]) == set(FAMILIES)
     assert summary["registers"] == [40, 168]
+    assert summary["wgmma_serialised"] == []
+
+
+def test_summarise_dump_reports_serialised_wgmma(tmp_path):
+    # the warning ptxas printed for our pipelined Mosaic forward on the H200 (scripts/issue17_probe_h200.json)
+    (tmp_path / "ptxas.log").write_text(
+        "ptxas info    : (C7513) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non "
+        "wgmma instructions defining input registers of a wgmma between start and end of the pipeline stage in the "
+        "function 'entry_mosaic_gpu_kernel'\nptxas info    : Used 168 registers"
+    )
+    summary = summarise_dump(tmp_path)
+    assert summary["wgmma_serialised"] == [
+        "C7513: non wgmma instructions defining input registers of a wgmma between start and end of the pipeline stage"
+    ]
 
 
 def _fake_elf(fill: bytes) -> bytes:
