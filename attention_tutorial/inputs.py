@@ -23,6 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 
 
+class Unsupported(ValueError):
+    """A well-formed problem that one implementation cannot run (cuDNN's head-dim or dtype limits, a window shape
+    it does not take, no GPU). A ``ValueError``, so code that catches bad input catches it too; a sweep records it
+    as "unsupported", not as an error."""
+
+
 class AttentionShape(NamedTuple):
     """The sizes of one attention problem (see the module's shape legend)."""
 

@@ -22,7 +22,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-from ..inputs import AttentionShape, attention_shape, invalid_reason, resolve_scale
+from ..inputs import AttentionShape, Unsupported, attention_shape, invalid_reason, resolve_scale
 from .masks import Alignment, causal_mask, check_mask_args
 
 Implementation = Literal["xla", "cudnn"] | None
@@ -54,7 +54,7 @@ def dot_product_attention(
     if implementation not in (None, "xla", "cudnn"):
         raise ValueError(f'implementation must be None, "xla" or "cudnn"; got {implementation!r:.60}.')
     if reason := xla_why_not(shape, jnp.result_type(q)):
-        raise ValueError(f"jax.nn.dot_product_attention cannot run this: {reason}")
+        raise Unsupported(f"jax.nn.dot_product_attention cannot run this: {reason}")
     scale = resolve_scale(scale, shape.head_dim)
     opt = check_mask_args(shape, is_causal=is_causal, causal_alignment=causal_alignment, mask=mask, bias=bias,
                           local_window_size=local_window_size, query_seq_lengths=query_seq_lengths,
@@ -69,7 +69,7 @@ def dot_product_attention(
         if reason is None and window is not None and window[1] != 0 and not is_causal:
             reason = f"its windows look left only; got local_window_size={window}. Use (left, 0), or the XLA path."
         if reason:
-            raise ValueError(f"cuDNN attention cannot run this: {reason}")
+            raise Unsupported(f"cuDNN attention cannot run this: {reason}")
     lengths = {
         n: None if opt[n] is None else jnp.asarray(opt[n], jnp.int32)
         for n in ("query_seq_lengths", "key_value_seq_lengths")

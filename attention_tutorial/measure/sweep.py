@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import registry
-from ..inputs import AttentionShape, make_qkv
+from ..inputs import AttentionShape, Unsupported, make_qkv
 from ..kernels.masks import MASK_KINDS, mask_args, split_static
 from .compiled import compile_stats
 from .flops import PASSES, attention_bytes, attention_flops, peak_for
@@ -291,6 +291,6 @@ def failure_fields(err: Exception) -> dict:
     low = text.lower()
     if "resource_exhausted" in low or "out of memory" in low or isinstance(err, MemoryError):
         return {"status": "oom", "reason": first}
-    if isinstance(err, (NotImplementedError, ImportError)):
+    if isinstance(err, (NotImplementedError, ImportError, Unsupported)):
         return {"status": "unsupported", "reason": first}
     return {"status": "error", "reason": first}

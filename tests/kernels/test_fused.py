@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attention_tutorial.inputs import AttentionShape, make_qkv
+from attention_tutorial.inputs import AttentionShape, Unsupported, make_qkv
 from attention_tutorial.kernels.fused import cudnn_why_not, dot_product_attention, xla_why_not
 from attention_tutorial.kernels.reference import reference_attention
 from attention_tutorial.measure.compiled import kernels_used
@@ -44,7 +44,7 @@ def test_cudnn_on_cpu_says_why_and_names_the_fix():
         pytest.skip("this checks the CPU message")
     reason = cudnn_why_not(AttentionShape(1, 8, 8, 2, 2, 16), jnp.bfloat16)
     assert "NVIDIA GPU" in reason and "CPU" in reason
-    with pytest.raises(ValueError, match="needs an NVIDIA GPU"):
+    with pytest.raises(Unsupported, match="needs an NVIDIA GPU"):  # a ValueError too
         dot_product_attention(q, k, v, implementation="cudnn")
 
 
@@ -120,3 +120,9 @@ def test_cudnn_bottom_right_causal_matches_reference(t, s):
     out = dot_product_attention(q, k, v, implementation="cudnn", is_causal=True, causal_alignment="bottom_right")
     ref = reference_attention(q, k, v, is_causal=True, causal_alignment="bottom_right")
     np.testing.assert_allclose(np.asarray(out, np.float32), ref, atol=1e-2, rtol=1e-2)
+
+
+def test_cudnn_window_that_looks_right_is_refused_as_unsupported():
+    q, k, v = make_qkv(1, 8, 2, 16, dtype=jnp.bfloat16)
+    with pytest.raises(Unsupported, match="cuDNN attention cannot run this"):
+        dot_product_attention(q, k, v, implementation="cudnn", local_window_size=(2, 2))

@@ -115,3 +115,15 @@ def test_front_end_backend_is_recorded_and_a_failed_query_is_not_fatal(monkeypat
     rec = run_point(Point("broken_backend", 1, 16, 16, 2, 2, 8, "float32"), repeats=3)
     assert rec["status"] == "ok" and rec["backend"].startswith("unknown (RuntimeError: no such helper")
     assert "backend" not in run_point(Point("xla", 1, 16, 16, 2, 2, 8, "float32"), repeats=3)
+
+
+def test_our_own_refusal_is_unsupported_and_a_plain_value_error_is_an_error():
+    from attention_tutorial.inputs import Unsupported
+    from attention_tutorial.measure.sweep import failure_fields
+
+    refused = failure_fields(Unsupported("cuDNN attention cannot run this: its windows look left only"))
+    assert refused == {
+        "status": "unsupported",
+        "reason": "Unsupported: cuDNN attention cannot run this: its windows look left only",
+    }
+    assert failure_fields(ValueError("bad shape"))["status"] == "error"
