@@ -53,7 +53,9 @@ def dot_product_attention(
     shape = attention_shape(q, k, v)
     if implementation not in (None, "xla", "cudnn"):
         raise ValueError(f'implementation must be None, "xla" or "cudnn"; got {implementation!r:.60}.')
-    if reason := xla_why_not(shape, jnp.result_type(q)):
+    if reason := invalid_reason(shape, jnp.result_type(q)):  # bad input: a plain ValueError
+        raise ValueError(f"jax.nn.dot_product_attention: {reason}")
+    if reason := xla_why_not(shape, jnp.result_type(q)):  # a valid problem it cannot run
         raise Unsupported(f"jax.nn.dot_product_attention cannot run this: {reason}")
     scale = resolve_scale(scale, shape.head_dim)
     opt = check_mask_args(shape, is_causal=is_causal, causal_alignment=causal_alignment, mask=mask, bias=bias,

@@ -439,6 +439,8 @@ def device_time_sentence(rec_a: dict, rec_b: dict, name_a: str, name_b: str) -> 
     (when both ran the same one), the summed device time (split into the shared kernel's part and the others' when
     both lists are complete), and the host time of the very same profiled calls. One profile each (a mean over its
     calls) records no spread, so the words say which number is larger, nothing more."""
+    if not (rec_a.get("device_ms") and rec_b.get("device_ms")):
+        return f"{name_a} and {name_b} have no device time to compare (a profile did not run)."
     ka, kb = main_kernel(rec_a), main_kernel(rec_b)
     parts = []
     if same_kernel(rec_a, rec_b):

@@ -137,7 +137,8 @@ def growth_terms(xs, ys, var: str = "x") -> Claim:
         return g
     # The simplest fit that is good enough (within FIT_TOLERANCE of the largest y), else the closest: a dip at
     # one point must not turn a linear series into a "quadratic" one (4.0, 3.8, 4.8, 6.8 MiB over T ×8).
-    good = [f for f in fits if f[0] <= FIT_TOLERANCE]
+    closest = min(f[0] for f in fits)  # ... and never much worse than the closest fit (an exact one must win)
+    good = [f for f in fits if f[0] <= min(FIT_TOLERANCE, 2 * closest + 0.005)]
     best = min(good, key=lambda f: (*f[1:3], f[0])) if good else min(fits, key=lambda f: f[0])
     best = (best[0], best[3])
     at = x.max()

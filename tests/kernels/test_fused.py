@@ -122,7 +122,13 @@ def test_cudnn_bottom_right_causal_matches_reference(t, s):
     np.testing.assert_allclose(np.asarray(out, np.float32), ref, atol=1e-2, rtol=1e-2)
 
 
-def test_cudnn_window_that_looks_right_is_refused_as_unsupported():
+def test_cudnn_window_that_looks_right_is_refused_as_unsupported(monkeypatch):
+    from attention_tutorial.kernels import fused
+
+    monkeypatch.setattr(fused, "cudnn_why_not", lambda shape, dtype: None)  # as on a GPU: only the window is refused
     q, k, v = make_qkv(1, 8, 2, 16, dtype=jnp.bfloat16)
-    with pytest.raises(Unsupported, match="cuDNN attention cannot run this"):
+    with pytest.raises(Unsupported, match="windows look left only"):
         dot_product_attention(q, k, v, implementation="cudnn", local_window_size=(2, 2))
+    with pytest.raises(ValueError) as bad:  # bad input stays a plain ValueError, not a refusal
+        dot_product_attention(q.astype(jnp.int32), k, v)
+    assert not isinstance(bad.value, Unsupported)

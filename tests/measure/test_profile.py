@@ -228,3 +228,8 @@ def test_device_time_sentence_picks_words_from_the_numbers():
     assert "host time" not in text and "in the others" not in text  # neither has host time nor a shared kernel
     cut = {**slow, "device_ms": 1.0}  # a list that misses kernels: no split of the difference
     assert "in the others" not in profile.device_time_sentence(fast, cut, "TE", "cuDNN")
+
+
+def test_device_time_sentence_without_a_profile_says_so():
+    words = profile.device_time_sentence({"device_ms": None}, {"device_ms": 0.5}, "TE", "cuDNN")
+    assert words == "TE and cuDNN have no device time to compare (a profile did not run)."

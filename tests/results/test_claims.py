@@ -269,6 +269,8 @@ def test_growth_terms_do_not_call_a_dip_quadratic():
     dip = claims.growth_terms(ts, [4.0 * mib, 3.8 * mib, 4.8 * mib, 6.8 * mib], "T")  # increments double: linear
     assert dip.word == "is a constant part plus one linear in T"
     assert claims.growth_terms(ts, [0.25, 1.0, 4.0, 16.0], "T").word == "grows quadratically in T"
+    exact = claims.growth_terms(ts, [100 + (t / 512) ** 2 for t in ts], "T")  # increments ×4: an exact fit wins
+    assert exact.word == "is a constant part plus one quadratic in T"
 
 
 def test_growth_terms_name_a_constant_and_a_linear_part():
