@@ -2,9 +2,10 @@
 in a fresh process: the machine code (registers, local-memory spills STL/LDL, ptxas's wgmma serialisation
 warnings) and the forward's TFLOP/s against cuDNN in the same process, B=4 T=8k N=16 H=128 bf16, causal and not.
 
-Each variant and mask in its own process, so each kernel's machine code is read apart. Variants: plain (no pipeline) and pipelined, each with the current register split (232/40) and 240/24; and
-'rs': the pipelined step with p·v's accumulator carried by run_state (ACC.init(acc)) instead of copied into a
-fresh scoped accumulator.  Usage: python3 scripts/gpu_issue17_probe.py OUT_JSON [variant ...]
+Each variant and mask in its own process, so each kernel's machine code is read apart. Variants: plain (no
+pipeline) and pipelined, each with the current register split (232/40) and 240/24. (A run_state variant of the
+pipelined step, measured in scripts/issue17_probe_h200.json as "pipe_rs", gained nothing and was dropped.)
+Usage: python3 scripts/gpu_issue17_probe.py OUT_JSON [variant ...]
 """
 
 import functools
@@ -16,13 +17,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-VARIANTS = ["plain", "pipe", "pipe_rs", "plain_r240", "pipe_r240", "pipe_rs_r240"]
+VARIANTS = ["plain", "pipe", "plain_r240", "pipe_r240"]
 
 
 def patch(variant):
     import jax.experimental.pallas.mosaic_gpu as plgpu
-
-    from attention_tutorial.kernels import mosaic_flash as mf
 
     if "r240" in variant:
         orig = plgpu.set_max_registers
@@ -31,103 +30,6 @@ def patch(variant):
             return orig({232: 240, 40: 24}.get(n, n), action=action)
 
         plgpu.set_max_registers = regs
-    if "rs" in variant:
-        mf._pipelined_steps = _pipelined_steps_rs
-
-
-def _pipelined_steps_rs(
-    carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take_turn, *, row0, steps, cta_steps, causal, stages, scale
-):
-    import jax.experimental.pallas as pl
-    import jax.experimental.pallas.mosaic_gpu as plgpu
-    import jax.numpy as jnp
-    from jax import lax
-
-    from attention_tutorial.kernels.mosaic_flash import LOG2E
-
-    k_ready, v_ready, k_free, v_free = kv_barriers
-    acc, m, l = carry
-    (bq, _), bkv, dtype = acc.shape, k_smem.shape[1], qo_smem.dtype
-    c = scale * LOG2E
-
-    def slot(j):
-        return lax.rem(j, jnp.array(stages, jnp.int32))
-
-    def softmax(s, m, l, j, masked):
-        if masked:
-            rows = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=plgpu.Layout.WGMMA) + row0
-            cols = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=plgpu.Layout.WGMMA) + j * bkv
-            s = jnp.where(cols <= rows, s, -jnp.inf)
-        m_new = jnp.maximum(m, s.max(axis=1) * c)
-        alpha = jnp.exp2(m - m_new)
-        p = jnp.exp2(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
-        return lax.optimization_barrier((p.astype(dtype), m_new, l * alpha + p.sum(axis=1), alpha))
-
-    def end_turn(j):
-        plgpu.barrier_arrive(schedule)
-
-        @pl.when(j + 1 < steps)
-        def _():
-            plgpu.barrier_wait(k_ready.at[slot(j + 1)])
-
-        plgpu.barrier_wait(v_ready.at[slot(j)])
-        plgpu.barrier_wait(schedule)
-
-    def qk(s_ref):
-        plgpu.wgmma(s_ref, qo_smem, k_smem.at[0].transpose((1, 0)))
-        take_turn()
-        return s_ref[...]
-
-    zero = jnp.array(0, jnp.int32)
-    s = pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32))
-    plgpu.barrier_arrive(k_free.at[0])
-    p16, m, l, alpha = softmax(s, m, l, zero, masked=causal)
-    end_turn(zero)
-    s_zero = plgpu.layout_cast(jnp.full((bq, bkv), 0.0, jnp.float32), plgpu.Layout.WGMMA)
-
-    def step(j, carry, masked=False):
-        acc, m, l, p16, alpha = carry
-
-        def both(refs):
-            s_ref, o_ref, st_ref = refs
-            plgpu.wgmma(s_ref, qo_smem, k_smem.at[slot(j + 1)].transpose((1, 0)))
-            plgpu.wgmma(o_ref, p16, v_smem.at[slot(j)])
-            take_turn()
-            s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
-            plgpu.barrier_arrive(k_free.at[slot(j + 1)])
-            for ref, value in zip(st_ref, softmax(s, m, l, j + 1, masked)):
-                ref[...] = value
-
-        _, o, (p16n, mn, ln, alphan) = pl.run_state(both)(
-            (plgpu.ACC.init(s_zero), plgpu.ACC.init(acc), (p16, m, l, alpha))
-        )
-        plgpu.barrier_arrive(v_free.at[slot(j)])
-        end_turn(j + 1)
-        return o * lax.broadcast_in_dim(alphan, o.shape, [0]), mn, ln, p16n, alphan
-
-    last = jnp.asarray(steps, jnp.int32) - 1
-    if not causal:
-        acc, m, l, p16, alpha = lax.fori_loop(zero, last, step, (acc, m, l, p16, alpha))
-    else:
-        split = jnp.maximum(jnp.minimum(lax.div(row0, jnp.array(bkv, jnp.int32)), steps) - 1, 0)
-        carry = lax.fori_loop(zero, split, step, (acc, m, l, p16, alpha))
-        acc, m, l, p16, alpha = lax.fori_loop(split, last, functools.partial(step, masked=True), carry)
-
-    def pv(acc_ref):
-        plgpu.wgmma(acc_ref, p16, v_smem.at[slot(last)])
-
-    acc = pl.run_state(pv)(plgpu.ACC.init(acc))
-    plgpu.barrier_arrive(v_free.at[slot(last)])
-    if causal:
-
-        @pl.loop(steps, cta_steps)
-        def _(j):
-            plgpu.barrier_arrive(k_free.at[slot(j)])
-            plgpu.barrier_arrive(v_free.at[slot(j)])
-            take_turn()
-            take_turn()
-
-    return acc, m, l
 
 
 def child(variant, folder, causal_flags=(False, True)):

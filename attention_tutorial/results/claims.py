@@ -374,8 +374,7 @@ def device_speed_ratios(records, impl: str, base: str) -> dict[bool, tuple[float
     for r in records:
         if r["impl"] != impl or r.get("status") != "ok" or not r.get("device_ms"):
             continue
-        other = [o for o in records if o["impl"] == base and o.get("status") == "ok" and o.get("device_ms")
-                 and all(o.get(f) == r.get(f) for f in POINT_FIELDS)]  # fmt: skip
+        other = [o for o in same_point(records, r, impl=base) if o.get("device_ms")]
         if other:
             o = other[0]
             out[r["causal"]] = (o["device_ms"] / r["device_ms"], o["median_ms"] / r["median_ms"])

@@ -14,7 +14,7 @@ from ..env import environment
 from ..measure.grids import points
 from ..measure.sweep import run_sweep
 from . import store
-from .claims import POINT_FIELDS
+from .claims import POINT_FIELDS, same_point
 from .plotting import markdown_table, plot_records
 
 REFERENCE_GPU = "nvidia-h200"
@@ -95,8 +95,7 @@ def live_vs_recorded(live, recorded) -> list[dict]:
     """One row per live record that the recorded file also measured: both medians and their ratio."""
     rows = []
     for r in live:
-        same = [o for o in recorded if o.get("status") == "ok" and o["impl"] == r["impl"]
-                and all(o.get(f) == r.get(f) for f in POINT_FIELDS)]  # fmt: skip
+        same = same_point(recorded, r, impl=r["impl"])
         if r.get("status") == "ok" and same:
             rows.append(
                 {**r, "recorded_ms": same[0]["median_ms"], "live_over_recorded": r["median_ms"] / same[0]["median_ms"]}
@@ -117,8 +116,7 @@ def live_failures(live, recorded) -> list[dict]:
     median (``recorded_ms``), so the compact comparison does not drop them silently."""
     rows = []
     for r in live:
-        same = [o for o in recorded if o.get("status") == "ok" and o["impl"] == r["impl"]
-                and all(o.get(f) == r.get(f) for f in POINT_FIELDS)]  # fmt: skip
+        same = same_point(recorded, r, impl=r["impl"])
         if r.get("status") != "ok" and same:
             rows.append({**r, "recorded_ms": same[0]["median_ms"]})
     return rows
@@ -140,7 +138,7 @@ def device_pair_words(records, a_impl: str, b_impl: str, a_name: str, b_name: st
     names), what else each call launched, and per point the device comparison next to the host's pipelined verdict
     (a host gap is put outside the kernels only when it lies outside the spreads and points the other way)."""
     from ..measure import profile
-    from .claims import compare, fmt_range, relative, same_point
+    from .claims import compare, fmt_range, relative
 
     pairs = [(a, b) for a in records if a["impl"] == a_impl and a.get("status") == "ok"
              for b in same_point(records, a, impl=b_impl)]  # fmt: skip
