@@ -5,7 +5,8 @@ warnings) and the forward's TFLOP/s against cuDNN in the same process, B=4 T=8k 
 Each variant and mask in its own process, so each kernel's machine code is read apart. Variants: plain (no
 pipeline) and pipelined, each with the current register split (232/40) and 240/24. (A run_state variant of the
 pipelined step, measured in scripts/issue17_probe_h200.json as "pipe_rs", gained nothing and was dropped.)
-Usage: python3 scripts/gpu_issue17_probe.py OUT_JSON [variant ...]
+pipe_onemask: the causal pipelined forward as one loop masking every block (``_PIPELINE_SPLIT_CAUSAL = False``).
+Usage: python3 scripts/gpu_issue17_probe.py OUT_JSON [variant[:causal|:noncausal] ...]
 """
 
 import functools
@@ -17,11 +18,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-VARIANTS = ["plain", "pipe", "plain_r240", "pipe_r240"]
+VARIANTS = ["plain", "pipe", "plain_r240", "pipe_r240", "pipe_onemask"]
 
 
 def patch(variant):
     import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    from attention_tutorial.kernels import mosaic_flash
+
+    if "onemask" in variant:  # causal: one loop masking every block instead of unmasked blocks, then masked ones
+        mosaic_flash._PIPELINE_SPLIT_CAUSAL = False
 
     if "r240" in variant:
         orig = plgpu.set_max_registers
@@ -99,9 +105,10 @@ def code_facts(folder):
 
 def main():
     out_path = sys.argv[1]
-    variants = sys.argv[2:] or VARIANTS
+    variants = sys.argv[2:] or VARIANTS  # NAME runs both masks, NAME:causal or NAME:noncausal one
     result = []
-    for variant, causal in [(v, c) for v in variants for c in ("noncausal", "causal")]:
+    runs = [v.split(":") if ":" in v else (v, c) for v in variants for c in ("noncausal", "causal")]
+    for variant, causal in dict.fromkeys(map(tuple, runs)):
         with tempfile.TemporaryDirectory() as folder:
             run = subprocess.run(
                 [sys.executable, __file__, "--child", variant, folder, causal],

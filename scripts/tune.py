@@ -3,6 +3,8 @@
 python scripts/tune.py pallas OUT.json   block_q, block_k, warps, stages of the Triton-lowered kernel
 python scripts/tune.py mosaic OUT.json   block_kv and stages of the Mosaic GPU kernel
 (GPU only; a minute or two each). B=8, T=4096, N=16, bf16; H = 128 and 64, causal and not.
+python scripts/tune.py pipe OUT.json     block_kv and stages of the pipelined Mosaic forward (issue 17's target
+shape: B=4, T=8192, N=16, H=128, bf16), the plain kernel's default beside it.
 python scripts/tune.py bwd OUT.json      forward+backward (jax.vjp) of our two kernels against cuDNN's:
 B·T = 16k, T = 4096 and 8192, N=16, H=128, bf16, causal and not; each row is saved as soon as it is measured.
 """
@@ -23,6 +25,7 @@ from attention_tutorial.measure.flops import attention_flops
 PALLAS = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 4), (64, 128, 4, 2),
           (128, 128, 8, 3), (128, 64, 8, 4)]  # fmt: skip
 MOSAIC = [(128, 2), (128, 3), (64, 2), (64, 4)]  # (block_kv, stages); block_q is wgmma's 64
+PIPE = [(128, 2, False), (128, 2, True), (128, 3, True), (64, 2, True), (64, 3, True), (64, 4, True)]
 
 
 def candidates(kernel, causal):
@@ -35,6 +38,11 @@ def candidates(kernel, causal):
                     flash_attention, is_causal=causal, block_q=bq, block_k=bk, num_warps=warps, num_stages=stages
                 ),
             )
+    elif kernel == "pipe":
+        for bkv, stages, pipeline in PIPE:
+            cfg = MosaicConfig(block_kv=bkv, stages=stages, pipeline=pipeline)
+            label = f"64x{bkv} stages {stages}" + (" pipelined" if pipeline else "")
+            yield label, functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg)
     else:
         for bkv, stages in MOSAIC:
             cfg = MosaicConfig(block_kv=bkv, stages=stages)
@@ -43,8 +51,8 @@ def candidates(kernel, causal):
 
 def main(kernel, out):
     rows = []
-    for H in (128, 64):
-        B, T, N = 8, 4096, 16
+    for H in (128,) if kernel == "pipe" else (128, 64):
+        B, T, N = (4, 8192, 16) if kernel == "pipe" else (8, 4096, 16)
         q, k, v = make_qkv(B, T, N, H, dtype=jnp.bfloat16)
         for causal in (False, True):
             flops = attention_flops(B, T, T, N, H, causal=causal)
@@ -56,8 +64,16 @@ def main(kernel, out):
                     tf = None
                     print(f"H={H} {label}: {type(err).__name__}: {str(err)[:160]}")
                 rows.append({"kernel": kernel, "H": H, "causal": causal, "config": label, "tflops": tf})
-                print(f"H={H:3d} causal={causal!s:5} {label:18s} {tf and round(tf)}", flush=True)
-    json.dump(rows, open(out, "w"), indent=1)
+                print(f"H={H:3d} causal={causal!s:5} {label:28s} {tf and round(tf)}", flush=True)
+                save(rows, out)
+
+
+def save(rows, out):
+    """Write the rows so far atomically: a run cut short keeps what it measured."""
+    tmp = out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(rows, f, indent=1)
+    os.replace(tmp, out)
 
 
 def fwd_bwd(fn):
@@ -92,10 +108,7 @@ def backward(out):
                 rows.append({"impl": name, "B": B, "T": T, "N": N, "H": H, "causal": causal, "pass": "fwd+bwd",
                              "median_ms": ms, "tflops": ms and flops / ms / 1e9})  # fmt: skip
                 print(rows[-1], flush=True)
-                tmp = out + ".tmp"
-                with open(tmp, "w") as f:
-                    json.dump(rows, f, indent=1)
-                os.replace(tmp, out)
+                save(rows, out)
 
 
 if __name__ == "__main__":

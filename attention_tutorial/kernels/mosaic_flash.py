@@ -41,6 +41,9 @@ from jax import lax
 from ..inputs import AttentionShape, attention_shape, check_block_size, check_flag, resolve_scale
 
 LOG2E = math.log2(math.e)
+# Causal pipelined forward: two loops (unmasked blocks, then the diagonal's) or one loop masking every block.
+# Issue 17's probe (scripts/gpu_issue17_probe.py) measures both on the H200.
+_PIPELINE_SPLIT_CAUSAL = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,6 +284,8 @@ def _pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take
     last = jnp.asarray(steps, jnp.int32) - 1
     if not causal:
         acc, m, l, p16 = lax.fori_loop(zero, last, step, (acc, m, l, p16))
+    elif not _PIPELINE_SPLIT_CAUSAL:  # one loop, every block masked (a mask below the diagonal changes nothing)
+        acc, m, l, p16 = lax.fori_loop(zero, last, functools.partial(step, masked=True), (acc, m, l, p16))
     else:  # step j makes block j+1's p: unmasked while j+1 lies wholly below the diagonal
         split = jnp.maximum(jnp.minimum(lax.div(row0, jnp.array(bkv, jnp.int32)), steps) - 1, 0)
         carry = lax.fori_loop(zero, split, step, (acc, m, l, p16))
