@@ -369,7 +369,7 @@ def step_factors(xs, ys, var: str = "x") -> str:
 def device_speed_ratios(records, impl: str, base: str) -> dict[bool, tuple[float, float]]:
     """Per causal flag, ``impl``'s speed as a fraction of ``base``'s at the same point of a ``device_time`` grid:
     (on the summed kernel time the profiler measured, on the host's pipelined median). Points where either did not
-    run are left out."""
+    run are left out; a grid with two points of one flag is refused (one ratio per flag would hide one of them)."""
     out = {}
     for r in records:
         if r["impl"] != impl or r.get("status") != "ok" or not r.get("device_ms"):
@@ -377,5 +377,10 @@ def device_speed_ratios(records, impl: str, base: str) -> dict[bool, tuple[float
         other = [o for o in same_point(records, r, impl=base) if o.get("device_ms")]
         if other:
             o = other[0]
+            if r["causal"] in out:
+                raise ValueError(
+                    f"device_speed_ratios: {impl} has two device-time points with causal={r['causal']}; "
+                    "pass the records of one shape only."
+                )
             out[r["causal"]] = (o["device_ms"] / r["device_ms"], o["median_ms"] / r["median_ms"])
     return out

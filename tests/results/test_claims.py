@@ -312,6 +312,9 @@ def test_device_speed_ratios_pair_the_same_point():
     got = claims.device_speed_ratios(recs, "mosaic", "cudnn")
     assert list(got) == [False]
     assert got[False] == (pytest.approx(0.85 / 0.92), pytest.approx(0.95 / 0.99))
+    longer = [{**r, "seq_q": 8192, "seq_kv": 8192} for r in recs]  # a second shape: one ratio per flag would hide it
+    with pytest.raises(ValueError, match="two device-time points with causal=False"):
+        claims.device_speed_ratios(recs + longer, "mosaic", "cudnn")
 
 
 def test_twin_yardstick_has_a_floor_of_a_few_float32_steps():
