@@ -264,7 +264,10 @@ def _pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take
             plgpu.wgmma(s_ref, qo_smem, k_smem.at[slot(j + 1)].transpose((1, 0)))
             plgpu.wgmma(o_ref, p16, v_smem.at[slot(j)])
             take_turn()
-            s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # q·kᵀ done; p·v may still run
+            # q·kᵀ done; p·v may still run. Not on a block that needs the mask: with p·v in flight, the mask's
+            # extra registers make ptxas serialise every wgmma of the kernel (C7513, issue 17's probe), so that
+            # one block per warpgroup waits for p·v first and gives up its overlap.
+            s = plgpu.wgmma_accumulator_load(s_ref, wait_n=0 if masked else 1)
             plgpu.barrier_arrive(k_free.at[slot(j + 1)])
             block = softmax(s, m, l, j + 1, masked)
             return o_ref[...], block  # reading o_ref waits for p·v
