@@ -109,6 +109,12 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
             _lazy("kernels.mosaic_flash", "why_not"),
         ),
         Implementation(
+            "mosaic_pipe",
+            "our Mosaic GPU kernel, pipelined (FA3)",
+            _lazy("kernels.mosaic_flash", "mosaic_pipelined_attention"),
+            _lazy("kernels.mosaic_flash", "pipelined_why_not"),
+        ),
+        Implementation(
             "jax_mosaic",
             "JAX's Pallas kernel (Mosaic GPU)",
             _lazy("kernels.mosaic_flash", "jax_bundled_mosaic"),

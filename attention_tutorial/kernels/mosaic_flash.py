@@ -561,7 +561,7 @@ def mosaic_flash_attention(
 ):
     """Our Mosaic GPU FlashAttention: q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H), differentiable. Hopper only.
 
-    float16 or bfloat16; H = 64 or 128 (or 256, forward only, with ``config=MosaicConfig(block_kv=64)``); T a
+    float16 or bfloat16; H = 64 or 128 (or 256, forward only: :func:`default_config` then takes block_kv = 64); T a
     multiple of 2·block_q (128), S a multiple of block_kv (128). Causal
     masks align top-left, as everywhere on this site. ``return_lse=True`` returns ``(out, lse)`` with lse
     (B, N, T) float32, each row's natural log-sum-exp of the scaled scores (for context parallelism; differentiable).
@@ -573,8 +573,8 @@ def mosaic_flash_attention(
     pass instead of atomic float32 adds from the dK/dV kernel: every CTA owns its outputs (deterministic, no
     float32 dQ buffer and conversion pass), at the cost of recomputing q·kᵀ and dO·vᵀ once more.
     """
-    cfg = config or MosaicConfig()
     B, T, S, N, K, H = attention_shape(q, k, v)
+    cfg = config or default_config(H)
     problem = _problem_why_not(AttentionShape(B, T, S, N, K, H), q.dtype, cfg)
     if problem:
         raise ValueError(f"mosaic_flash_attention: {problem}")
@@ -590,8 +590,8 @@ def mosaic_flash_backward(q, k, v, out, lse, d_out, *, is_causal: bool = False, 
     What a context-parallel ring needs: its merged ``out`` and ``lse`` over all keys, and this kernel's share of
     the gradient for one block of keys (P rebuilt from the merged lse is the block's slice of the full softmax).
     """
-    cfg = config or MosaicConfig()
     B, T, S, N, K, H = attention_shape(q, k, v)
+    cfg = config or default_config(H)
     problem = _problem_why_not(AttentionShape(B, T, S, N, K, H), q.dtype, cfg)
     if problem:
         raise ValueError(f"mosaic_flash_backward: {problem}")
@@ -786,9 +786,27 @@ def _problem_why_not(shape: AttentionShape, dtype, cfg: MosaicConfig) -> str | N
     return None
 
 
+def default_config(head_dim: int, *, pipeline: bool = False) -> MosaicConfig:
+    """The tiles used when no config is given: ``MosaicConfig()`` (block_kv = 128, 2 stages); at H = 256 block_kv =
+    64, since 128 would need more shared memory (:func:`smem_bytes`) and registers (:func:`tile_registers`)."""
+    return MosaicConfig(block_kv=64 if head_dim > 128 else 128, pipeline=pipeline)
+
+
 def why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
     """Why our Mosaic GPU kernel cannot run this problem here, or None."""
-    return _on_hopper() or _problem_why_not(shape, dtype, MosaicConfig())
+    return _on_hopper() or _problem_why_not(shape, dtype, default_config(shape.head_dim))
+
+
+def mosaic_pipelined_attention(q, k, v, *, is_causal: bool = False, scale: float | None = None):
+    """:func:`mosaic_flash_attention` with FlashAttention-3's intra-warpgroup pipelining in the forward
+    (``default_config(H, pipeline=True)``, see :func:`_pipelined_steps`); the same backward."""
+    config = default_config(q.shape[-1], pipeline=True)
+    return mosaic_flash_attention(q, k, v, is_causal=is_causal, scale=scale, config=config)
+
+
+def pipelined_why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
+    """Why the pipelined forward cannot run this problem here, or None."""
+    return _on_hopper() or _problem_why_not(shape, dtype, default_config(shape.head_dim, pipeline=True))
 
 
 def jax_bundled_mosaic(q, k, v, *, is_causal: bool = False):

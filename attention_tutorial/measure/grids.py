@@ -118,6 +118,15 @@ def _grids(gpu: bool) -> dict[str, list[Point]]:
                 causal=(False, True),
                 masks=MASK_KINDS,
             ),
+            # issue 17's race: our Mosaic GPU forward, plain and with FA3's intra-warpgroup pipelining, against cuDNN
+            "beyond": grid(
+                ("mosaic", "mosaic_pipe", "cudnn"),
+                seq_q=(4 * KIB, 8 * KIB, 16 * KIB, 32 * KIB, 64 * KIB),
+                tokens=64 * KIB,
+                heads=(16,),
+                head_dim=(64, 128, 256),
+                causal=(False, True),
+            ),
             "te": grid(
                 ("te", "cudnn", "xla"),
                 seq_q=(128, 512, 2 * KIB, 4 * KIB, 16 * KIB),
@@ -189,6 +198,9 @@ def _grids(gpu: bool) -> dict[str, list[Point]]:
             causal=(False, True),
             masks=MASK_KINDS,
         ),
+        "beyond": grid(  # Hopper kernels: on a CPU every point is recorded as unsupported, with the reason
+            ("mosaic", "mosaic_pipe", "cudnn"), seq_q=(256,), tokens=256, heads=(2,), head_dim=(64,), dtype=dt
+        ),
         "te": grid(
             ("te", "cudnn", "xla"),
             seq_q=(128, 512),
@@ -217,6 +229,7 @@ LIVE_ON_GPU = {
     "flash": {"seq_q": (16 * KIB,), "head_dim": (128,)},
     "masks": {"causal": (True,)},
     "te": {"seq_q": (512, 4 * KIB), "head_dim": (128,)},
+    "beyond": {"seq_q": (16 * KIB,), "head_dim": (128, 256)},
 }
 
 

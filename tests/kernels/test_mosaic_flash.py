@@ -14,9 +14,11 @@ from attention_tutorial.kernels.mosaic_flash import (
     _on_hopper,
     _problem_why_not,
     bundled_why_not,
+    default_config,
     jax_bundled_mosaic,
     mosaic_flash_attention,
     mosaic_flash_backward,
+    mosaic_pipelined_attention,
     smem_bytes,
     tile_registers,
     why_not,
@@ -228,13 +230,27 @@ def test_h256_and_pipeline_budgets_name_the_fix(head_dim, cfg, expected):
     assert reason is None if expected is None else (expected in reason and "block_kv=64" in reason)
 
 
-def test_default_config_still_refuses_h256():
-    """The site's registry asks ``why_not`` with the default config: H = 256 stays refused there."""
-    reason = _problem_why_not(AttentionShape(1, 1024, 1024, 4, 4, 256), jnp.bfloat16, MosaicConfig())
+def test_default_config_takes_block_kv_64_at_h256():
+    """Without a config, H = 256 gets block_kv = 64 (plain and pipelined); an explicit 128 is refused, naming it."""
+    shape = AttentionShape(1, 1024, 1024, 4, 4, 256)
+    assert default_config(128) == MosaicConfig() and default_config(64) == MosaicConfig()
+    assert default_config(256) == H256 and default_config(256, pipeline=True) == MosaicConfig(
+        block_kv=64, pipeline=True
+    )
+    assert _problem_why_not(shape, jnp.bfloat16, default_config(256)) is None
+    assert _problem_why_not(shape, jnp.bfloat16, default_config(256, pipeline=True)) is None
+    reason = _problem_why_not(shape, jnp.bfloat16, MosaicConfig())
     assert "config=MosaicConfig(block_kv=64, stages=2)" in reason
     q = jax.ShapeDtypeStruct((1, 256, 2, 256), jnp.bfloat16)
+    jax.jit(mosaic_flash_attention).trace(q, q, q)  # traces with the default tiles
     with pytest.raises(ValueError, match=r"mosaic_flash_attention: at H=256, block_kv=128 and stages=2"):
-        jax.jit(mosaic_flash_attention).trace(q, q, q)
+        jax.jit(functools.partial(mosaic_flash_attention, config=MosaicConfig())).trace(q, q, q)
+
+
+def test_pipelined_entry_point_uses_the_pipelined_default():
+    q = jax.ShapeDtypeStruct((1, 256, 2, 128), jnp.bfloat16)
+    text = str(jax.make_jaxpr(mosaic_pipelined_attention)(q, q, q))
+    assert text.count("wait_n=1") == 1  # the overlapped loop exists only in the pipelined forward
 
 
 def test_h256_backward_is_refused():
