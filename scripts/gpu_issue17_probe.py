@@ -6,6 +6,8 @@ Each variant and mask in its own process, so each kernel's machine code is read 
 pipeline) and pipelined, each with the current register split (232/40) and 240/24. (A run_state variant of the
 pipelined step, measured in scripts/issue17_probe_h200.json as "pipe_rs", gained nothing and was dropped.)
 pipe_onemask: the causal pipelined forward as one loop masking every block (``_PIPELINE_SPLIT_CAUSAL = False``).
+fp8: our FP8 forward (kernels/mosaic_fp8.py) against cuDNN's FP8 (P scale 448), with each one's relative error
+against float32 ("highest" precision).
 Usage: python3 scripts/gpu_issue17_probe.py OUT_JSON [variant[:causal|:noncausal] ...]
 """
 
@@ -18,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-VARIANTS = ["plain", "pipe", "plain_r240", "pipe_r240", "pipe_onemask"]
+VARIANTS = ["plain", "pipe", "plain_r240", "pipe_r240", "pipe_onemask", "fp8"]
 
 
 def patch(variant):
@@ -71,6 +73,17 @@ def child(variant, folder, causal_flags=(False, True)):
         try:
             cud = functools.partial(jax.nn.dot_product_attention, implementation="cudnn", is_causal=causal)
             ours = functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg)
+            if variant == "fp8":  # our FP8 forward against cuDNN's (P scale 448), both from bf16 inputs
+                from attention_tutorial.kernels.mosaic_fp8 import mosaic_fp8_attention
+                from attention_tutorial.measure.fp8 import cudnn_fp8_attention, rel_error
+
+                ours = functools.partial(mosaic_fp8_attention, is_causal=causal)
+                cud = functools.partial(cudnn_fp8_attention, is_causal=causal, scale_s=448.0)
+                f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+                with jax.default_matmul_precision("highest"):
+                    exact = jax.nn.dot_product_attention(*f32, is_causal=causal)
+                row["rel_error_ours"] = rel_error(jax.jit(ours)(q, k, v), exact)
+                row["rel_error_cudnn_fp8"] = rel_error(jax.jit(cud)(q, k, v), exact)
             out = jax.jit(ours)(q, k, v).astype(jnp.float32)
             ref = jax.jit(cud)(q, k, v).astype(jnp.float32)
             row["max_abs_diff_vs_cudnn"] = float(jnp.max(jnp.abs(out - ref)))
@@ -139,7 +152,12 @@ def main():
                 print(
                     f"  causal={r['causal']!s:5} ours {r['ours'][0]:.0f}/{r['ours2'][0]:.0f} cudnn "
                     f"{r['cudnn'][0]:.0f}/{r['cudnn2'][0]:.0f} ratio {ratio[0]:.3f}/{ratio[1]:.3f} "
-                    f"diff {r['max_abs_diff_vs_cudnn']:.1e}",
+                    f"diff {r['max_abs_diff_vs_cudnn']:.1e}"
+                    + (
+                        f" rel err ours {r['rel_error_ours']:.4f} cuDNN {r['rel_error_cudnn_fp8']:.4f}"
+                        if "rel_error_ours" in r
+                        else ""
+                    ),
                     flush=True,
                 )
         if entry["stderr_tail"]:

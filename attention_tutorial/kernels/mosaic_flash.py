@@ -73,11 +73,18 @@ class MosaicConfig:
                 )
 
 
-def _kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, causal, cfg, stages, seq_kv, groups, scale):
+def _kernel(q_ref, k_ref, v_ref, *refs, causal, cfg, stages, seq_kv, groups, scale, p_scale=None):
+    """The forward. With ``p_scale`` it is the FP8 one (:mod:`attention_tutorial.kernels.mosaic_fp8`): E4M3 q, k and
+    v, v transposed (B, K, H, S) since FP8 wgmma reads B K-major only, the two logit factors from ``c_ref``; p goes
+    to shared memory as E4M3 · ``p_scale`` (Mosaic GPU has no registers-to-8-bit-operand relayout) and the output
+    is bfloat16."""
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
-    (qo_smem2, k_smem, v_smem, lse_smem2), (k_ready, v_ready, q_ready), (k_free, v_free), schedule = scoped
+    fp8 = p_scale is not None
+    c_ref, o_ref, lse_ref, scoped = refs if fp8 else (None, *refs)
+    (qo_smem2, k_smem, v_smem, lse_smem2, *fp8_smem), (k_ready, v_ready, q_ready, *c_ready), frees, schedule = scoped
+    k_free, v_free = frees
     bq, bkv, dtype = cfg.block_q, cfg.block_kv, q_ref.dtype
     head_dim = q_ref.shape[-1]
     batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
@@ -100,6 +107,14 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, causal, cfg, stages,
         steps = jnp.minimum(pl.cdiv(row0 + bq, jnp.array(bkv, jnp.int32)), n_kv) if causal else n_kv
 
         plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0, bq), head], qo_smem, q_ready.at[wg])
+        if not fp8:  # base-2 logits: exp(scale·s) = 2^(scale·log2e·s), one FMA each
+            c, c_out = scale * LOG2E, None
+        else:  # FP8: the output and p get tiles of their own; both factors of the logits come from c_ref
+            o_smem2, p_smem2, c_smem2 = fp8_smem
+            plgpu.copy_gmem_to_smem(c_ref, c_smem2.at[wg], c_ready[0].at[wg])
+            plgpu.barrier_wait(c_ready[0].at[wg])
+            c_smem = c_smem2.at[wg]
+            c, c_out = c_smem[0], c_smem[1]  # scale·log2e·descale_q·descale_k, descale_v / p_scale
         plgpu.barrier_wait(q_ready.at[wg])
         # Running max (in base-2 logits), running sum, accumulator: registers, in wgmma's layout.
         m = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
@@ -127,22 +142,28 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, causal, cfg, stages,
                 rows = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=plgpu.Layout.WGMMA) + row0
                 cols = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=plgpu.Layout.WGMMA) + j * bkv
                 s = jnp.where(cols <= rows, s, -jnp.inf)
-            # Online softmax in base 2 with the scale folded in: exp(scale·s) = 2^(scale·log2e·s) — one FMA each.
-            c = scale * LOG2E
+            # Online softmax in base 2 with the scale folded in (c above).
             m_new = jnp.maximum(m, s.max(axis=1) * c)
             alpha = jnp.exp2(m - m_new)  # rescales what was summed relative to the old max
             p = jnp.exp2(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
             acc *= lax.broadcast_in_dim(alpha, acc.shape, [0])
             l = l * alpha + p.sum(axis=1)
-            p16 = p.astype(dtype)
-            # Keep the compiler from sinking the softmax past the barriers below (it would serialise the turns).
-            acc, l, m_new, p16 = lax.optimization_barrier((acc, l, m_new, p16))
+            if fp8:  # E4M3 tops out at 448: scale p (<= 1) up to use its range; p·v reads it from shared memory
+                p_smem = p_smem2.at[wg]
+                p_smem[...] = (p * p_scale).astype(dtype)
+                plgpu.commit_smem()
+                acc, l, m_new = lax.optimization_barrier((acc, l, m_new))
+                p16 = p_smem
+            else:
+                p16 = p.astype(dtype)
+                # Keep the compiler from sinking the softmax past the barriers below (it would serialise the turns).
+                acc, l, m_new, p16 = lax.optimization_barrier((acc, l, m_new, p16))
             plgpu.barrier_arrive(schedule)  # softmax done
             plgpu.barrier_wait(v_ready.at[slot])
             plgpu.barrier_wait(schedule)  # the other warpgroup has issued its matmul: our turn
 
             def pv(acc_ref):  # acc += p v, p straight from registers; meanwhile wait for the next k tile
-                plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
+                plgpu.wgmma(acc_ref, p16, v_smem.at[slot].transpose((1, 0)) if fp8 else v_smem.at[slot])
 
                 @pl.when(j + 1 < steps)
                 def _():
@@ -152,7 +173,7 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, causal, cfg, stages,
             plgpu.barrier_arrive(v_free.at[slot])
             return acc, m_new, l
 
-        if cfg.pipeline:  # FlashAttention-3's intra-warpgroup overlap on top of the ping-pong (issue 17)
+        if cfg.pipeline and not fp8:  # FlashAttention-3's intra-warpgroup overlap on top of the ping-pong (issue 17)
             acc, m, l = _pipelined_steps(
                 (acc, m, l), qo_smem, k_smem, v_smem, (k_ready, v_ready, k_free, v_free), schedule, take_turn,
                 row0=row0, steps=steps, cta_steps=cta_steps, causal=causal, stages=stages, scale=scale,
@@ -174,10 +195,15 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, causal, cfg, stages,
                 take_turn()
 
         pl.when(wg == 0)(take_turn)  # balance warpgroup 1's extra half turn
-        qo_smem[...] = (acc / lax.broadcast_in_dim(l, acc.shape, [0])).astype(dtype)
+        if fp8:
+            out_smem = o_smem2.at[wg]
+            out_smem[...] = (acc * lax.broadcast_in_dim(c_out / l, acc.shape, [0])).astype(out_smem.dtype)
+        else:
+            out_smem = qo_smem
+            out_smem[...] = (acc / lax.broadcast_in_dim(l, acc.shape, [0])).astype(dtype)
         lse_smem2.at[wg][...] = m + jnp.log(l) * LOG2E  # base-2 log-sum-exp: the backward's residual
         plgpu.commit_smem()  # make the stores visible to the TMA engine
-        plgpu.copy_smem_to_gmem(qo_smem, o_ref.at[batch, pl.ds(row0, bq), head])
+        plgpu.copy_smem_to_gmem(out_smem, o_ref.at[batch, pl.ds(row0, bq), head])
         plgpu.copy_smem_to_gmem(lse_smem2.at[wg], lse_ref.at[batch, head, pl.ds(row0, bq)])
         plgpu.wait_smem_to_gmem(0)
 
@@ -185,10 +211,14 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, causal, cfg, stages,
     def _copy():
         plgpu.set_max_registers(40, action="decrease")
         kv_head = lax.div(head, jnp.array(groups, head.dtype))  # GQA: query head n reads kv head n // (N/K)
+
+        def v_tile(j):  # FP8: v comes transposed, (B, K, H, S)
+            return (batch, kv_head, slice(None), pl.ds(j * bkv, bkv)) if fp8 else (batch, pl.ds(j * bkv, bkv), kv_head)
+
         for i in range(stages):  # fill the ring
             rows = (batch, pl.ds(i * bkv, bkv), kv_head)
             plgpu.copy_gmem_to_smem(k_ref.at[rows], k_smem.at[i], k_ready.at[i])
-            plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem.at[i], v_ready.at[i])
+            plgpu.copy_gmem_to_smem(v_ref.at[v_tile(i)], v_smem.at[i], v_ready.at[i])
 
         @pl.loop(0, cta_steps - stages)
         def _(j):  # refill each slot once both compute warpgroups are done with it
@@ -197,7 +227,7 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, causal, cfg, stages,
             plgpu.barrier_wait(k_free.at[slot])
             plgpu.copy_gmem_to_smem(k_ref.at[rows], k_smem.at[slot], k_ready.at[slot])
             plgpu.barrier_wait(v_free.at[slot])
-            plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem.at[slot], v_ready.at[slot])
+            plgpu.copy_gmem_to_smem(v_ref.at[v_tile(j + stages)], v_smem.at[slot], v_ready.at[slot])
 
 
 def _pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take_turn, *, row0, steps, cta_steps,

@@ -1,0 +1,120 @@
+"""An FP8 forward of our own (issue 17): :mod:`attention_tutorial.kernels.mosaic_flash`'s kernel on E4M3 inputs.
+
+What changes against the 16-bit forward, and why (Hopper's FP8 wgmma, FlashAttention-3 §3.3, cuDNN's FP8 path):
+
+* q, k and v are quantised per tensor to ``float8_e4m3fn``: ``x8 = x · (448 / max|x|)``, each with its *descale*
+  (the inverse) kept in float32. q·kᵀ runs in FP8 with float32 accumulation; the two descales and the softmax
+  scale fold into one factor of the logits (:func:`logit_factors`).
+* Hopper's FP8 wgmma reads both operands K-major. For q·kᵀ that is how q and k lie already; for p·v the contraction
+  runs over the keys, so v is handed over transposed, (B, K, H, S) — fused into the quantising pass by XLA.
+* p (at most 1) is stored in E4M3 times ``p_scale`` (448 by default, the format's largest value, as cuDNN's
+  ``scale_s``), and p·v runs in FP8 too. p goes through shared memory: Mosaic GPU has no relayout of registers to
+  the 8-bit operand layout (FlashAttention-3 permutes bytes in registers instead).
+* The output is bfloat16: ``acc · descale_v / p_scale / l``.
+
+Legend: B batch, T query length, S key length, N heads, K kv heads, H head dim.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from ..inputs import AttentionShape, attention_shape, check_flag, resolve_scale
+from .mosaic_flash import LOG2E, MosaicConfig, _call, _kernel, _on_hopper
+
+F8 = jnp.float8_e4m3fn
+E4M3_MAX = float(jnp.finfo(F8).max)  # 448
+FP8_HEAD_DIMS = (128,)  # 128-byte rows of E4M3: the 128-byte swizzle the tiles use
+
+
+def quantize_e4m3(x):
+    """``x`` (any float) -> (E4M3 array, float32 descale): per-tensor, the largest |x| maps to 448."""
+    amax = jnp.max(jnp.abs(x.astype(jnp.float32)))
+    scale = E4M3_MAX / jnp.maximum(amax, 1e-12)
+    return (x.astype(jnp.float32) * scale).astype(F8), 1.0 / scale
+
+
+def logit_factors(softmax_scale: float, descale_q, descale_k, descale_v, p_scale: float):
+    """The kernel's two factors, padded to 128 floats (one TMA copy): base-2 logits per unit of q8·k8ᵀ, and the
+    output's factor per unit of the FP8 p·v accumulator."""
+    c = softmax_scale * LOG2E * descale_q * descale_k
+    return jnp.zeros((128,), jnp.float32).at[0].set(c).at[1].set(descale_v / p_scale)
+
+
+def why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
+    """Why our FP8 forward cannot run this problem here, or None."""
+    return _on_hopper() or _problem(shape, MosaicConfig())
+
+
+def _problem(shape: AttentionShape, cfg: MosaicConfig) -> str | None:
+    if shape.head_dim not in FP8_HEAD_DIMS:
+        return f"the FP8 forward takes H = 128 (128-byte rows of E4M3); got H={shape.head_dim}."
+    if shape.seq_q % (2 * cfg.block_q) or shape.seq_kv % cfg.block_kv:
+        return (
+            f"T must be a multiple of {2 * cfg.block_q} and S of {cfg.block_kv}; got T={shape.seq_q}, "
+            f"S={shape.seq_kv}. Pad them."
+        )
+    return None
+
+
+def mosaic_fp8_attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, p_scale: float = E4M3_MAX):
+    """Our FP8 attention forward: q (B, T, N, H), k/v (B, S, K, H) in any float type -> bfloat16 (B, T, N, H).
+
+    Quantises q, k, v per tensor to E4M3 (:func:`quantize_e4m3`; timed with the kernel, as
+    :func:`attention_tutorial.measure.fp8.cudnn_fp8_attention` times cuDNN's), runs both matmuls in FP8 and
+    returns bfloat16. Forward only, Hopper only, H = 128; causal masks align top-left.
+    """
+    B, T, S, N, K, H = attention_shape(q, k, v)
+    cfg = MosaicConfig()
+    if problem := _problem(AttentionShape(B, T, S, N, K, H), cfg):
+        raise ValueError(f"mosaic_fp8_attention: {problem}")
+    causal = check_flag("is_causal", is_causal)
+    if not (isinstance(p_scale, (int, float)) and 0 < p_scale <= E4M3_MAX):
+        raise ValueError(f"p_scale must be a number in (0, {E4M3_MAX:g}]; got {p_scale!r}.")
+    (q8, dq), (k8, dk), (v8, dv) = quantize_e4m3(q), quantize_e4m3(k), quantize_e4m3(v)
+    vt8 = jnp.transpose(v8, (0, 2, 3, 1))  # (B, K, H, S): K-major for p·v
+    factors = logit_factors(resolve_scale(scale, H), dq, dk, dv, float(p_scale))
+    return _forward_fp8(q8, k8, vt8, factors, causal=causal, cfg=cfg, p_scale=float(p_scale))
+
+
+def _tile8():
+    """E4M3 tiles: 8×128 (128-byte rows) with the 128-byte swizzle."""
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    return (plgpu.TilingTransform((8, 128)), plgpu.SwizzleTransform(128))
+
+
+def _forward_fp8(q8, k8, vt8, factors, *, causal, cfg: MosaicConfig, p_scale: float):
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    from .mosaic_flash import _tile
+
+    B, T, N, H = q8.shape
+    S, K = k8.shape[1], k8.shape[2]
+    bq, bkv = cfg.block_q, cfg.block_kv
+    stages = min(cfg.stages, S // bkv)
+    smem = (
+        plgpu.SMEM((2, bq, H), F8, transforms=_tile8()),  # q, one per compute warpgroup
+        plgpu.SMEM((stages, bkv, H), F8, transforms=_tile8()),  # k ring
+        plgpu.SMEM((stages, H, bkv), F8, transforms=_tile8()),  # vᵀ ring
+        plgpu.SMEM((2, bq), jnp.float32),  # log-sum-exp
+        plgpu.SMEM((2, bq, H), jnp.bfloat16, transforms=_tile()),  # output
+        plgpu.SMEM((2, bq, bkv), F8, transforms=_tile8()),  # p in E4M3, the A operand of p·v
+        plgpu.SMEM((2, 128), jnp.float32),  # the two factors (logit_factors)
+    )
+    barriers = (
+        (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=2),
+         plgpu.Barrier(num_barriers=2)),  # k_ready, v_ready, q_ready, factors ready
+        (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2,
+        plgpu.Barrier(num_arrivals=2),
+    )  # fmt: skip
+    kernel = functools.partial(
+        _kernel, causal=causal, cfg=cfg, stages=stages, seq_kv=S, groups=N // K, scale=None, p_scale=p_scale
+    )
+    out_type = [jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16), jax.ShapeDtypeStruct((B, N, T), jnp.float32)]
+    grid = (N, T // (2 * bq), B)
+    out, _ = _call(kernel, out_type, (smem, *barriers), grid, ("heads", "q_seq", "batch"), q8, k8, vt8, factors)
+    return out

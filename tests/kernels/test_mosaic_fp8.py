@@ -1,0 +1,93 @@
+"""Our FP8 forward: quantisation and validation on the CPU, values against float64 (and cuDNN FP8's error) on Hopper."""
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attention_tutorial.inputs import AttentionShape, make_qkv
+from attention_tutorial.kernels.mosaic_flash import LOG2E, _on_hopper
+from attention_tutorial.kernels.mosaic_fp8 import (
+    E4M3_MAX,
+    logit_factors,
+    mosaic_fp8_attention,
+    quantize_e4m3,
+    why_not,
+)
+from attention_tutorial.kernels.reference import reference_attention
+
+
+def test_quantize_maps_the_largest_magnitude_to_448_and_rounds_to_three_mantissa_bits():
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(64, 128)) * 3.0, jnp.bfloat16)
+    x8, descale = quantize_e4m3(x)
+    assert x8.dtype == jnp.float8_e4m3fn
+    x64 = np.asarray(x, np.float64)
+    back = np.asarray(x8, np.float64) * float(descale)
+    assert float(descale) == pytest.approx(np.abs(x64).max() / 448.0, rel=1e-6)
+    assert np.abs(np.asarray(x8, np.float64)).max() == 448.0
+    normal = np.abs(x64) >= 2.0**-6 * float(descale)  # E4M3's smallest normal, in x's units
+    # round to nearest with 3 mantissa bits: at most half a step, 2^-4 of the value
+    assert np.all(np.abs(back - x64)[normal] <= 2.0**-4 * np.abs(x64)[normal] * (1 + 1e-6))
+
+
+def test_logit_factors_fold_both_descales_and_the_softmax_scale():
+    f = np.asarray(logit_factors(0.125, 0.5, 0.25, 3.0, 448.0))
+    assert f.shape == (128,) and f.dtype == np.float32
+    assert f[0] == pytest.approx(0.125 * LOG2E * 0.5 * 0.25) and f[1] == pytest.approx(3.0 / 448.0)
+    assert not f[2:].any()
+
+
+@pytest.mark.parametrize(
+    ("shape", "kwargs", "match"),
+    [
+        ((1, 256, 2, 64), {}, "takes H = 128 .* got H=64"),
+        ((1, 200, 2, 128), {}, "T must be a multiple of 128 and S of 128; got T=200"),
+        ((1, 256, 2, 128), {"p_scale": 0.0}, r"p_scale must be a number in \(0, 448\]; got 0.0"),
+        ((1, 256, 2, 128), {"p_scale": 1000.0}, r"p_scale must be a number in \(0, 448\]; got 1000.0"),
+        ((1, 256, 2, 128), {"is_causal": "yes"}, "is_causal must be True or False"),
+    ],
+)
+def test_bad_input_names_the_fix(shape, kwargs, match):
+    q = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+    with pytest.raises(ValueError, match=match):
+        jax.jit(functools.partial(mosaic_fp8_attention, **kwargs)).trace(q, q, q)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_lowers_to_one_mosaic_gpu_kernel_with_fp8_operands(causal):
+    """Mosaic GPU lowers the kernel on a CPU too: one custom call, after XLA's quantising (and transposing) ops."""
+    q = jax.ShapeDtypeStruct((1, 256, 2, 128), jnp.bfloat16)
+    fn = jax.jit(functools.partial(mosaic_fp8_attention, is_causal=causal))
+    hlo = fn.trace(q, q, q).lower(lowering_platforms=("cuda",)).as_text()
+    assert len(re.findall(r"custom_call @mosaic_gpu", hlo)) == 1
+    assert "f8E4M3FN" in hlo and "transpose" in hlo
+
+
+def test_why_not_on_a_cpu_names_hopper():
+    if jax.default_backend() == "gpu":
+        pytest.skip("on a GPU it runs")
+    assert "Hopper" in why_not(AttentionShape(1, 256, 256, 2, 2, 128), jnp.bfloat16, False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_fp8_forward_is_as_accurate_as_cudnn_fp8(causal):
+    """Relative error against float64 within FP8's reach, and no worse than 1.25× cuDNN FP8's on the same inputs."""
+    if reason := _on_hopper():
+        pytest.skip(reason)
+    from attention_tutorial.measure.fp8 import cudnn_fp8_attention, rel_error
+
+    for b, t, s, n, k in ((2, 512, 1024, 8, 2), (1, 1024, 256, 4, 4)):  # GQA T<S, MHA T>S
+        q, kk, v = make_qkv(b, t, n, 128, seq_kv=s, kv_heads=k, dtype=jnp.bfloat16, seed=t + s)
+        out = jax.jit(functools.partial(mosaic_fp8_attention, is_causal=causal))(q, kk, v)
+        assert out.dtype == jnp.bfloat16 and out.shape == q.shape
+        want = reference_attention(q, kk, v, is_causal=causal)
+        err = rel_error(out, want)
+        assert err < 0.1, err
+        if k == n:  # cuDNN's FP8 path, MHA only
+            theirs = rel_error(jax.jit(functools.partial(cudnn_fp8_attention, is_causal=causal, scale_s=E4M3_MAX))(
+                q, kk, v), want)  # fmt: skip
+            assert err <= 1.25 * theirs, (err, theirs)
