@@ -187,6 +187,8 @@ def test_recorded_training_runs_agree_within_bf16_rounding():
              else claims.TOLERANCES["bfloat16"])  # fmt: skip
     for impl, claim in got.items():
         diff = max(abs(by[impl][s] - by[first][s]) for s in by[first])  # recomputed from the raw records
+        if twin in by:  # judged by the nearer of the two rounding-only curves
+            diff = min(diff, max(abs(by[impl][s] - by[twin][s]) for s in by[first]))
         assert claim.value == pytest.approx(diff)
         assert claim.word.startswith("agree"), (impl, diff, limit)
         assert diff <= limit
@@ -219,6 +221,21 @@ def test_relative_phrases_the_comparison_word():
     assert claims.relative(claims.compare([rec(1.0, 0.9, 1.2)], [rec(1.1, 1.0, 1.3)]), "B") == "on par with B"
 
 
+def test_a_spike_of_the_reference_run_alone_is_not_held_against_the_others():
+    """The live H200 build: the reference (XLA) spiked once; its twin and every correct kernel did not, so each sat
+    about as far from the reference as the twin did. Measured against the nearer of reference and twin, they agree;
+    a run far from both still differs."""
+    base = [5.0, 4.0, 3.5, 3.0, 3.2, 2.9]
+    spiky = [5.0, 4.0, 3.6, 3.0, 3.2, 2.9]  # the reference's own excursion at one step
+    twin = [5.0, 4.0, 3.49, 3.01, 3.2, 2.9]
+    recs = (_steps("xla", spiky) + _steps("xla_twin", twin) + _steps("ours", [x + 0.005 for x in base])
+            + _steps("bad", [x + 0.3 for x in base]))  # fmt: skip
+    got = claims.loss_agreement(recs, "bfloat16")
+    assert claims.loss_noise(recs) == pytest.approx(0.11)
+    assert got["ours"].value == pytest.approx(0.015) and got["ours"].word == "agree within rounding noise"
+    assert got["bad"].value == pytest.approx(0.3) and got["bad"].word == "differ by more than rounding noise"
+
+
 def test_loss_agreement_with_a_twin_judges_against_rounding_noise():
     base = [5.0, 4.0, 3.5, 3.0, 3.2, 2.9]
     twin = [5.0, 4.0, 3.52, 3.01, 3.18, 2.9]  # rounding alone moved the curve by up to 0.02
@@ -237,8 +254,8 @@ def test_loss_agreement_with_a_twin_judges_against_rounding_noise():
         in words
     )
     assert (
-        "- ours and xla agree within rounding noise: max |loss difference| over 6 logged steps = 1.50e-02 (0.8× the yardstick)"
-        in words
+        "- ours and xla agree within rounding noise: max |loss difference| over 6 logged steps = 1.50e-02 from xla, "
+        "3.50e-02 from its twin; the nearer is 0.8× the yardstick" in words
     )
     assert claims.loss_noise(_steps("xla", base) + _steps("ours_twin", twin)) is None  # a twin of another impl
 
