@@ -118,8 +118,9 @@ def floor_live_words(live, floor, what: str = "cuDNN K = 1") -> str:
         words.add(c.word)
         parts.append(f"at S = {rec['seq_kv']} in {_spread(lv)} against the recorded {_spread([rec])}: "
                      f"{relative(c, 'the recording')}, {_outside(c)}")  # fmt: skip
-    verdict = {"faster": "in this run the floor sits lower, so its height moves from run to run",
-               "slower": "in this run the floor sits higher, so its height moves from run to run",
+    at = f" at S = {pairs[0][0]['seq_kv']}" if len(pairs) == 1 else ""  # one point: say where, claim no more
+    verdict = {"faster": f"in this run the floor sits lower{at}, so its height moved between the runs",
+               "slower": f"in this run the floor sits higher{at}, so its height moved between the runs",
                "on par": "this run shows the same floor there"}  # fmt: skip
     end = verdict[words.pop()] if len(words) == 1 else "the floor did not move the same way at every S"
     noun = "call" if len(pairs) == 1 else "calls"
@@ -170,11 +171,12 @@ def floor_cause_words(records, floor, impl: str, label: str, shortest=None, floo
     return text + "; whether its kernel or other work in its call takes the time, the records do not say."
 
 
-def live_ratio_words(live, recorded, kv_heads: int = 1, what: str = "cuDNN") -> str:
+def live_ratio_words(live, recorded, kv_heads: int = 1, what: str = "cuDNN", skip=()) -> str:
     """A sentence (with a leading space): this build's live time / the recorded one at each recorded point of
     ``kv_heads`` kv heads the live run measured, whether the spreads overlap (if not, the bandwidth moved between
-    the runs), and the same ratio for the other kv-head counts for contrast; "" when no point matches."""
-    pairs = matched(live, recorded)
+    the runs), and the same ratio for the other kv-head counts for contrast; "" when no point matches. Points whose
+    (kv_heads, seq_kv) is in ``skip`` are left to another sentence."""
+    pairs = [(r, lv) for r, lv in matched(live, recorded) if (r["kv_heads"], r["seq_kv"]) not in set(skip)]
     main = sorted(((r, lv) for r, lv in pairs if r["kv_heads"] == kv_heads), key=lambda p: p[0]["seq_kv"])
     if not main:
         return ""
@@ -198,6 +200,7 @@ def live_ratio_words(live, recorded, kv_heads: int = 1, what: str = "cuDNN") -> 
         ks = " and ".join(str(k) for k in sorted({r["kv_heads"] for r, _ in rest}))
         lo, hi = min(ratio(r, lv) for r, lv in rest), max(ratio(r, lv) for r, lv in rest)
         off = [f"K = {r['kv_heads']}, S = {r['seq_kv']}" for r, lv in rest if compare(lv, [r]).word != "on par"]
-        where = f"outside both spreads at {'; '.join(off)}" if off else "the spreads overlap at every point"
+        where = (("all outside both spreads" if len(rest) > 2 else "both outside both spreads") if len(off) == len(rest) > 1
+                 else f"outside both spreads at {'; '.join(off)}" if off else "the spreads overlap at every point")  # fmt: skip
         text += f". The K = {ks} calls took {fmt_range(lo, hi, '.2f', '×')} the recorded time ({where})"
     return text + "."

@@ -102,7 +102,7 @@ def test_decode_floor_words_compare_the_same_point_and_choose_words_from_the_spr
     one = lt.floor_live_words(live, FLOOR)
     assert one.startswith(" This build's live run measured the same cuDNN K = 1 call at S = 8192 in 0.104 ms")
     assert "against the recorded 0.110 ms (0.106–0.114): faster than the recording, outside both spreads" in one
-    assert one.endswith("In this run the floor sits lower, so its height moves from run to run.")
+    assert one.endswith("In this run the floor sits lower at S = 8192, so its height moved between the runs.")
     assert lt.floor_live_words([dec("cudnn", 1, 32768, 0.05, 0.05, 0.05)], FLOOR) == ""  # no recorded floor point
     par = lt.floor_live_words([dec("cudnn", 1, 2048, 0.1005, 0.0995, 0.102)], FLOOR)
     assert "on par with the recording, the spreads overlap" in par and par.endswith("same floor there.")
@@ -144,3 +144,10 @@ def test_live_ratio_words_say_the_k1_bandwidth_moved_only_outside_the_spreads():
     assert off.endswith("took 0.88× the recorded time (outside both spreads at K = 32, S = 131072).")
     assert lt.live_ratio_words([dec("cudnn", 1, 4096, 0.1, 0.1, 0.1)], rec) == ""  # no recorded point matches
     assert lt.live_ratio_words([], rec) == ""
+    # a point another sentence reports (the floor's) is left out; every contrast point off: said once, not listed
+    rec3 = [*rec, dec("cudnn", 32, 8192, 0.2, 0.19, 0.21)]
+    live3 = [*live, dec("cudnn", 32, 2048, 0.12, 0.119, 0.121), dec("cudnn", 32, 8192, 0.17, 0.16, 0.18)]
+    skipped = lt.live_ratio_words([live3[0], *live3[2:]], rec3, skip={(1, 8192)})
+    assert "S = 8192 (" not in skipped.split(". The K = 32")[0] and "K = 1 call took 0.86×" in skipped
+    live3[2] = dec("cudnn", 32, 131072, 7.0, 6.9, 7.1)
+    assert lt.live_ratio_words(live3, rec3).endswith("the recorded time (all outside both spreads).")
