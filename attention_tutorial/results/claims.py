@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,7 +51,7 @@ def spread_ms(records) -> tuple[float, float, float]:
     meds = sorted(r["median_ms"] for r in recs)
     low = min(r.get("p10_ms") or r["median_ms"] for r in recs)
     high = max(r.get("p90_ms") or r["median_ms"] for r in recs)
-    return meds[len(meds) // 2], min(low, meds[0]), max(high, meds[-1])
+    return statistics.median(meds), min(low, meds[0]), max(high, meds[-1])
 
 
 def compare(a_records, b_records) -> Claim:

@@ -184,8 +184,9 @@ def device_pair_words(records, a_impl: str, b_impl: str, a_name: str, b_name: st
     return text
 
 
-def train_rows(summaries) -> list[dict]:
-    """One table row per training run (``kind`` "summary" records): time, throughput, memory, losses, kernel."""
+def train_rows(summaries, *, peak: bool = True) -> list[dict]:
+    """One table row per training run (``kind`` "summary" records): time, throughput, memory, losses, kernel.
+    ``peak=False`` leaves out the device's peak memory (runs that share one process share one peak)."""
 
     def mib(b):
         return f"{b / 2**20:.1f}" if b is not None else "–"
@@ -200,6 +201,8 @@ def train_rows(summaries) -> list[dict]:
                      "final loss": f"{s['final_loss']:.3f}" if ok else "–",
                      "held-out loss": f"{s['eval_loss_init']:.3f} → {s['eval_loss']:.3f}" if ok else "–",
                      "kernel": s.get("attention_kernel") or s.get("reason", "")})  # fmt: skip
+        if not peak:
+            del rows[-1]["peak memory (MiB)"]
     return rows
 
 

@@ -31,6 +31,12 @@ def test_spread_needs_an_ok_record():
         claims.spread_ms([{"status": "error", "median_ms": None}])
 
 
+def test_spread_of_two_recordings_takes_their_mean_not_the_slower():
+    """Two recordings of one point (outside read 7, B6: the TE table took the slower cuDNN, flattering TE)."""
+    two = [{"median_ms": 0.6054, "p10_ms": 0.60, "p90_ms": 0.61}, {"median_ms": 0.6016, "p10_ms": 0.59, "p90_ms": 0.62}]
+    assert claims.spread_ms(two) == (pytest.approx(0.6035), 0.59, 0.62)
+
+
 @pytest.mark.parametrize(
     "ys, word",
     [([5, 5, 5, 5], "stays flat"), ([1, 2, 4, 8], "grows linearly"), ([1, 4, 16, 64], "grows quadratically")],
@@ -345,3 +351,12 @@ def test_twin_yardstick_has_a_floor_of_a_few_float32_steps():
     assert got["ours"].word == "agree within rounding noise"  # two steps: the loss's own last bits
     assert got["bad"].word == "differ by more than rounding noise"
     assert "float32 steps of the loss" in claims.loss_agreement_words(recs, "float32")
+
+
+def test_a_quadratic_with_compiler_steps_in_its_matrix_count_reads_quadratic():
+    """The qkv page on the H200: 2.01, 1.00, 2.00, 2.06, 1.28 (T × T) matrices per head at T = 128 … 2048. The power
+    law reads that as quadratic (×3.93 per doubling); a three-term fit would call the last step a linear part."""
+    ts = [128, 256, 512, 1024, 2048]
+    ys = [m * 8 * 4 * t * t for m, t in zip([2.01, 1.00, 2.00, 2.06, 1.28], ts)]
+    g = claims.growth(ts, ys, var="T")
+    assert g.word == "grows quadratically" and g.value == pytest.approx(3.93, abs=0.01)
