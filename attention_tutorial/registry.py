@@ -110,7 +110,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
         ),
         Implementation(
             "mosaic_pipe",
-            "our Mosaic GPU kernel, pipelined (FA3)",
+            "our Pallas kernel (Mosaic GPU), pipelined",
             _lazy("kernels.mosaic_flash", "mosaic_pipelined_attention"),
             _lazy("kernels.mosaic_flash", "pipelined_why_not"),
         ),

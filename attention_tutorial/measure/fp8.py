@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -22,12 +23,16 @@ import numpy as np
 from flax.core import meta
 
 from ..inputs import AttentionShape, make_qkv
+from ..kernels import mosaic_flash, mosaic_fp8
+from ..kernels.mosaic_flash import mosaic_flash_attention
+from ..kernels.mosaic_fp8 import mosaic_fp8_attention
 from .compiled import compile_stats
 from .flops import attention_flops, gemm_flops
 from .sweep import Point, empty_record, failure_fields, gemm_record, timed_record
 from .timing import time_fn
 
 E4M3_MAX = 448.0
+OURS_WHY_NOT = {"mosaic": mosaic_flash.why_not, "mosaic_fp8": mosaic_fp8.why_not}
 FP8_SHAPES = ((8, 4096), (4, 8192), (2, 16384))  # (B, T): 32k tokens each, N=16, H=128
 DENSE_SHAPE = (8, 4096, 4096, 4096)  # TE DenseGeneral: x (8, 4096 tokens, 4096 in) -> 4096 out
 
@@ -87,7 +92,8 @@ def _guarded(impl, shape, causal, dtype, fn) -> list[dict]:
 
 
 def cudnn_fp8_records(peak=None, **timing) -> list[dict]:
-    """bf16 cuDNN vs FP8 cuDNN (scale_s = 1 and 448): time, TFLOP/s and error against a float32 reference."""
+    """bf16 cuDNN vs FP8 cuDNN (scale_s = 1 and 448), and ours in bf16 and FP8 (``mosaic``, ``mosaic_fp8``): time,
+    TFLOP/s and error against a float32 reference."""
     from ..kernels.fused import dot_product_attention
 
     recs = []
@@ -108,10 +114,23 @@ def cudnn_fp8_records(peak=None, **timing) -> list[dict]:
                     variants.append((f"cudnn_fp8_s{int(s)}", "float8_e4m3fn",
                                      lambda q, k, v, s=s: cudnn_fp8_attention(q, k, v, is_causal=causal, scale_s=s),
                                      {"scale_s": s}))  # fmt: skip
+                # ours (issue 17): the Mosaic GPU kernel in bf16 and our FP8 forward (P scale 448, as cuDNN's best)
+                variants += [("mosaic", "bfloat16", functools.partial(mosaic_flash_attention, is_causal=causal), {}),
+                             ("mosaic_fp8", "float8_e4m3fn",
+                              functools.partial(mosaic_fp8_attention, is_causal=causal), {"scale_s": E4M3_MAX})]  # fmt: skip
                 for impl, dtype, fn, extra in variants:
-                    t = time_fn(fn, q, k, v, **timing)
-                    err = rel_error(jax.jit(fn)(q, k, v), ref) if ref is not None else None
-                    kern = compile_stats(fn, q, k, v).attention_kernel
+                    if impl.startswith("mosaic") and (why := OURS_WHY_NOT[impl](shape, jnp.bfloat16, causal)):
+                        out.append({**empty_record(_point(impl, shape, causal, dtype)), "status": "unsupported",
+                                    "reason": why, "experiment": "cudnn_fp8"})  # fmt: skip
+                        continue
+                    try:
+                        t = time_fn(fn, q, k, v, **timing)
+                        err = rel_error(jax.jit(fn)(q, k, v), ref) if ref is not None else None
+                        kern = compile_stats(fn, q, k, v).attention_kernel
+                    except Exception as e:  # one variant failing (ours, say) leaves the others standing
+                        out.append({**empty_record(_point(impl, shape, causal, dtype)), **failure_fields(e),
+                                    "experiment": "cudnn_fp8"})  # fmt: skip
+                        continue
                     out.append(_record(impl, shape, causal, dtype, t, flops=flops, peak=peak,
                                        rel_error=err, kernel=kern, experiment="cudnn_fp8", **extra))  # fmt: skip
                 return out

@@ -218,13 +218,18 @@ def kernel_code(impl: str, *, batch=4, seq_q=4096, heads=16, head_dim=128, dtype
     return {**spec, "status": "ok", **summary}
 
 
-# The kernels the recorder inspects: our two and JAX's two, at one shape of the FlashAttention race.
-INSPECTED = (("pallas", "bfloat16"), ("jax_pallas", "bfloat16"), ("mosaic", "bfloat16"), ("jax_mosaic", "float16"))
+# The kernels the recorder inspects: our two and JAX's two, at one shape of the FlashAttention race, and our
+# pipelined Mosaic forward (issue 17) with and without the causal mask, beside the plain one causal.
+INSPECTED = (("pallas", "bfloat16", False), ("jax_pallas", "bfloat16", False), ("mosaic", "bfloat16", False),
+             ("jax_mosaic", "float16", False), ("mosaic", "bfloat16", True), ("mosaic_pipe", "bfloat16", False),
+             ("mosaic_pipe", "bfloat16", True))  # fmt: skip
 
 
 def kernel_code_records() -> dict[str, dict]:
-    """``kernel_code`` for each of ``INSPECTED``, keyed 'impl dtype' (the recorder stores them in provenance)."""
-    return {f"{impl} {dtype}": kernel_code(impl, dtype=dtype) for impl, dtype in INSPECTED}
+    """``kernel_code`` for each of ``INSPECTED``, keyed 'impl dtype' (' causal' appended for the causal ones; the
+    recorder stores them in provenance)."""
+    return {f"{impl} {dtype}{' causal' if causal else ''}": kernel_code(impl, dtype=dtype, causal=causal)
+            for impl, dtype, causal in INSPECTED}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -204,3 +204,38 @@ def live_ratio_words(live, recorded, kv_heads: int = 1, what: str = "cuDNN", ski
                  else f"outside both spreads at {'; '.join(off)}" if off else "the spreads overlap at every point")  # fmt: skip
         text += f". The K = {ks} calls took {fmt_range(lo, hi, '.2f', '×')} the recorded time ({where})"
     return text + "."
+
+
+def race_rows(
+    records, everything, impls, *, baseline: str = "cudnn", min_seq: int = 4096, by=("head_dim",)
+) -> list[dict]:
+    """One row per implementation × mask × each value of ``by`` (say, H): its speed against ``baseline`` at the
+    same points, T >= ``min_seq`` (the baseline's time over its own: 100 % = as fast), the range of the medians
+    and of the spreads, and the verdict per T from the spreads. Every recording of the baseline at a point
+    (``everything``: any grid, any run) widens its spread. Points the baseline did not run are left out."""
+    from .claims import words_by_x
+
+    pool = list({id(r): r for r in [*everything, *records]}.values())  # each baseline recording once
+    rows = []
+    keys = sorted({tuple(r.get(f) for f in by) for r in records if r.get("impl") in impls})
+    for impl in impls:
+        for key in keys:
+            for causal in (False, True):
+                want = dict(zip(by, key), impl=impl, causal=causal, status="ok")
+                got = {}
+                for r in records:
+                    if all(r.get(f) == v for f, v in want.items()) and r["seq_q"] >= min_seq:
+                        if others := same_point(pool, r, impl=baseline):
+                            got[r["seq_q"]] = compare([r], others)
+                got = dict(sorted(got.items()))
+                if not got:
+                    continue
+                low, high = min(c.value for c in got.values()), max(c.value for c in got.values())
+                rows.append({"implementation": IMPLEMENTATIONS[impl].label if impl in IMPLEMENTATIONS else impl,
+                             **{("H" if f == "head_dim" else f): v for f, v in zip(by, key)},
+                             "mask": "causal" if causal else "none",
+                             f"speed vs {baseline} (medians)": fmt_range(100 * low, 100 * high, ".0f", " %"),
+                             "from the spreads": fmt_range(100 * min(c.low for c in got.values()),
+                                                           100 * max(c.high for c in got.values()), ".0f", " %"),
+                             "verdict": words_by_x(got)})  # fmt: skip
+    return rows
