@@ -5,6 +5,7 @@ python scripts/tune.py mosaic OUT.json   block_kv and stages of the Mosaic GPU k
 (GPU only; a minute or two each). B=8, T=4096, N=16, bf16; H = 128 and 64, causal and not.
 python scripts/tune.py pipe OUT.json     block_kv and stages of the pipelined Mosaic forward (issue 17's target
 shape: B=4, T=8192, N=16, H=128, bf16), the plain kernel's default beside it.
+python scripts/tune.py fp8 OUT.json      block_kv and stages of our FP8 forward against cuDNN's FP8 (P scale 448), same shape.
 python scripts/tune.py bwd OUT.json      forward+backward (jax.vjp) of our two kernels against cuDNN's:
 B·T = 16k, T = 4096 and 8192, N=16, H=128, bf16, causal and not; each row is saved as soon as it is measured.
 """
@@ -26,6 +27,7 @@ PALLAS = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (1
           (128, 128, 8, 3), (128, 64, 8, 4)]  # fmt: skip
 MOSAIC = [(128, 2), (128, 3), (64, 2), (64, 4)]  # (block_kv, stages); block_q is wgmma's 64
 PIPE = [(128, 2, False), (128, 2, True), (128, 3, True), (64, 2, True), (64, 3, True), (64, 4, True)]
+FP8 = [(128, 2), (128, 3), (128, 4), (256, 2)]
 
 
 def candidates(kernel, causal):
@@ -38,6 +40,12 @@ def candidates(kernel, causal):
                     flash_attention, is_causal=causal, block_q=bq, block_k=bk, num_warps=warps, num_stages=stages
                 ),
             )
+    elif kernel == "fp8":
+        from attention_tutorial.kernels.mosaic_fp8 import mosaic_fp8_attention
+
+        for bkv, stages in FP8:
+            cfg = MosaicConfig(block_kv=bkv, stages=stages)
+            yield f"FP8 64x{bkv} stages {stages}", functools.partial(mosaic_fp8_attention, is_causal=causal, config=cfg)
     elif kernel == "pipe":
         for bkv, stages, pipeline in PIPE:
             cfg = MosaicConfig(block_kv=bkv, stages=stages, pipeline=pipeline)
@@ -51,13 +59,17 @@ def candidates(kernel, causal):
 
 def main(kernel, out):
     rows = []
-    for H in (128,) if kernel == "pipe" else (128, 64):
-        B, T, N = (4, 8192, 16) if kernel == "pipe" else (8, 4096, 16)
+    for H in (128,) if kernel in ("pipe", "fp8") else (128, 64):
+        B, T, N = (4, 8192, 16) if kernel in ("pipe", "fp8") else (8, 4096, 16)
         q, k, v = make_qkv(B, T, N, H, dtype=jnp.bfloat16)
         for causal in (False, True):
             flops = attention_flops(B, T, T, N, H, causal=causal)
             cudnn = functools.partial(dot_product_attention, implementation="cudnn", is_causal=causal)
-            for label, fn in [("cuDNN", cudnn), *candidates(kernel, causal)]:
+            if kernel == "fp8":  # the race's FP8 baseline: cuDNN's FP8 attention, P scale 448
+                from attention_tutorial.measure.fp8 import cudnn_fp8_attention
+
+                cudnn = functools.partial(cudnn_fp8_attention, is_causal=causal, scale_s=448.0)
+            for label, fn in [("cuDNN FP8" if kernel == "fp8" else "cuDNN", cudnn), *candidates(kernel, causal)]:
                 try:
                     tf = flops / time_fn(fn, q, k, v, repeats=10, max_seconds=0.5).median_ms / 1e9
                 except Exception as err:  # a configuration that does not compile or fit is reported, not fatal

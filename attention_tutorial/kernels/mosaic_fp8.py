@@ -50,6 +50,9 @@ def why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
 
 
 def _problem(shape: AttentionShape, cfg: MosaicConfig) -> str | None:
+    if cfg.pipeline or cfg.block_kv % 128:
+        return (f"the FP8 forward takes pipeline=False and block_kv a multiple of 128 (128-byte rows of E4M3 p); "
+                f"got pipeline={cfg.pipeline}, block_kv={cfg.block_kv}.")  # fmt: skip
     if shape.head_dim not in FP8_HEAD_DIMS:
         return f"the FP8 forward takes H = 128 (128-byte rows of E4M3); got H={shape.head_dim}."
     if shape.seq_q % (2 * cfg.block_q) or shape.seq_kv % cfg.block_kv:
@@ -60,15 +63,25 @@ def _problem(shape: AttentionShape, cfg: MosaicConfig) -> str | None:
     return None
 
 
-def mosaic_fp8_attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, p_scale: float = E4M3_MAX):
+def mosaic_fp8_attention(
+    q,
+    k,
+    v,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+    p_scale: float = E4M3_MAX,
+    config: MosaicConfig | None = None,
+):
     """Our FP8 attention forward: q (B, T, N, H), k/v (B, S, K, H) in any float type -> bfloat16 (B, T, N, H).
 
     Quantises q, k, v per tensor to E4M3 (:func:`quantize_e4m3`; timed with the kernel, as
     :func:`attention_tutorial.measure.fp8.cudnn_fp8_attention` times cuDNN's), runs both matmuls in FP8 and
-    returns bfloat16. Forward only, Hopper only, H = 128; causal masks align top-left.
+    returns bfloat16. Forward only, Hopper only, H = 128; causal masks align top-left. ``config``: the tiles
+    (block_kv a multiple of 128, stages; no pipeline).
     """
     B, T, S, N, K, H = attention_shape(q, k, v)
-    cfg = MosaicConfig()
+    cfg = config or MosaicConfig()
     if problem := _problem(AttentionShape(B, T, S, N, K, H), cfg):
         raise ValueError(f"mosaic_fp8_attention: {problem}")
     causal = check_flag("is_causal", is_causal)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from attention_tutorial.inputs import AttentionShape, make_qkv
-from attention_tutorial.kernels.mosaic_flash import LOG2E, _on_hopper
+from attention_tutorial.kernels.mosaic_flash import LOG2E, MosaicConfig, _on_hopper
 from attention_tutorial.kernels.mosaic_fp8 import (
     E4M3_MAX,
     logit_factors,
@@ -48,6 +48,12 @@ def test_logit_factors_fold_both_descales_and_the_softmax_scale():
         ((1, 256, 2, 128), {"p_scale": 0.0}, r"p_scale must be a number in \(0, 448\]; got 0.0"),
         ((1, 256, 2, 128), {"p_scale": 1000.0}, r"p_scale must be a number in \(0, 448\]; got 1000.0"),
         ((1, 256, 2, 128), {"is_causal": "yes"}, "is_causal must be True or False"),
+        (
+            (1, 256, 2, 128),
+            {"config": MosaicConfig(block_kv=64)},
+            "block_kv a multiple of 128 .* got pipeline=False, block_kv=64",
+        ),
+        ((1, 256, 2, 128), {"config": MosaicConfig(pipeline=True)}, "takes pipeline=False"),
     ],
 )
 def test_bad_input_names_the_fix(shape, kwargs, match):
