@@ -41,9 +41,6 @@ from jax import lax
 from ..inputs import AttentionShape, attention_shape, check_block_size, check_flag, resolve_scale
 
 LOG2E = math.log2(math.e)
-# Causal pipelined forward: two loops (unmasked blocks, then the diagonal's) or one loop masking every block.
-# Issue 17's probe (scripts/gpu_issue17_probe.py) measures both on the H200.
-_PIPELINE_SPLIT_CAUSAL = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,9 +314,8 @@ def _pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take
     last = jnp.asarray(steps, jnp.int32) - 1
     if not causal:
         acc, m, l, p16 = lax.fori_loop(zero, last, step, (acc, m, l, p16))
-    elif not _PIPELINE_SPLIT_CAUSAL:  # one loop, every block masked (a mask below the diagonal changes nothing)
-        acc, m, l, p16 = lax.fori_loop(zero, last, functools.partial(step, masked=True), (acc, m, l, p16))
-    else:  # step j makes block j+1's p: unmasked while j+1 lies wholly below the diagonal
+    else:  # step j makes block j+1's p: unmasked while j+1 lies wholly below the diagonal (one loop masking every
+        # block was slower on the H200: scripts/issue17_probe_onemask_h200.json)
         split = jnp.maximum(jnp.minimum(lax.div(row0, jnp.array(bkv, jnp.int32)), steps) - 1, 0)
         carry = lax.fori_loop(zero, split, step, (acc, m, l, p16))
         acc, m, l, p16 = lax.fori_loop(split, last, functools.partial(step, masked=True), carry)
@@ -329,7 +325,7 @@ def _pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take
 
     acc = pl.run_state(pv)(plgpu.ACC.init(acc))
     plgpu.barrier_arrive(v_free.at[slot(last)])
-    if causal:
+    if causal and bkv % (2 * bq):  # else both warpgroups end on the same key block: no loop to emit
 
         @pl.loop(steps, cta_steps)
         def _(j):  # warpgroup 0 ends early: keep freeing slots and taking turns so the others go on

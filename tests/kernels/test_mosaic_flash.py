@@ -325,3 +325,11 @@ def test_gpu_pipelined_and_h256_match_reference(causal, head_dim, cfg, dtype):
         want = reference_lse(q[:, :256], kk, is_causal=causal)  # the first rows, as _check does (top-left mask)
         np.testing.assert_allclose(np.asarray(lse)[..., :256], want, atol=1e-2, rtol=1e-3)
     assert any(name.startswith("mosaic_gpu") for name in kernels_used(fn, q, kk, v))
+
+
+def test_pipelined_causal_emits_the_early_end_loop_only_where_warpgroups_can_end_apart():
+    """With block_kv a multiple of 2·block_q both compute warpgroups end on the same key block: the loop that lets
+    warpgroup 0 keep taking turns after its last block is left out (one less loop of barrier traffic for ptxas);
+    with block_kv = 64 it is needed and emitted."""
+    loops = {bkv: _kernel_jaxpr(MosaicConfig(block_kv=bkv, pipeline=True), True).count("while[") for bkv in (64, 128)}
+    assert loops[64] == loops[128] + 1
