@@ -335,7 +335,7 @@ def kernel_rows(records, top: int = 3) -> list[dict]:
     ]  # fmt: skip
 
 
-def _short(name: str, width: int = 90) -> str:
+def _short(name: str, width: int = 110) -> str:  # cuDNN's kernel names differ only past character 100
     return name if len(name) <= width else name[: width - 1] + "…"
 
 

@@ -104,7 +104,8 @@ def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title
         if same.get(key):  # other series with exactly these points: one line, both names
             others = [", ".join(label(k) if b == "impl" else _fmt_key(b, k) for b, k in list(zip(by, o))[:shown])
                       for o in same[key]]  # fmt: skip
-            name = " = ".join([name, *others]) + " (identical)"
+            exact = all([(r[x], r[y]) for r in series[o]] == [(r[x], r[y]) for r in rs] for o in same[key])
+            name = " = ".join([name, *others]) + (" (identical)" if exact else f" (within {100 * OVERLAP:g} %)")
         style = "-" if split else LINESTYLES[j % len(LINESTYLES)]
         if split:
             target.set_title(", ".join(_fmt_key(b, k) for b, k in zip(by[1:], key[1:])), fontsize=10)
@@ -130,9 +131,18 @@ def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title
     return fig
 
 
+OVERLAP = 0.005  # series within this relative difference at every x overlap on a plot: drawn once, both named
+
+
+def _overlapping(pa, pb) -> bool:
+    return [p[0] for p in pa] == [p[0] for p in pb] and all(
+        abs(ya - yb) <= OVERLAP * max(abs(ya), abs(yb)) for (_, ya), (_, yb) in zip(pa, pb)
+    )
+
+
 def _identical_series(series, x, y, split) -> dict:
-    """{first key: [later keys with exactly its points], later key: None} for series drawn on one axes whose
-    (x, y) points are identical — drawn once, or the later line would hide the first and its legend entry lie."""
+    """{first key: [later keys with its points], later key: None} for series drawn on one axes whose (x, y) points
+    agree within :data:`OVERLAP` — drawn once, or the later line would hide the first and its legend entry lie."""
     out: dict = {}
     keys = list(series)
     for i, a in enumerate(keys):
@@ -140,7 +150,7 @@ def _identical_series(series, x, y, split) -> dict:
             continue
         pa = [(r[x], r[y]) for r in series[a]]
         for b in keys[i + 1 :]:
-            if b not in out and (not split or a[1:] == b[1:]) and [(r[x], r[y]) for r in series[b]] == pa:
+            if b not in out and (not split or a[1:] == b[1:]) and _overlapping(pa, [(r[x], r[y]) for r in series[b]]):
                 out.setdefault(a, []).append(b)
                 out[b] = None
     return out
@@ -230,15 +240,19 @@ def cell(text) -> str:
 
 
 def markdown_table(records, columns) -> str:
-    """A Markdown table of ``records`` with the given fields; a status other than ok shows its reason instead."""
+    """A Markdown table of ``records`` with the given fields; a point that did not run says its status once (in the
+    status column, else in its first missing value) and "–" in the other value columns."""
     head = [cell(COLUMNS.get(c, (c, str))[0]) for c in columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(columns)]
+    values = ("median_ms", "tflops", "gbps", "pct_peak")
     for r in records:
         cells = []
+        said = "status" in columns  # the status column says it already
         for c in columns:
             v = r.get(c)
-            if v is None and c in ("median_ms", "tflops", "gbps", "pct_peak") and r.get("status") != "ok":
+            if v is None and c in values and r.get("status") != "ok" and not said:
                 cells.append(f"*{r.get('status')}*")
+                said = True
             elif v is None:
                 cells.append("–")
             else:
