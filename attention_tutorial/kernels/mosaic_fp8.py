@@ -31,7 +31,7 @@ FP8_HEAD_DIMS = (128,)  # 128-byte rows of E4M3: the 128-byte swizzle the tiles 
 
 
 def quantize_e4m3(x):
-    """``x`` (any float) -> (E4M3 array, float32 descale): per-tensor, the largest |x| maps to 448."""
+    """``x`` (any float) -> (E4M3 array, float32 descale): per-tensor, the largest magnitude maps to 448."""
     amax = jnp.max(jnp.abs(x.astype(jnp.float32)))
     scale = E4M3_MAX / jnp.maximum(amax, 1e-12)
     return (x.astype(jnp.float32) * scale).astype(F8), 1.0 / scale
