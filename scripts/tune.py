@@ -14,6 +14,7 @@ import functools
 import json
 import os
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +28,7 @@ PALLAS = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (1
           (128, 128, 8, 3), (128, 64, 8, 4)]  # fmt: skip
 MOSAIC = [(128, 2), (128, 3), (64, 2), (64, 4)]  # (block_kv, stages); block_q is wgmma's 64
 PIPE = [(128, 2, False), (128, 2, True), (128, 3, True), (64, 2, True), (64, 3, True), (64, 4, True)]
-FP8 = [(128, 2), (128, 3), (128, 4), (256, 2)]
+FP8 = [(128, 2), (128, 3), (128, 4)]  # block_kv = 256 needs more registers than the kernel budgets
 
 
 def candidates(kernel, causal):
@@ -80,6 +81,11 @@ def main(kernel, out):
                 save(rows, out)
 
 
+def fresh(out):
+    """``out``, or beside it with the time in the name when it exists: a measurement is never overwritten."""
+    return out.replace(".json", f"-{int(time.time())}.json") if os.path.exists(out) else out
+
+
 def save(rows, out):
     """Write the rows so far atomically: a run cut short keeps what it measured."""
     tmp = out + ".tmp"
@@ -125,6 +131,6 @@ def backward(out):
 
 if __name__ == "__main__":
     if sys.argv[1] == "bwd":
-        backward(sys.argv[2])
+        backward(fresh(sys.argv[2]))
         sys.exit()
-    main(*sys.argv[1:3])
+    main(sys.argv[1], fresh(sys.argv[2]))

@@ -291,10 +291,9 @@ def _pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take
             plgpu.wgmma(s_ref, qo_smem, k_smem.at[slot(j + 1)].transpose((1, 0)))
             plgpu.wgmma(o_ref, p16, v_smem.at[slot(j)])
             take_turn()
-            # q·kᵀ done; p·v may still run. Not on a block that needs the mask: with p·v in flight, the mask's
-            # extra registers make ptxas serialise every wgmma of the kernel (C7513, issue 17's probe), so that
-            # one block per warpgroup waits for p·v first and gives up its overlap.
-            s = plgpu.wgmma_accumulator_load(s_ref, wait_n=0 if masked else 1)
+            # q·kᵀ done; p·v may still run. (The causal kernel still gets ptxas's C7513: waiting for p·v before
+            # the masked steps' softmax did not remove it, scripts/issue17_probe_fp8_h200.json; the cause is open.)
+            s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
             plgpu.barrier_arrive(k_free.at[slot(j + 1)])
             block = softmax(s, m, l, j + 1, masked)
             return o_ref[...], block  # reading o_ref waits for p·v
@@ -604,7 +603,7 @@ def mosaic_flash_attention(
     problem = _problem_why_not(AttentionShape(B, T, S, N, K, H), q.dtype, cfg)
     if problem:
         raise ValueError(f"mosaic_flash_attention: {problem}")
-    plan = _Plan(check_flag("is_causal", is_causal), resolve_scale(scale, H), cfg)
+    plan = _Plan(check_flag("is_causal", is_causal), positive_scale(scale, H), cfg)
     out, lse2 = _mosaic(q, k, v, plan)
     return (out, lse2 * (1.0 / LOG2E)) if return_lse else out
 
@@ -624,10 +623,21 @@ def mosaic_flash_backward(q, k, v, out, lse, d_out, *, is_causal: bool = False, 
     if out.shape != q.shape or d_out.shape != q.shape or lse.shape != (B, N, T):
         raise ValueError(f"out and d_out must have q's shape {q.shape} and lse (B, N, T) = {(B, N, T)}; got out "
                          f"{out.shape}, d_out {d_out.shape}, lse {lse.shape}.")  # fmt: skip
-    plan = _Plan(check_flag("is_causal", is_causal), resolve_scale(scale, H), cfg)
+    plan = _Plan(check_flag("is_causal", is_causal), positive_scale(scale, H), cfg)
     delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), d_out.astype(jnp.float32))
     lse2 = lse.astype(jnp.float32) * LOG2E
     return _backward(q, k, v, d_out.astype(q.dtype), lse2, delta, plan)
+
+
+def positive_scale(scale, head_dim: int) -> float:
+    """:func:`~attention_tutorial.inputs.resolve_scale`, refusing zero and negative scales: our kernels take each
+    row's running maximum of the raw scores and multiply it by the scale, which is the maximum of the scaled ones only
+    for a positive scale (a masked score is -inf, and -inf · 0 is NaN)."""
+    value = resolve_scale(scale, head_dim)
+    if value <= 0:
+        raise ValueError(f"our Mosaic GPU kernels take a positive softmax scale; got {value}. For a negative one, "
+                         "negate q and pass its absolute value.")  # fmt: skip
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -815,6 +825,8 @@ def _problem_why_not(shape: AttentionShape, dtype, cfg: MosaicConfig) -> str | N
 def default_config(head_dim: int, *, pipeline: bool = False) -> MosaicConfig:
     """The tiles used when no config is given: ``MosaicConfig()`` (block_kv = 128, 2 stages); at H = 256 block_kv =
     64, since 128 would need more shared memory (:func:`smem_bytes`) and registers (:func:`tile_registers`)."""
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
+        raise ValueError(f"head_dim must be a positive int; got {head_dim!r}.")
     return MosaicConfig(block_kv=64 if head_dim > 128 else 128, pipeline=pipeline)
 
 
@@ -826,7 +838,7 @@ def why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
 def mosaic_pipelined_attention(q, k, v, *, is_causal: bool = False, scale: float | None = None):
     """:func:`mosaic_flash_attention` with FlashAttention-3's intra-warpgroup pipelining in the forward
     (``default_config(H, pipeline=True)``, see :func:`_pipelined_steps`); the same backward."""
-    config = default_config(q.shape[-1], pipeline=True)
+    config = default_config(attention_shape(q, k, v).head_dim, pipeline=True)
     return mosaic_flash_attention(q, k, v, is_causal=is_causal, scale=scale, config=config)
 
 

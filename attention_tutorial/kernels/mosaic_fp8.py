@@ -18,12 +18,24 @@ Legend: B batch, T query length, S key length, N heads, K kv heads, H head dim.
 from __future__ import annotations
 
 import functools
+import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from ..inputs import AttentionShape, attention_shape, check_flag, resolve_scale
-from .mosaic_flash import LOG2E, MosaicConfig, _call, _kernel, _on_hopper
+from ..inputs import AttentionShape, attention_shape, check_flag
+from .mosaic_flash import (
+    LOG2E,
+    SMEM_BYTES,
+    TILE_REGISTERS,
+    MosaicConfig,
+    _call,
+    _kernel,
+    _on_hopper,
+    positive_scale,
+    tile_registers,
+)
 
 F8 = jnp.float8_e4m3fn
 E4M3_MAX = float(jnp.finfo(F8).max)  # 448
@@ -49,10 +61,23 @@ def why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
     return _on_hopper() or _problem(shape, MosaicConfig())
 
 
+def smem_bytes_fp8(cfg: MosaicConfig, head_dim: int) -> int:
+    """Shared memory the FP8 forward allocates: q (E4M3) and the bfloat16 output per compute warpgroup, the k and vᵀ
+    rings in E4M3, p in E4M3 per warpgroup, the log-sum-exp rows and the two factors."""
+    bq, bkv = cfg.block_q, cfg.block_kv
+    return 2 * bq * head_dim * (1 + 2) + 2 * cfg.stages * bkv * head_dim + 2 * bq * bkv + 2 * bq * 4 + 2 * 128 * 4
+
+
 def _problem(shape: AttentionShape, cfg: MosaicConfig) -> str | None:
-    if cfg.pipeline or cfg.block_kv % 128:
-        return (f"the FP8 forward takes pipeline=False and block_kv a multiple of 128 (128-byte rows of E4M3 p); "
-                f"got pipeline={cfg.pipeline}, block_kv={cfg.block_kv}.")  # fmt: skip
+    if cfg.pipeline or cfg.block_q != 64 or cfg.block_kv % 128:
+        return (f"the FP8 forward takes pipeline=False, block_q=64 and block_kv a multiple of 128 (128-byte rows of "
+                f"E4M3 p); got pipeline={cfg.pipeline}, block_q={cfg.block_q}, block_kv={cfg.block_kv}.")  # fmt: skip
+    if (regs := tile_registers(cfg, shape.head_dim)) > TILE_REGISTERS:
+        return (f"at block_kv={cfg.block_kv} the FP8 forward's float32 tiles need {regs} registers per thread, more "
+                f"than the {TILE_REGISTERS} the kernel budgets: use block_kv=128.")  # fmt: skip
+    if (need := smem_bytes_fp8(cfg, shape.head_dim)) > SMEM_BYTES:
+        return (f"at block_kv={cfg.block_kv} and stages={cfg.stages} the FP8 forward needs {need / 1024:.1f} KiB of "
+                f"shared memory, more than a Hopper CTA's {SMEM_BYTES // 1024} KiB: use fewer stages.")  # fmt: skip
     if shape.head_dim not in FP8_HEAD_DIMS:
         return f"the FP8 forward takes H = 128 (128-byte rows of E4M3); got H={shape.head_dim}."
     if shape.seq_q % (2 * cfg.block_q) or shape.seq_kv % cfg.block_kv:
@@ -85,11 +110,12 @@ def mosaic_fp8_attention(
     if problem := _problem(AttentionShape(B, T, S, N, K, H), cfg):
         raise ValueError(f"mosaic_fp8_attention: {problem}")
     causal = check_flag("is_causal", is_causal)
-    if not (isinstance(p_scale, (int, float)) and 0 < p_scale <= E4M3_MAX):
-        raise ValueError(f"p_scale must be a number in (0, {E4M3_MAX:g}]; got {p_scale!r}.")
+    if isinstance(p_scale, (bool, np.bool_)) or not isinstance(p_scale, numbers.Real) or not 1 <= p_scale <= E4M3_MAX:
+        raise ValueError(f"p_scale must be a real number in [1, {E4M3_MAX:g}] (p <= 1 times it must stay within E4M3's "
+                         f"range, and below 1 small weights would vanish); got {p_scale!r}.")  # fmt: skip
     (q8, dq), (k8, dk), (v8, dv) = quantize_e4m3(q), quantize_e4m3(k), quantize_e4m3(v)
     vt8 = jnp.transpose(v8, (0, 2, 3, 1))  # (B, K, H, S): K-major for p·v
-    factors = logit_factors(resolve_scale(scale, H), dq, dk, dv, float(p_scale))
+    factors = logit_factors(positive_scale(scale, H), dq, dk, dv, float(p_scale))
     return _forward_fp8(q8, k8, vt8, factors, causal=causal, cfg=cfg, p_scale=float(p_scale))
 
 

@@ -48,7 +48,10 @@ def spread_ms(records) -> tuple[float, float, float]:
     recs = [r for r in records if r.get("status", "ok") == "ok" and r.get("median_ms") is not None]
     if not recs:
         raise ValueError("spread_ms needs at least one ok record with median_ms; got none")
-    meds = sorted(r["median_ms"] for r in recs)
+    meds = [r["median_ms"] for r in recs]
+    if not all(isinstance(m, (int, float)) and math.isfinite(m) and m > 0 for m in meds):
+        raise ValueError(f"spread_ms needs positive finite medians; got {meds}")
+    meds.sort()
     low = min(r.get("p10_ms") or r["median_ms"] for r in recs)
     high = max(r.get("p90_ms") or r["median_ms"] for r in recs)
     return statistics.median(meds), min(low, meds[0]), max(high, meds[-1])
@@ -270,22 +273,25 @@ def loss_agreement(step_records, dtype: str) -> dict[str, Claim]:
     measured against the nearer of the two curves rounding alone produced (the first one and its twin: a spike of
     the first run's own is then not held against the others): up to :data:`TWIN_FACTOR` times the twin's difference
     reads "agree within rounding noise", more "differ by more than rounding noise" (``high`` is that limit; the
-    claim's value is that nearer distance). Without a twin, the attention-output tolerance of ``dtype``
-    (:func:`agreement`)."""
+    claim's value is that nearer distance; a run within the yardstick of the twin may sit up to twice it from the
+    first). All three distances run over the same logged steps; without a twin, or where the twin did not log a
+    step the run did, the attention-output tolerance of ``dtype`` (:func:`agreement`)."""
     by = _losses(step_records)
     plain = [i for i in by if not i.endswith(TWIN)]
     if not plain:
         return {}
     first, *others = plain
-    noise = loss_noise(step_records)
+    noise = loss_noise(step_records)  # over the steps the first run and its twin share
     out = {}
     for o in others:
         diff = _max_diff(by[o], by[first])
         if diff is None:
             continue
-        if noise is not None:
-            from_twin = _max_diff(by[o], by[first + TWIN])
-            diff = diff if from_twin is None else min(diff, from_twin)
+        twin = by.get(first + TWIN, {})
+        steps = set(by[o]) & set(by[first]) & set(twin)  # all three distances over the same logged steps
+        if noise is not None and steps == set(by[o]) & set(by[first]):
+            pick = lambda d: {s_: d[s_] for s_ in steps}  # noqa: E731
+            diff = min(_max_diff(pick(by[o]), pick(by[first])), _max_diff(pick(by[o]), pick(twin)))
             limit = max(TWIN_FACTOR * noise, loss_floor(step_records))
             word = "agree within rounding noise" if diff <= limit else "differ by more than rounding noise"
             out[o] = Claim(float(diff), 0.0, limit, word)
@@ -324,13 +330,19 @@ def loss_agreement_words(step_records, dtype: str) -> str:
     elif noise is not None:
         limit = max(TWIN_FACTOR * noise, floor)
         lines = [f"- the yardstick: {first} trained again from weights nudged by one {dtype} rounding step differs "
-                 f"from itself by up to {noise:.2e}; a difference "
+                 f"from itself by up to {noise:.2e}; a run whose distance to the nearer of the two curves is "
                  + ("no larger than that" if TWIN_FACTOR == 1 else f"up to {TWIN_FACTOR:g}× that ({TWIN_FACTOR * noise:.2e})")
-                 + (at_least if floor > TWIN_FACTOR * noise else "") + " counts as rounding noise"]  # fmt: skip
+                 + (at_least if floor > TWIN_FACTOR * noise else "") + f" counts as rounding noise (so up to twice "
+                 f"that from {first} itself)"]  # fmt: skip
         by = _losses(step_records)
+
+        def dist(impl, other):
+            d = _max_diff(by[impl], by[other])
+            return "–" if d is None else f"{d:.2e}"
+
         lines += [f"- {impl} and {first} {c.word}: max |loss difference| over {n} logged steps = "
-                  f"{_max_diff(by[impl], by[first]):.2e} from {first}, {_max_diff(by[impl], by[first + TWIN]):.2e} "
-                  f"from its twin; the nearer is {c.value / limit:.1f}× the yardstick" for impl, c in claims.items()]  # fmt: skip
+                  f"{dist(impl, first)} from {first}, {dist(impl, first + TWIN)} from its twin; the nearer is "
+                  f"{c.value / c.high:.1f}× the yardstick" for impl, c in claims.items()]  # fmt: skip
     else:
         lines = [f"- {impl} and {first} {c.word}: max |loss difference| over {n} logged steps = {c.value:.2e} "
                  f"(tolerance {c.high:.0e}, the attention-output tolerance of {dtype}: this run has no twin to "

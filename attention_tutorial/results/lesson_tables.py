@@ -213,8 +213,10 @@ def race_rows(
     same points, T >= ``min_seq`` (the baseline's time over its own: 100 % = as fast), the range of the medians
     and of the spreads, and the verdict per T from the spreads. Every recording of the baseline at a point
     (``everything``: any grid, any run) widens its spread. Points the baseline did not run are left out."""
-    from .claims import words_by_x
+    from .claims import POINT_FIELDS, words_by_x
 
+    if isinstance(impls, str):
+        raise ValueError(f"race_rows takes a tuple of implementation names; got the string {impls!r}.")
     pool = list({id(r): r for r in [*everything, *records]}.values())  # each baseline recording once
     rows = []
     keys = sorted({tuple(r.get(f) for f in by) for r in records if r.get("impl") in impls})
@@ -222,12 +224,17 @@ def race_rows(
         for key in keys:
             for causal in (False, True):
                 want = dict(zip(by, key), impl=impl, causal=causal, status="ok")
-                got = {}
+                at_t: dict[int, list] = {}
                 for r in records:
                     if all(r.get(f) == v for f, v in want.items()) and r["seq_q"] >= min_seq:
-                        if others := same_point(pool, r, impl=baseline):
-                            got[r["seq_q"]] = compare([r], others)
-                got = dict(sorted(got.items()))
+                        at_t.setdefault(r["seq_q"], []).append(r)
+                got = {}
+                for t, mine in sorted(at_t.items()):
+                    if differ := [f for f in POINT_FIELDS if len({r.get(f) for r in mine}) > 1]:
+                        raise ValueError(f"race_rows: {impl}'s records at T = {t} differ in {', '.join(differ)}; "
+                                         f"add it to by= (now {by}) or pass one kind only.")  # fmt: skip
+                    if others := same_point(pool, mine[0], impl=baseline):
+                        got[t] = compare(mine, others)  # several recordings of the point: pooled, as the baseline
                 if not got:
                     continue
                 low, high = min(c.value for c in got.values()), max(c.value for c in got.values())

@@ -45,13 +45,19 @@ def test_logit_factors_fold_both_descales_and_the_softmax_scale():
     [
         ((1, 256, 2, 64), {}, "takes H = 128 .* got H=64"),
         ((1, 200, 2, 128), {}, "T must be a multiple of 128 and S of 128; got T=200"),
-        ((1, 256, 2, 128), {"p_scale": 0.0}, r"p_scale must be a number in \(0, 448\]; got 0.0"),
-        ((1, 256, 2, 128), {"p_scale": 1000.0}, r"p_scale must be a number in \(0, 448\]; got 1000.0"),
+        ((1, 256, 2, 128), {"p_scale": 0.5}, r"p_scale must be a real number in \[1, 448\] .*got 0.5"),
+        ((1, 256, 2, 128), {"p_scale": 1000.0}, r"p_scale must be a real number in \[1, 448\] .*got 1000.0"),
+        ((1, 256, 2, 128), {"p_scale": True}, r"p_scale must be a real number .*got True"),
+        ((1, 256, 2, 128), {"p_scale": float("nan")}, r"p_scale must be a real number .*got nan"),
+        ((1, 256, 2, 128), {"scale": -0.1}, "positive softmax scale"),
+        ((1, 256, 2, 128), {"config": MosaicConfig(block_kv=256)}, "need 256 registers per thread"),
+        ((1, 256, 2, 128), {"config": MosaicConfig(block_q=128)}, "block_q=64"),
+        ((1, 256, 2, 128), {"config": MosaicConfig(stages=8)}, "KiB of shared memory"),
         ((1, 256, 2, 128), {"is_causal": "yes"}, "is_causal must be True or False"),
         (
             (1, 256, 2, 128),
             {"config": MosaicConfig(block_kv=64)},
-            "block_kv a multiple of 128 .* got pipeline=False, block_kv=64",
+            "block_kv a multiple of 128 .* block_kv=64",
         ),
         ((1, 256, 2, 128), {"config": MosaicConfig(pipeline=True)}, "takes pipeline=False"),
     ],
@@ -97,3 +103,21 @@ def test_gpu_fp8_forward_is_as_accurate_as_cudnn_fp8(causal):
             theirs = rel_error(jax.jit(functools.partial(cudnn_fp8_attention, is_causal=causal, scale_s=E4M3_MAX))(
                 q, kk, v), want)  # fmt: skip
             assert err <= 1.25 * theirs, (err, theirs)
+
+
+def test_the_kernels_arithmetic_with_these_factors_is_attention():
+    """The FP8 kernel's arithmetic, step by step in NumPy (E4M3 casts included): base-2 logits from ``logit_factors``'s
+    first factor, p·448 in E4M3, the output factor last. Against float64 attention on the unquantised inputs: a
+    misplaced descale, a missing log2(e) or a wrong p scale moves the result far outside E4M3's few per cent."""
+    rng = np.random.default_rng(3)
+    q, k, v = (jnp.asarray(rng.normal(size=(64, 128)) * s, jnp.bfloat16) for s in (1.0, 2.0, 0.5))
+    (q8, dq), (k8, dk), (v8, dv) = quantize_e4m3(q), quantize_e4m3(k), quantize_e4m3(v)
+    c, c_out = np.asarray(logit_factors(128**-0.5, dq, dk, dv, E4M3_MAX), np.float64)[:2]
+    f64 = lambda x: np.asarray(x, np.float64)  # noqa: E731
+    t = f64(q8) @ f64(k8).T * c  # base-2 logits
+    p = np.exp2(t - t.max(axis=1, keepdims=True))
+    p8 = f64(jnp.asarray(p * E4M3_MAX, jnp.float32).astype(jnp.float8_e4m3fn))
+    out = p8 @ f64(v8) * c_out / p.sum(axis=1, keepdims=True)
+    want = np.asarray(reference_attention(q[None, :, None], k[None, :, None], v[None, :, None]), np.float64)[0, :, 0]
+    err = np.linalg.norm(out - want) / np.linalg.norm(want)
+    assert err < 0.08, err

@@ -62,3 +62,18 @@ def test_the_gemm_is_a_gemm_record_not_an_attention_shape():
     assert (rec["problem"], rec["m"], rec["k"], rec["n"]) == ("gemm", 8 * 4096, 4096, 4096)
     assert not {"batch", "seq_q", "seq_kv", "heads", "head_dim", "causal"} & set(rec)
     assert check_record({**rec, "status": "error", "reason": "simulated"}) == []
+
+
+def test_cudnn_fp8_records_guard_each_variant_apart(monkeypatch):
+    """One variant failing (cuDNN's, ours) leaves the others standing: each gets its own record, ours refused with
+    their own reason where they cannot run (here: no Hopper GPU)."""
+    monkeypatch.setattr(fp8, "FP8_SHAPES", ((1, 128),))
+    if jax.default_backend() == "gpu":
+        pytest.skip("on a GPU the variants run; this checks the failure bookkeeping")
+    recs = fp8.cudnn_fp8_records()
+    for causal in (False, True):
+        got = {r["impl"]: r for r in recs if r["causal"] == causal}
+        assert set(got) == {"cudnn", "cudnn_fp8_s1", "cudnn_fp8_s448", "mosaic", "mosaic_fp8"}
+        assert got["mosaic"]["status"] == got["mosaic_fp8"]["status"] == "unsupported"
+        assert "Hopper" in got["mosaic_fp8"]["reason"] and got["cudnn"]["status"] in ("unsupported", "error")
+        assert all(r["experiment"] == "cudnn_fp8" and check_record(r) == [] for r in got.values())

@@ -360,3 +360,21 @@ def test_a_quadratic_with_compiler_steps_in_its_matrix_count_reads_quadratic():
     ys = [m * 8 * 4 * t * t for m, t in zip([2.01, 1.00, 2.00, 2.06, 1.28], ts)]
     g = claims.growth(ts, ys, var="T")
     assert g.word == "grows quadratically" and g.value == pytest.approx(3.93, abs=0.01)
+
+
+def test_a_twin_that_logged_fewer_steps_judges_no_run_and_words_do_not_crash():
+    """A twin cut short (a crashed run): its distances cover fewer steps, so it must not make a run look close; the
+    run falls back to the dtype's tolerance, and the words print '–' for the missing distance."""
+    base = [5.0, 4.0, 3.5, 3.0]
+    recs = _steps("xla", base) + _steps("ours", [x + 0.3 for x in base]) + _steps("xla_twin", base[:1])[:1]
+    got = claims.loss_agreement(recs, "bfloat16")
+    assert got["ours"].value == pytest.approx(0.3) and got["ours"].word.startswith("differ")
+    far = _steps("xla", base) + _steps("ours", [5.0, 9.0, 9.0, 9.0]) + [{**r, "step": r["step"] + 100} for r in
+                                                                      _steps("xla_twin", base)]  # fmt: skip
+    claims.loss_agreement_words(far, "bfloat16")  # shares no step with the twin: no TypeError
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1.0, 0.0, "1.0"])
+def test_spread_refuses_a_median_that_is_not_a_positive_number(bad):
+    with pytest.raises(ValueError, match="positive finite medians"):
+        claims.spread_ms([{"median_ms": 1.0}, {"median_ms": bad}])

@@ -167,9 +167,22 @@ def test_race_rows_judge_each_kernel_against_every_cudnn_recording_of_the_point(
     rows = lt.race_rows(beyond, beyond + other_run, ("mosaic_pipe",))
     assert len(rows) == 1
     row = rows[0]
-    assert row["H"] == 128 and row["mask"] == "none" and row["implementation"] == "our Pallas kernel (Mosaic GPU), pipelined"
+    assert (
+        row["H"] == 128
+        and row["mask"] == "none"
+        and row["implementation"] == "our Pallas kernel (Mosaic GPU), pipelined"
+    )
     # T = 8192: cuDNN's median over its two recordings is 0.94 ms (104 % of ours) but its spread reaches 0.87 ms
     assert row["speed vs cudnn (medians)"] == "100–104 %"  # 2.00 / 2.01 at T = 16384 prints as 100
     assert row["verdict"] == "on par"  # 0.89–0.91 lies inside cuDNN's pooled 0.87–1.01; T = 2048 is below min_seq
     alone = lt.race_rows(beyond, beyond, ("mosaic_pipe",))[0]
     assert alone["verdict"] == "faster at T = 8192; on par at T = 16384"
+    # a second recording of ours at a point is pooled, whatever the order, never silently dropped
+    slow = r("mosaic_pipe", 8192, 128, False, 1.20, 1.19, 1.21, grid="flash")
+    for recs in ([*beyond, slow], [slow, *beyond]):
+        assert lt.race_rows(recs, recs, ("mosaic_pipe",))[0]["verdict"] == "on par"
+    f16 = {**r("mosaic_pipe", 8192, 128, False, 0.9, 0.9, 0.9), "dtype": "float16"}
+    with pytest.raises(ValueError, match="records at T = 8192 differ in dtype; add it to by="):
+        lt.race_rows([*beyond, f16], beyond, ("mosaic_pipe",))
+    with pytest.raises(ValueError, match="tuple of implementation names"):
+        lt.race_rows(beyond, beyond, "mosaic_pipe")
