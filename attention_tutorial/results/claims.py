@@ -290,8 +290,8 @@ def loss_agreement(step_records, dtype: str) -> dict[str, Claim]:
         twin = by.get(first + TWIN, {})
         steps = set(by[o]) & set(by[first]) & set(twin)  # all three distances over the same logged steps
         if noise is not None and steps == set(by[o]) & set(by[first]):
-            pick = lambda d: {s_: d[s_] for s_ in steps}  # noqa: E731
-            diff = min(_max_diff(pick(by[o]), pick(by[first])), _max_diff(pick(by[o]), pick(twin)))
+            on = {s_: (by[o][s_], by[first][s_], twin[s_]) for s_ in steps}  # (run, first, twin) per step
+            diff = min(max(abs(a - b) for a, b, _ in on.values()), max(abs(a - t) for a, _, t in on.values()))
             limit = max(TWIN_FACTOR * noise, loss_floor(step_records))
             word = "agree within rounding noise" if diff <= limit else "differ by more than rounding noise"
             out[o] = Claim(float(diff), 0.0, limit, word)
@@ -328,7 +328,6 @@ def loss_agreement_words(step_records, dtype: str) -> str:
         lines += [f"- {impl} and {first} {c.word}: max |loss difference| over {n} logged steps = {c.value:.2e}"
                   for impl, c in claims.items()]  # fmt: skip
     elif noise is not None:
-        limit = max(TWIN_FACTOR * noise, floor)
         lines = [f"- the yardstick: {first} trained again from weights nudged by one {dtype} rounding step differs "
                  f"from itself by up to {noise:.2e}; a run whose distance to the nearer of the two curves is "
                  + ("no larger than that" if TWIN_FACTOR == 1 else f"up to {TWIN_FACTOR:g}× that ({TWIN_FACTOR * noise:.2e})")
