@@ -9,7 +9,7 @@ pipe_nowhere: the pipelined forward with every mask dropped (jnp.where returns t
 as such): whether the causal kernel's C7513 comes from the mask's code. (pipe_onemask, one loop masking every block,
 was measured slower in scripts/issue17_probe_onemask_h200.json and dropped.)
 fp8: our FP8 forward (kernels/mosaic_fp8.py) against cuDNN's FP8 (P scale 448), with each one's relative error
-against float32 ("highest" precision).
+against float32 ("highest" precision); fp8_regs the same with p kept in registers (p_via="registers").
 Usage: python3 scripts/gpu_issue17_probe.py OUT_JSON [variant[:causal|:noncausal] ...]
 """
 
@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-VARIANTS = ["plain", "pipe", "plain_r240", "pipe_r240", "pipe_nowhere", "fp8"]
+VARIANTS = ["plain", "pipe", "plain_r240", "pipe_r240", "pipe_nowhere", "fp8", "fp8_regs"]
 
 
 def patch(variant):
@@ -79,11 +79,12 @@ def child(variant, folder, causal_flags=(False, True)):
         try:
             cud = functools.partial(jax.nn.dot_product_attention, implementation="cudnn", is_causal=causal)
             ours = functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg)
-            if variant == "fp8":  # our FP8 forward against cuDNN's (P scale 448), both from bf16 inputs
+            if variant.startswith("fp8"):  # our FP8 forward against cuDNN's (P scale 448), both from bf16 inputs
                 from attention_tutorial.kernels.mosaic_fp8 import mosaic_fp8_attention
                 from attention_tutorial.measure.fp8 import cudnn_fp8_attention, rel_error
 
-                ours = functools.partial(mosaic_fp8_attention, is_causal=causal)
+                p_via = "registers" if variant == "fp8_regs" else "smem"
+                ours = functools.partial(mosaic_fp8_attention, is_causal=causal, p_via=p_via)
                 cud = functools.partial(cudnn_fp8_attention, is_causal=causal, scale_s=448.0)
                 f32 = [x.astype(jnp.float32) for x in (q, k, v)]
                 with jax.default_matmul_precision("highest"):

@@ -28,7 +28,8 @@ PALLAS = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (1
           (128, 128, 8, 3), (128, 64, 8, 4)]  # fmt: skip
 MOSAIC = [(128, 2), (128, 3), (64, 2), (64, 4)]  # (block_kv, stages); block_q is wgmma's 64
 PIPE = [(128, 2, False), (128, 2, True), (128, 3, True), (64, 2, True), (64, 3, True), (64, 4, True)]
-FP8 = [(128, 2), (128, 3), (128, 4)]  # block_kv = 256 needs more registers than the kernel budgets
+FP8 = [(128, 2, "smem"), (128, 3, "smem"), (128, 4, "smem"), (128, 2, "registers"), (128, 3, "registers")]
+# (block_kv, stages, p_via); block_kv = 256 needs more registers than the kernel budgets
 
 
 def candidates(kernel, causal):
@@ -44,9 +45,10 @@ def candidates(kernel, causal):
     elif kernel == "fp8":
         from attention_tutorial.kernels.mosaic_fp8 import mosaic_fp8_attention
 
-        for bkv, stages in FP8:
+        for bkv, stages, p_via in FP8:
             cfg = MosaicConfig(block_kv=bkv, stages=stages)
-            yield f"FP8 64x{bkv} stages {stages}", functools.partial(mosaic_fp8_attention, is_causal=causal, config=cfg)
+            fn = functools.partial(mosaic_fp8_attention, is_causal=causal, config=cfg, p_via=p_via)
+            yield f"FP8 64x{bkv} stages {stages} p via {p_via}", fn
     elif kernel == "pipe":
         for bkv, stages, pipeline in PIPE:
             cfg = MosaicConfig(block_kv=bkv, stages=stages, pipeline=pipeline)

@@ -70,11 +70,11 @@ class MosaicConfig:
                 )
 
 
-def _kernel(q_ref, k_ref, v_ref, *refs, causal, cfg, stages, seq_kv, groups, scale, p_scale=None):
+def _kernel(q_ref, k_ref, v_ref, *refs, causal, cfg, stages, seq_kv, groups, scale, p_scale=None, p_operand=None):
     """The forward. With ``p_scale`` it is the FP8 one (:mod:`attention_tutorial.kernels.mosaic_fp8`): E4M3 q, k and
-    v, v transposed (B, K, H, S) since FP8 wgmma reads B K-major only, the two logit factors from ``c_ref``; p goes
-    to shared memory as E4M3 · ``p_scale`` (Mosaic GPU has no registers-to-8-bit-operand relayout) and the output
-    is bfloat16."""
+    v, v transposed (B, K, H, S) since FP8 wgmma reads B K-major only, the two logit factors from ``c_ref``; p is
+    E4M3 · ``p_scale``, through shared memory, or with ``p_operand`` (a function: f32 p -> the 8-bit operand
+    layout) straight from registers; the output is bfloat16."""
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
@@ -145,7 +145,10 @@ def _kernel(q_ref, k_ref, v_ref, *refs, causal, cfg, stages, seq_kv, groups, sca
             p = jnp.exp2(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
             acc *= lax.broadcast_in_dim(alpha, acc.shape, [0])
             l = l * alpha + p.sum(axis=1)
-            if fp8:  # E4M3 tops out at 448: scale p (<= 1) up to use its range; p·v reads it from shared memory
+            if fp8 and p_operand is not None:  # E4M3 tops out at 448: scale p (<= 1) up to use its range
+                p16 = p_operand(p * p_scale)
+                acc, l, m_new, p16 = lax.optimization_barrier((acc, l, m_new, p16))
+            elif fp8:  # the same, through shared memory
                 p_smem = p_smem2.at[wg]
                 p_smem[...] = (p * p_scale).astype(dtype)
                 plgpu.commit_smem()

@@ -8,8 +8,10 @@ What changes against the 16-bit forward, and why (Hopper's FP8 wgmma, FlashAtten
 * Hopper's FP8 wgmma reads both operands K-major. For q·kᵀ that is how q and k lie already; for p·v the contraction
   runs over the keys, so v is handed over transposed, (B, K, H, S) — fused into the quantising pass by XLA.
 * p (at most 1) is stored in E4M3 times ``p_scale`` (448 by default, the format's largest value, as cuDNN's
-  ``scale_s``), and p·v runs in FP8 too. p goes through shared memory: Mosaic GPU has no relayout of registers to
-  the 8-bit operand layout (FlashAttention-3 permutes bytes in registers instead).
+  ``scale_s``), and p·v runs in FP8 too. Mosaic GPU has no relayout of registers into the 8-bit operand layout, so
+  ``p_via="smem"`` stores p to shared memory; ``p_via="registers"`` keeps it in registers instead, taking each
+  thread's four scores of a 16-key group *as they lie* as the operand's four, and permutes v's keys to match
+  (:func:`operand_key_order`, fused into the quantising pass). FlashAttention-3 permutes bytes in registers.
 * The output is bfloat16: ``acc · descale_v / p_scale / l``.
 
 Legend: B batch, T query length, S key length, N heads, K kv heads, H head dim.
@@ -88,6 +90,41 @@ def _problem(shape: AttentionShape, cfg: MosaicConfig) -> str | None:
     return None
 
 
+P_VIA = ("smem", "registers")
+
+
+def operand_key_order(n: int) -> np.ndarray:
+    """The key order that makes p in wgmma's accumulator layout read as the 8-bit A operand, for ``n`` keys (a
+    multiple of 16): a thread holds scores 2t, 2t+1, 8+2t, 9+2t of each 16-key group (two pairs, the 32-bit layout)
+    where the operand wants its columns 4t … 4t+3; so operand column 16J + 4t + 2h + e takes key 16J + 8h + 2t + e.
+    Returns that key for each column (a permutation)."""
+    if n % 16:
+        raise ValueError(f"operand_key_order needs a multiple of 16 keys; got {n}.")
+    m = np.arange(n)
+    t, h, e = (m % 16) // 4, (m % 4) // 2, m % 2
+    return m - m % 16 + 8 * h + 2 * t + e
+
+
+def _to_operand(shape):
+    """f32 p in wgmma's layout -> E4M3 in the 8-bit operand layout, registers reused as they lie (see
+    :func:`operand_key_order`): each pair of two-score registers of a 16-key group becomes one four-score one."""
+    import jax.experimental.mosaic.gpu as mgpu
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA,),
+                       return_type=plgpu.ShapeDtypeStruct(shape, F8, layout=plgpu.Layout.WGMMA_8BIT))  # fmt: skip
+    def to_operand(ctx, p):
+        regs = p.astype(mgpu.utils.dtype_to_ir_type(F8)).registers  # (…, keys / 8, …): two scores each
+        out_shape = mgpu.WGMMA_LAYOUT_8BIT.registers_shape(shape)  # (…, keys / 16, …): four scores each
+        out = np.empty(out_shape, dtype=object)
+        for idx in np.ndindex(out_shape):
+            pair = [regs[(idx[0], 2 * idx[1] + i, *idx[2:])] for i in (0, 1)]
+            out[idx] = mgpu.utils.vector_concat(pair)
+        return mgpu.FragmentedArray(_registers=out, _layout=mgpu.WGMMA_LAYOUT_8BIT, _is_signed=None)
+
+    return to_operand
+
+
 def mosaic_fp8_attention(
     q,
     k,
@@ -97,13 +134,15 @@ def mosaic_fp8_attention(
     scale: float | None = None,
     p_scale: float = E4M3_MAX,
     config: MosaicConfig | None = None,
+    p_via: str = "smem",
 ):
     """Our FP8 attention forward: q (B, T, N, H), k/v (B, S, K, H) in any float type -> bfloat16 (B, T, N, H).
 
     Quantises q, k, v per tensor to E4M3 (:func:`quantize_e4m3`; timed with the kernel, as
     :func:`attention_tutorial.measure.fp8.cudnn_fp8_attention` times cuDNN's), runs both matmuls in FP8 and
     returns bfloat16. Forward only, Hopper only, H = 128; causal masks align top-left. ``config``: the tiles
-    (block_kv a multiple of 128, stages; no pipeline).
+    (block_kv a multiple of 128, stages; no pipeline). ``p_via``: "smem" (measured on the H200) or "registers"
+    (see the module docstring).
     """
     B, T, S, N, K, H = attention_shape(q, k, v)
     cfg = config or MosaicConfig()
@@ -113,10 +152,14 @@ def mosaic_fp8_attention(
     if isinstance(p_scale, (bool, np.bool_)) or not isinstance(p_scale, numbers.Real) or not 1 <= p_scale <= E4M3_MAX:
         raise ValueError(f"p_scale must be a real number in [1, {E4M3_MAX:g}] (p <= 1 times it must stay within E4M3's "
                          f"range, and below 1 small weights would vanish); got {p_scale!r}.")  # fmt: skip
+    if p_via not in P_VIA:
+        raise ValueError(f"p_via must be one of {P_VIA}; got {p_via!r}.")
     (q8, dq), (k8, dk), (v8, dv) = quantize_e4m3(q), quantize_e4m3(k), quantize_e4m3(v)
     vt8 = jnp.transpose(v8, (0, 2, 3, 1))  # (B, K, H, S): K-major for p·v
+    if p_via == "registers":  # v's keys in the order p's registers hold them (a permutation within 16-key groups)
+        vt8 = vt8[..., operand_key_order(S)]
     factors = logit_factors(positive_scale(scale, H), dq, dk, dv, float(p_scale))
-    return _forward_fp8(q8, k8, vt8, factors, causal=causal, cfg=cfg, p_scale=float(p_scale))
+    return _forward_fp8(q8, k8, vt8, factors, causal=causal, cfg=cfg, p_scale=float(p_scale), p_via=p_via)
 
 
 def _tile8():
@@ -126,7 +169,7 @@ def _tile8():
     return (plgpu.TilingTransform((8, 128)), plgpu.SwizzleTransform(128))
 
 
-def _forward_fp8(q8, k8, vt8, factors, *, causal, cfg: MosaicConfig, p_scale: float):
+def _forward_fp8(q8, k8, vt8, factors, *, causal, cfg: MosaicConfig, p_scale: float, p_via: str = "smem"):
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
     from .mosaic_flash import _tile
@@ -150,9 +193,9 @@ def _forward_fp8(q8, k8, vt8, factors, *, causal, cfg: MosaicConfig, p_scale: fl
         (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2,
         plgpu.Barrier(num_arrivals=2),
     )  # fmt: skip
-    kernel = functools.partial(
-        _kernel, causal=causal, cfg=cfg, stages=stages, seq_kv=S, groups=N // K, scale=None, p_scale=p_scale
-    )
+    operand = _to_operand((bq, bkv)) if p_via == "registers" else None
+    kernel = functools.partial(_kernel, causal=causal, cfg=cfg, stages=stages, seq_kv=S, groups=N // K, scale=None,
+                               p_scale=p_scale, p_operand=operand)  # fmt: skip
     out_type = [jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16), jax.ShapeDtypeStruct((B, N, T), jnp.float32)]
     grid = (N, T // (2 * bq), B)
     out, _ = _call(kernel, out_type, (smem, *barriers), grid, ("heads", "q_seq", "batch"), q8, k8, vt8, factors)

@@ -32,7 +32,7 @@ from .sweep import Point, empty_record, failure_fields, gemm_record, timed_recor
 from .timing import time_fn
 
 E4M3_MAX = 448.0
-OURS_WHY_NOT = {"mosaic": mosaic_flash.why_not, "mosaic_fp8": mosaic_fp8.why_not}
+OURS_WHY_NOT = {"mosaic": mosaic_flash.why_not, "mosaic_fp8": mosaic_fp8.why_not, "mosaic_fp8_regs": mosaic_fp8.why_not}
 FP8_SHAPES = ((8, 4096), (4, 8192), (2, 16384))  # (B, T): 32k tokens each, N=16, H=128
 DENSE_SHAPE = (8, 4096, 4096, 4096)  # TE DenseGeneral: x (8, 4096 tokens, 4096 in) -> 4096 out
 
@@ -117,9 +117,12 @@ def cudnn_fp8_records(peak=None, **timing) -> list[dict]:
                 # ours (issue 17): the Mosaic GPU kernel in bf16 and our FP8 forward (P scale 448, as cuDNN's best)
                 variants += [("mosaic", "bfloat16", functools.partial(mosaic_flash_attention, is_causal=causal), {}),
                              ("mosaic_fp8", "float8_e4m3fn",
-                              functools.partial(mosaic_fp8_attention, is_causal=causal), {"scale_s": E4M3_MAX})]  # fmt: skip
+                              functools.partial(mosaic_fp8_attention, is_causal=causal), {"scale_s": E4M3_MAX}),
+                             ("mosaic_fp8_regs", "float8_e4m3fn",  # p kept in registers (kernels/mosaic_fp8.py)
+                              functools.partial(mosaic_fp8_attention, is_causal=causal, p_via="registers"),
+                              {"scale_s": E4M3_MAX})]  # fmt: skip
                 for impl, dtype, fn, extra in variants:
-                    if impl.startswith("mosaic") and (why := OURS_WHY_NOT[impl](shape, jnp.bfloat16, causal)):
+                    if impl in OURS_WHY_NOT and (why := OURS_WHY_NOT[impl](shape, jnp.bfloat16, causal)):
                         out.append({**empty_record(_point(impl, shape, causal, dtype)), "status": "unsupported",
                                     "reason": why, "experiment": "cudnn_fp8"})  # fmt: skip
                         continue

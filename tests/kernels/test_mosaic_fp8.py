@@ -14,6 +14,7 @@ from attention_tutorial.kernels.mosaic_fp8 import (
     E4M3_MAX,
     logit_factors,
     mosaic_fp8_attention,
+    operand_key_order,
     quantize_e4m3,
     why_not,
 )
@@ -54,6 +55,7 @@ def test_logit_factors_fold_both_descales_and_the_softmax_scale():
         ((1, 256, 2, 128), {"config": MosaicConfig(block_q=128)}, "block_q=64"),
         ((1, 256, 2, 128), {"config": MosaicConfig(stages=8)}, "KiB of shared memory"),
         ((1, 256, 2, 128), {"is_causal": "yes"}, "is_causal must be True or False"),
+        ((1, 256, 2, 128), {"p_via": "tmem"}, r"p_via must be one of \('smem', 'registers'\); got 'tmem'"),
         (
             (1, 256, 2, 128),
             {"config": MosaicConfig(block_kv=64)},
@@ -68,14 +70,30 @@ def test_bad_input_names_the_fix(shape, kwargs, match):
         jax.jit(functools.partial(mosaic_fp8_attention, **kwargs)).trace(q, q, q)
 
 
+@pytest.mark.parametrize("p_via", ["smem", "registers"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_lowers_to_one_mosaic_gpu_kernel_with_fp8_operands(causal):
+def test_lowers_to_one_mosaic_gpu_kernel_with_fp8_operands(causal, p_via):
     """Mosaic GPU lowers the kernel on a CPU too: one custom call, after XLA's quantising (and transposing) ops."""
     q = jax.ShapeDtypeStruct((1, 256, 2, 128), jnp.bfloat16)
-    fn = jax.jit(functools.partial(mosaic_fp8_attention, is_causal=causal))
+    fn = jax.jit(functools.partial(mosaic_fp8_attention, is_causal=causal, p_via=p_via))
     hlo = fn.trace(q, q, q).lower(lowering_platforms=("cuda",)).as_text()
     assert len(re.findall(r"custom_call @mosaic_gpu", hlo)) == 1
     assert "f8E4M3FN" in hlo and "transpose" in hlo
+
+
+def test_operand_key_order_permutes_within_16_key_groups_as_the_two_layouts_share_them():
+    """Thread t of a row holds scores 2t, 2t+1, 8+2t, 9+2t of each 16-key group in wgmma's 32-bit accumulator layout
+    (pairs of columns, 8-column groups) and operand columns 4t … 4t+3 in the 8-bit layout (quads, 16-column groups):
+    operand column 4t + i must carry key [2t, 2t+1, 8+2t, 9+2t][i]. Weights and values permuted alike leave p·v."""
+    order = operand_key_order(64)
+    assert sorted(order) == list(range(64)) and all((order // 16) == (np.arange(64) // 16))
+    for t in range(4):  # each thread's four accumulator scores, in register order, are its four operand columns
+        assert list(order[4 * t : 4 * t + 4]) == [2 * t, 2 * t + 1, 8 + 2 * t, 9 + 2 * t]
+    rng = np.random.default_rng(0)
+    p, v = rng.random((8, 64)), rng.normal(size=(64, 32))
+    np.testing.assert_allclose(p[:, order] @ v[order], p @ v, rtol=1e-12)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        operand_key_order(40)
 
 
 def test_why_not_on_a_cpu_names_hopper():
@@ -85,8 +103,9 @@ def test_why_not_on_a_cpu_names_hopper():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("p_via", ["smem", "registers"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_fp8_forward_is_as_accurate_as_cudnn_fp8(causal):
+def test_gpu_fp8_forward_is_as_accurate_as_cudnn_fp8(causal, p_via):
     """Relative error against float64 within FP8's reach, and no worse than 1.25× cuDNN FP8's on the same inputs."""
     if reason := _on_hopper():
         pytest.skip(reason)
@@ -94,7 +113,7 @@ def test_gpu_fp8_forward_is_as_accurate_as_cudnn_fp8(causal):
 
     for b, t, s, n, k in ((2, 512, 1024, 8, 2), (1, 1024, 256, 4, 4)):  # GQA T<S, MHA T>S
         q, kk, v = make_qkv(b, t, n, 128, seq_kv=s, kv_heads=k, dtype=jnp.bfloat16, seed=t + s)
-        out = jax.jit(functools.partial(mosaic_fp8_attention, is_causal=causal))(q, kk, v)
+        out = jax.jit(functools.partial(mosaic_fp8_attention, is_causal=causal, p_via=p_via))(q, kk, v)
         assert out.dtype == jnp.bfloat16 and out.shape == q.shape
         want = reference_attention(q, kk, v, is_causal=causal)
         err = rel_error(out, want)

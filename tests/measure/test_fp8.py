@@ -73,7 +73,7 @@ def test_cudnn_fp8_records_guard_each_variant_apart(monkeypatch):
     recs = fp8.cudnn_fp8_records()
     for causal in (False, True):
         got = {r["impl"]: r for r in recs if r["causal"] == causal}
-        assert set(got) == {"cudnn", "cudnn_fp8_s1", "cudnn_fp8_s448", "mosaic", "mosaic_fp8"}
+        assert set(got) == {"cudnn", "cudnn_fp8_s1", "cudnn_fp8_s448", "mosaic", "mosaic_fp8", "mosaic_fp8_regs"}
         assert got["mosaic"]["status"] == got["mosaic_fp8"]["status"] == "unsupported"
         assert "Hopper" in got["mosaic_fp8"]["reason"] and got["cudnn"]["status"] in ("unsupported", "error")
         assert all(r["experiment"] == "cudnn_fp8" and check_record(r) == [] for r in got.values())
