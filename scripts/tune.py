@@ -23,11 +23,12 @@ from attention_tutorial import dot_product_attention, make_qkv, time_fn
 from attention_tutorial.kernels.mosaic_flash import MosaicConfig, mosaic_flash_attention
 from attention_tutorial.kernels.pallas_flash import flash_attention
 from attention_tutorial.measure.flops import attention_flops
+from attention_tutorial.measure.fp8 import rel_error
 
 PALLAS = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 4), (64, 128, 4, 2),
           (128, 128, 8, 3), (128, 64, 8, 4)]  # fmt: skip
 MOSAIC = [(128, 2), (128, 3), (64, 2), (64, 4)]  # (block_kv, stages); block_q is wgmma's 64
-PIPE = [(128, 2, False), (128, 2, True), (128, 3, True), (64, 2, True), (64, 3, True), (64, 4, True)]
+PIPE = [(128, 2, False), (128, 2, True), (64, 2, True), (64, 3, True), (64, 4, True)]  # 128 × 3 stages: no room
 FP8 = [(128, 2, "smem"), (128, 3, "smem"), (128, 4, "smem"), (128, 2, "registers"), (128, 3, "registers")]
 # (block_kv, stages, p_via); block_kv = 256 needs more registers than the kernel budgets
 
@@ -72,8 +73,12 @@ def main(kernel, out):
                 from attention_tutorial.measure.fp8 import cudnn_fp8_attention
 
                 cudnn = functools.partial(cudnn_fp8_attention, is_causal=causal, scale_s=448.0)
+            exact = jax.jit(functools.partial(dot_product_attention, implementation="cudnn", is_causal=causal))(q, k, v)
             for label, fn in [("cuDNN FP8" if kernel == "fp8" else "cuDNN", cudnn), *candidates(kernel, causal)]:
                 try:
+                    err = rel_error(jax.jit(fn)(q, k, v), exact)  # against bf16 cuDNN: a wrong kernel is not timed
+                    if err > (0.1 if kernel == "fp8" else 0.02):
+                        raise ArithmeticError(f"wrong result: relative error {err:.3g} against bf16 cuDNN")
                     tf = flops / time_fn(fn, q, k, v, repeats=10, max_seconds=0.5).median_ms / 1e9
                 except Exception as err:  # a configuration that does not compile or fit is reported, not fatal
                     tf = None
@@ -85,7 +90,8 @@ def main(kernel, out):
 
 def fresh(out):
     """``out``, or beside it with the time in the name when it exists: a measurement is never overwritten."""
-    return out.replace(".json", f"-{int(time.time())}.json") if os.path.exists(out) else out
+    stem, ext = os.path.splitext(out)
+    return f"{stem}-{int(time.time())}{ext}" if os.path.exists(out) else out
 
 
 def save(rows, out):

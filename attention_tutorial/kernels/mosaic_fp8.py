@@ -30,6 +30,7 @@ from ..inputs import AttentionShape, attention_shape, check_flag
 from .mosaic_flash import (
     LOG2E,
     SMEM_BYTES,
+    SMEM_RESERVE,
     TILE_REGISTERS,
     MosaicConfig,
     _call,
@@ -77,9 +78,10 @@ def _problem(shape: AttentionShape, cfg: MosaicConfig) -> str | None:
     if (regs := tile_registers(cfg, shape.head_dim)) > TILE_REGISTERS:
         return (f"at block_kv={cfg.block_kv} the FP8 forward's float32 tiles need {regs} registers per thread, more "
                 f"than the {TILE_REGISTERS} the kernel budgets: use block_kv=128.")  # fmt: skip
-    if (need := smem_bytes_fp8(cfg, shape.head_dim)) > SMEM_BYTES:
+    if (need := smem_bytes_fp8(cfg, shape.head_dim)) + SMEM_RESERVE > SMEM_BYTES:
         return (f"at block_kv={cfg.block_kv} and stages={cfg.stages} the FP8 forward needs {need / 1024:.1f} KiB of "
-                f"shared memory, more than a Hopper CTA's {SMEM_BYTES // 1024} KiB: use fewer stages.")  # fmt: skip
+                f"shared memory, more than the {(SMEM_BYTES - SMEM_RESERVE) // 1024} KiB a Hopper CTA leaves beside "
+                "barriers: use fewer stages.")  # fmt: skip
     if shape.head_dim not in FP8_HEAD_DIMS:
         return f"the FP8 forward takes H = 128 (128-byte rows of E4M3); got H={shape.head_dim}."
     if shape.seq_q % (2 * cfg.block_q) or shape.seq_kv % cfg.block_kv:
@@ -98,11 +100,20 @@ def operand_key_order(n: int) -> np.ndarray:
     multiple of 16): a thread holds scores 2t, 2t+1, 8+2t, 9+2t of each 16-key group (two pairs, the 32-bit layout)
     where the operand wants its columns 4t … 4t+3; so operand column 16J + 4t + 2h + e takes key 16J + 8h + 2t + e.
     Returns that key for each column (a permutation)."""
-    if n % 16:
-        raise ValueError(f"operand_key_order needs a multiple of 16 keys; got {n}.")
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0 or n % 16:
+        raise ValueError(f"operand_key_order needs a positive multiple of 16 keys; got {n!r}.")
     m = np.arange(n)
     t, h, e = (m % 16) // 4, (m % 4) // 2, m % 2
     return m - m % 16 + 8 * h + 2 * t + e
+
+
+def operand_register_pairs(shape) -> dict[tuple, tuple]:
+    """{register of the 8-bit operand layout: the two accumulator-layout registers (two scores each) that make its
+    four, in order}, for a (rows, keys) tile: the regrouping :func:`_to_operand` does, kept apart to be tested."""
+    import jax.experimental.mosaic.gpu as mgpu
+
+    out_shape = mgpu.WGMMA_LAYOUT_8BIT.registers_shape(shape)  # (…, keys / 16, …): four scores each
+    return {idx: tuple((idx[0], 2 * idx[1] + i, *idx[2:]) for i in (0, 1)) for idx in np.ndindex(out_shape)}
 
 
 def _to_operand(shape):
@@ -115,11 +126,9 @@ def _to_operand(shape):
                        return_type=plgpu.ShapeDtypeStruct(shape, F8, layout=plgpu.Layout.WGMMA_8BIT))  # fmt: skip
     def to_operand(ctx, p):
         regs = p.astype(mgpu.utils.dtype_to_ir_type(F8)).registers  # (…, keys / 8, …): two scores each
-        out_shape = mgpu.WGMMA_LAYOUT_8BIT.registers_shape(shape)  # (…, keys / 16, …): four scores each
-        out = np.empty(out_shape, dtype=object)
-        for idx in np.ndindex(out_shape):
-            pair = [regs[(idx[0], 2 * idx[1] + i, *idx[2:])] for i in (0, 1)]
-            out[idx] = mgpu.utils.vector_concat(pair)
+        out = np.empty(mgpu.WGMMA_LAYOUT_8BIT.registers_shape(shape), dtype=object)
+        for idx, pair in operand_register_pairs(shape).items():
+            out[idx] = mgpu.utils.vector_concat([regs[i] for i in pair])
         return mgpu.FragmentedArray(_registers=out, _layout=mgpu.WGMMA_LAYOUT_8BIT, _is_signed=None)
 
     return to_operand
@@ -156,8 +165,9 @@ def mosaic_fp8_attention(
         raise ValueError(f"p_via must be one of {P_VIA}; got {p_via!r}.")
     (q8, dq), (k8, dk), (v8, dv) = quantize_e4m3(q), quantize_e4m3(k), quantize_e4m3(v)
     vt8 = jnp.transpose(v8, (0, 2, 3, 1))  # (B, K, H, S): K-major for p·v
-    if p_via == "registers":  # v's keys in the order p's registers hold them (a permutation within 16-key groups)
-        vt8 = vt8[..., operand_key_order(S)]
+    if p_via == "registers":  # v's keys in the order p's registers hold them: key 16J + 8h + 2t + e to column
+        # 16J + 4t + 2h + e (operand_key_order), as a swap of two axes that XLA fuses into the quantising pass
+        vt8 = vt8.reshape(*vt8.shape[:-1], S // 16, 2, 4, 2).swapaxes(-3, -2).reshape(vt8.shape)
     factors = logit_factors(positive_scale(scale, H), dq, dk, dv, float(p_scale))
     return _forward_fp8(q8, k8, vt8, factors, causal=causal, cfg=cfg, p_scale=float(p_scale), p_via=p_via)
 

@@ -32,6 +32,7 @@ from .sweep import Point, empty_record, failure_fields, gemm_record, timed_recor
 from .timing import time_fn
 
 E4M3_MAX = 448.0
+WRONG_ABOVE = {"bfloat16": 0.02, "float8_e4m3fn": 0.1}  # relative errors past E4M3's (~0.06) or bf16's own rounding
 OURS_WHY_NOT = {"mosaic": mosaic_flash.why_not, "mosaic_fp8": mosaic_fp8.why_not, "mosaic_fp8_regs": mosaic_fp8.why_not}
 FP8_SHAPES = ((8, 4096), (4, 8192), (2, 16384))  # (B, T): 32k tokens each, N=16, H=128
 DENSE_SHAPE = (8, 4096, 4096, 4096)  # TE DenseGeneral: x (8, 4096 tokens, 4096 in) -> 4096 out
@@ -127,8 +128,11 @@ def cudnn_fp8_records(peak=None, **timing) -> list[dict]:
                                     "reason": why, "experiment": "cudnn_fp8"})  # fmt: skip
                         continue
                     try:
-                        t = time_fn(fn, q, k, v, **timing)
                         err = rel_error(jax.jit(fn)(q, k, v), ref) if ref is not None else None
+                        if err is not None and err > WRONG_ABOVE[dtype]:  # a wrong answer is not timed as a result
+                            raise ArithmeticError(f"wrong result: relative error {err:.3g} against float32, above "
+                                                  f"{WRONG_ABOVE[dtype]} for {dtype}")  # fmt: skip
+                        t = time_fn(fn, q, k, v, **timing)
                         kern = compile_stats(fn, q, k, v).attention_kernel
                     except Exception as e:  # one variant failing (ours, say) leaves the others standing
                         out.append({**empty_record(_point(impl, shape, causal, dtype)), **failure_fields(e),

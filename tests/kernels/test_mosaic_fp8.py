@@ -92,8 +92,12 @@ def test_operand_key_order_permutes_within_16_key_groups_as_the_two_layouts_shar
     rng = np.random.default_rng(0)
     p, v = rng.random((8, 64)), rng.normal(size=(64, 32))
     np.testing.assert_allclose(p[:, order] @ v[order], p @ v, rtol=1e-12)
-    with pytest.raises(ValueError, match="multiple of 16"):
-        operand_key_order(40)
+    for bad in (40, 0, -16, True):
+        with pytest.raises(ValueError, match="positive multiple of 16"):
+            operand_key_order(bad)
+    # the wrapper permutes v as a swap of two axes (XLA fuses it); the same order as the gather
+    x = np.arange(3 * 64).reshape(3, 64)
+    np.testing.assert_array_equal(x.reshape(3, 4, 2, 4, 2).swapaxes(-3, -2).reshape(x.shape), x[:, order])
 
 
 def test_why_not_on_a_cpu_names_hopper():
@@ -140,3 +144,48 @@ def test_the_kernels_arithmetic_with_these_factors_is_attention():
     want = np.asarray(reference_attention(q[None, :, None], k[None, :, None], v[None, :, None]), np.float64)[0, :, 0]
     err = np.linalg.norm(out - want) / np.linalg.norm(want)
     assert err < 0.08, err
+
+
+def _element_positions(layout, shape):
+    """{(thread, register index, vector element): (row, column)} of a Mosaic GPU tiled layout, computed from its own
+    tiling (tile strides, warp and lane dimensions): an independent reading of where each element lives."""
+    from jax.experimental.mosaic.gpu import fragmented_array as fa
+
+    strides, tiled = layout.tiling.tile_strides((shape[1], 1)), layout.tiling.tile_shape(shape)
+    nd = len(tiled)
+    warp = [d % nd for d in layout.partitioned_warp_dims]
+    lanes = [d % nd for d in layout.lane_dims if not isinstance(d, fa.Replicated)]
+    vec = layout.vector_dim % nd
+    sizes = [tiled[d] for d in lanes]
+    lane_strides = np.cumprod([1, *sizes[::-1][:-1]])[::-1]
+    out = {}
+    for thread in range(128):
+        base = [0] * nd
+        base[warp[0]] = (thread // 32) % tiled[warp[0]]
+        for d, s, n in zip(lanes, lane_strides, sizes):
+            base[d] = (thread % 32 // s) % n
+        for reg in np.ndindex(layout.registers_shape(shape)):
+            for e in range(tiled[vec]):
+                at = [a + b for a, b in zip(base, reg)]
+                at[vec] = e
+                out[(thread, reg, e)] = divmod(sum(i * s for i, s in zip(at, strides)), shape[1])
+    return out
+
+
+def test_the_register_regrouping_puts_each_score_where_operand_key_order_says():
+    """p_via="registers", checked against Mosaic GPU's own layouts: every E4M3 element the 8-bit operand register
+    takes from an accumulator register (in ``operand_register_pairs``' order, two scores from each) holds the score
+    of the key that ``operand_key_order`` puts in that operand column, on the same row. A swapped order fails."""
+    from jax.experimental.mosaic.gpu import fragmented_array as fa
+
+    from attention_tutorial.kernels.mosaic_fp8 import operand_register_pairs
+
+    shape = (64, 128)
+    acc, operand = _element_positions(fa.WGMMA_LAYOUT, shape), _element_positions(fa.WGMMA_LAYOUT_8BIT, shape)
+    assert len(set(acc.values())) == len(set(operand.values())) == 64 * 128  # each a layout of the whole tile
+    order, pairs = operand_key_order(shape[1]), operand_register_pairs(shape)
+    wrong = 0
+    for (thread, reg, e), (row, col) in operand.items():
+        src_row, src_col = acc[(thread, pairs[reg][e // 2], e % 2)]
+        wrong += (src_row, src_col) != (row, order[col])
+    assert wrong == 0

@@ -77,3 +77,19 @@ def test_cudnn_fp8_records_guard_each_variant_apart(monkeypatch):
         assert got["mosaic"]["status"] == got["mosaic_fp8"]["status"] == "unsupported"
         assert "Hopper" in got["mosaic_fp8"]["reason"] and got["cudnn"]["status"] in ("unsupported", "error")
         assert all(r["experiment"] == "cudnn_fp8" and check_record(r) == [] for r in got.values())
+
+
+def test_a_wrong_answer_is_recorded_as_an_error_not_timed(monkeypatch):
+    """A kernel whose output is far from float32 (a mispaired p·v, say) must not enter the race as a result."""
+    if jax.default_backend() == "gpu":
+        pytest.skip("checks the bookkeeping with stand-ins on a CPU")
+    monkeypatch.setattr(fp8, "FP8_SHAPES", ((1, 128),))
+    monkeypatch.setattr(fp8, "OURS_WHY_NOT", {name: (lambda *a: None) for name in fp8.OURS_WHY_NOT})
+    monkeypatch.setattr(fp8, "mosaic_flash_attention", lambda q, k, v, is_causal: q)  # a wrong "kernel"
+    monkeypatch.setattr(fp8, "mosaic_fp8_attention", lambda q, k, v, is_causal, p_via="smem": v[:, ::-1] * 3)
+    timed = []
+    monkeypatch.setattr(fp8, "time_fn", lambda fn, *a, **k: timed.append(fn) or Timing(1.0, 1.0, 1.0, 1, 1, 0, 1))
+    recs = {r["impl"]: r for r in fp8.cudnn_fp8_records() if not r["causal"]}
+    for impl in ("mosaic", "mosaic_fp8", "mosaic_fp8_regs"):
+        assert recs[impl]["status"] == "error" and "wrong result: relative error" in recs[impl]["reason"]
+    assert not timed

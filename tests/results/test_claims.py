@@ -372,6 +372,9 @@ def test_a_twin_that_logged_fewer_steps_judges_no_run_and_words_do_not_crash():
     far = _steps("xla", base) + _steps("ours", [5.0, 9.0, 9.0, 9.0]) + [{**r, "step": r["step"] + 100} for r in
                                                                       _steps("xla_twin", base)]  # fmt: skip
     claims.loss_agreement_words(far, "bfloat16")  # shares no step with the twin: no TypeError
+    short = _steps("xla", base) + _steps("ours", [x + 0.01 for x in base]) + _steps("xla_twin", [5.0, 4.004])
+    words = claims.loss_agreement_words(short, "bfloat16")
+    assert "the twin did not log every step this run did" in words and "× the yardstick" not in words
 
 
 @pytest.mark.parametrize("bad", [float("nan"), -1.0, 0.0, "1.0"])
