@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What the project runs on the lent GPU machine (no network; see scripts/te-device.md and README).
 #   bash scripts/gpu.sh tests            GPU-marked tests (and TE ones, when TE is installed)
-#   bash scripts/gpu.sh tune KERNEL      tile sizes of our pallas or mosaic kernel against cuDNN
+#   bash scripts/gpu.sh tune KERNEL      tile sizes of our kernels against cuDNN (pallas, mosaic, pipe, fp8)
+#   bash scripts/gpu.sh issue17          issue 17's GPU tests, probe and FP8 tuning in one call (~6 min)
 #   bash scripts/gpu.sh record NAME...   the recorder for these grids and extras (record.EXTRAS: fp8, train, …),
 #                                        merging into /tmp/results
 #   bash scripts/gpu.sh notebook PAGE    one page converted to the reader's .ipynb and executed (carry .whl)
@@ -15,6 +16,14 @@ case "$step" in
     python3 -m pytest -q -m "gpu or te" -p no:cacheprovider tests 2>&1 | tail -25 ;;
   tune)
     python3 scripts/tune.py "$1" "$OUT/$1_tuning.json" 2>&1 | tail -40 ;;
+  issue17)
+    # the GPU tests of the pipelined, H = 256 and FP8 forwards (both p paths), the machine-code probe of the causal
+    # pipelined kernel (with and without masks) and of FP8 with p in registers, and the FP8 tiles: about 6 minutes
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -k "pipelined_and_h256 or fp8" \
+      tests/kernels/test_mosaic_flash.py tests/kernels/test_mosaic_fp8.py 2>&1 | tail -8
+    timeout 200 python3 scripts/gpu_issue17_probe.py "$OUT/issue17_probe.json" pipe:causal pipe_nowhere:causal fp8_regs \
+      2>&1 | tail -16
+    timeout 150 python3 scripts/tune.py fp8 "$OUT/fp8_tuning.json" 2>&1 | tail -14 ;;
   record)
     known=" $(python3 -c 'from attention_tutorial.results.record import EXTRAS; print(*EXTRAS)') "
     extras=(); grids=()
