@@ -162,7 +162,7 @@ def _kernel(q_ref, k_ref, v_ref, *refs, causal, cfg, stages, seq_kv, groups, sca
             plgpu.barrier_wait(v_ready.at[slot])
             plgpu.barrier_wait(schedule)  # the other warpgroup has issued its matmul: our turn
 
-            def pv(acc_ref):  # acc += p v, p straight from registers; meanwhile wait for the next k tile
+            def pv(acc_ref):  # acc += p v, p from registers (or shared memory, FP8); meanwhile wait for the next k
                 plgpu.wgmma(acc_ref, p16, v_smem.at[slot].transpose((1, 0)) if fp8 else v_smem.at[slot])
 
                 @pl.when(j + 1 < steps)
@@ -590,7 +590,7 @@ def mosaic_flash_attention(
     """Our Mosaic GPU FlashAttention: q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H), differentiable. Hopper only.
 
     float16 or bfloat16; H = 64 or 128 (or 256, forward only: :func:`default_config` then takes block_kv = 64); T a
-    multiple of 2·block_q (128), S a multiple of block_kv (128). Causal
+    multiple of 2·block_q (128), S a multiple of block_kv (128; 64 at H = 256). Causal
     masks align top-left, as everywhere on this site. ``return_lse=True`` returns ``(out, lse)`` with lse
     (B, N, T) float32, each row's natural log-sum-exp of the scaled scores (for context parallelism; differentiable).
 
@@ -809,7 +809,7 @@ def _problem_why_not(shape: AttentionShape, dtype, cfg: MosaicConfig) -> str | N
             f"at H={H}, block_kv={cfg.block_kv} and stages={cfg.stages} the forward's tiles need {need / 1024:.1f} "
             f"KiB of shared memory, more than the {(SMEM_BYTES - reserve) // 1024} KiB a Hopper CTA leaves for them: "
             f"pick a smaller block_kv or "
-            f"fewer stages (H=256 fits with config=MosaicConfig(block_kv=64, stages=2))."
+            f"fewer stages (H=256 fits with config=MosaicConfig(block_kv=64, stages=2), or pass no config)."
         )
     if (H > 128 or cfg.pipeline) and (regs := tile_registers(cfg, H)) > TILE_REGISTERS:
         return (

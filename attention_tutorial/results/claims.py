@@ -407,7 +407,7 @@ def device_speed_ratios(records, impl: str, base: str) -> dict[bool, tuple[float
             if r["causal"] in out:
                 raise ValueError(
                     f"device_speed_ratios: {impl} has two device-time points with causal={r['causal']}; "
-                    "pass the records of one shape only."
+                    "two recordings or two shapes; pass one recording of one shape."
                 )
             out[r["causal"]] = (o["device_ms"] / r["device_ms"], o["median_ms"] / r["median_ms"])
     return out
