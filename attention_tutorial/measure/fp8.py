@@ -25,13 +25,12 @@ from flax.core import meta
 from ..inputs import AttentionShape, make_qkv
 from ..kernels import mosaic_flash, mosaic_fp8
 from ..kernels.mosaic_flash import mosaic_flash_attention
-from ..kernels.mosaic_fp8 import mosaic_fp8_attention
+from ..kernels.mosaic_fp8 import E4M3_MAX, mosaic_fp8_attention, quantize_e4m3
 from .compiled import compile_stats
 from .flops import attention_flops, gemm_flops
 from .sweep import Point, empty_record, failure_fields, gemm_record, timed_record
 from .timing import time_fn
 
-E4M3_MAX = 448.0
 REF_MAX_T = 4096  # the float32 reference (its T × T scores) is computed up to this length
 WRONG_ABOVE = {"bfloat16": 0.02, "float8_e4m3fn": 0.1}  # relative errors past E4M3's (~0.06) or bf16's own rounding
 OURS_WHY_NOT = {"mosaic": mosaic_flash.why_not, "mosaic_fp8": mosaic_fp8.why_not, "mosaic_fp8_regs": mosaic_fp8.why_not}
@@ -50,20 +49,18 @@ def cudnn_fp8_attention(q, k, v, *, is_causal=False, scale_s: float = 1.0):
     from jax._src.cudnn import fused_attention_stablehlo as cudnn_attn  # private API: guarded by the caller
 
     H = q.shape[-1]
-    amax = [jnp.max(jnp.abs(x.astype(jnp.float32))) for x in (q, k, v)]
-    scales = [E4M3_MAX / jnp.maximum(a, 1e-12) for a in amax]  # per-tensor: the largest |x| maps to 448
-    q8, k8, v8 = ((x.astype(jnp.float32) * s).astype(jnp.float8_e4m3fn) for x, s in zip((q, k, v), scales))
+    (q8, dq), (k8, dk), (v8, dv) = (quantize_e4m3(x) for x in (q, k, v))  # the largest |x| maps to 448
     one = jnp.ones((1, 1, 1, 1), jnp.float32)
     params = {key: one for key in cudnn_attn.fp8_params_keys}
     params.update(
-        descale_q=one / scales[0], descale_k=one / scales[1], descale_v=one / scales[2],
-        scale_s=one * scale_s, descale_s=one / scale_s, scale_o=one * scales[2], descale_o=one / scales[2],
+        descale_q=one * dq, descale_k=one * dk, descale_v=one * dv,
+        scale_s=one * scale_s, descale_s=one / scale_s, scale_o=one / dv, descale_o=one * dv,
     )  # fmt: skip
     mask = cudnn_attn.MaskType.CAUSAL if is_causal else cudnn_attn.MaskType.NO_MASK
     out8, _, _ = cudnn_attn.dot_product_attention(
         q8, k8, v8, fp8_params=params, scale=1.0 / math.sqrt(H), mask_type=mask, use_fp8=True
     )
-    return (out8.astype(jnp.float32) / scales[2]).astype(jnp.bfloat16)  # O was stored as O · scale_o
+    return (out8.astype(jnp.float32) * dv).astype(jnp.bfloat16)  # O was stored as O · scale_o
 
 
 def _point(impl, shape: AttentionShape, causal, dtype) -> Point:
@@ -123,24 +120,25 @@ def cudnn_fp8_records(peak=None, **timing) -> list[dict]:
                              ("mosaic_fp8_regs", "float8_e4m3fn",  # p kept in registers (kernels/mosaic_fp8.py)
                               functools.partial(mosaic_fp8_attention, is_causal=causal, p_via="registers"),
                               {"scale_s": E4M3_MAX})]  # fmt: skip
-                for impl, dtype, fn, extra in variants:
-                    if impl in OURS_WHY_NOT and (why := OURS_WHY_NOT[impl](shape, jnp.bfloat16, causal)):
-                        out.append({**empty_record(_point(impl, shape, causal, dtype)), "status": "unsupported",
-                                    "reason": why, "experiment": "cudnn_fp8"})  # fmt: skip
-                        continue
-                    try:
-                        err = rel_error(jax.jit(fn)(q, k, v), ref) if ref is not None else None
-                        if err is not None and err > WRONG_ABOVE[dtype]:  # a wrong answer is not timed as a result
-                            raise ArithmeticError(f"wrong result: relative error {err:.3g} against float32, above "
-                                                  f"{WRONG_ABOVE[dtype]} for {dtype}")  # fmt: skip
-                        t = time_fn(fn, q, k, v, **timing)
-                        kern = compile_stats(fn, q, k, v).attention_kernel
-                    except Exception as e:  # one variant failing (ours, say) leaves the others standing
-                        out.append({**empty_record(_point(impl, shape, causal, dtype)), **failure_fields(e),
-                                    "experiment": "cudnn_fp8"})  # fmt: skip
-                        continue
-                    out.append(_record(impl, shape, causal, dtype, t, flops=flops, peak=peak,
-                                       rel_error=err, kernel=kern, experiment="cudnn_fp8", **extra))  # fmt: skip
+
+                def one(impl, dtype, fn, extra):
+                    err = rel_error(jax.jit(fn)(q, k, v), ref) if ref is not None else None
+                    if err is not None and err > WRONG_ABOVE[dtype]:  # a wrong answer is not timed as a result
+                        raise ArithmeticError(f"wrong result: relative error {err:.3g} against float32, above "
+                                              f"{WRONG_ABOVE[dtype]} for {dtype}")  # fmt: skip
+                    t = time_fn(fn, q, k, v, **timing)
+                    kern = compile_stats(fn, q, k, v).attention_kernel
+                    return [_record(impl, shape, causal, dtype, t, flops=flops, peak=peak,
+                                    rel_error=err, kernel=kern, experiment="cudnn_fp8", **extra)]  # fmt: skip
+
+                for impl, dtype, fn, extra in variants:  # each guarded apart: one failing leaves the others standing
+                    why = OURS_WHY_NOT[impl](shape, jnp.bfloat16, causal) if impl in OURS_WHY_NOT else None
+                    got = (
+                        _failed(impl, shape, causal, dtype, "unsupported", why)
+                        if why
+                        else _guarded(impl, shape, causal, dtype, functools.partial(one, impl, dtype, fn, extra))
+                    )
+                    out += [{**r, "experiment": "cudnn_fp8"} for r in got]
                 return out
 
             recs += _guarded("cudnn_fp8", shape, causal, "float8_e4m3fn", run)

@@ -265,6 +265,11 @@ def loss_noise(step_records) -> float | None:
     return _max_diff(by[plain[0]], by[plain[0] + TWIN])
 
 
+def _twin_covers(by, impl: str, first: str) -> bool:
+    """Whether ``first``'s twin logged every step that ``impl`` and ``first`` both logged (so it can judge them)."""
+    return set(by[impl]) & set(by[first]) <= set(by.get(first + TWIN, {}))
+
+
 def loss_agreement(step_records, dtype: str) -> dict[str, Claim]:
     """Per implementation after the first one in ``step_records`` (kind "step" records of one training run): its
     largest loss difference from the first one's at the same logged steps, judged against rounding.
@@ -287,10 +292,9 @@ def loss_agreement(step_records, dtype: str) -> dict[str, Claim]:
         diff = _max_diff(by[o], by[first])
         if diff is None:
             continue
-        twin = by.get(first + TWIN, {})
-        steps = set(by[o]) & set(by[first]) & set(twin)  # all three distances over the same logged steps
-        if noise is not None and steps == set(by[o]) & set(by[first]):
-            on = {s_: (by[o][s_], by[first][s_], twin[s_]) for s_ in steps}  # (run, first, twin) per step
+        if noise is not None and _twin_covers(by, o, first):  # all three distances over the same logged steps
+            twin = by[first + TWIN]
+            on = {s_: (by[o][s_], by[first][s_], twin[s_]) for s_ in set(by[o]) & set(by[first])}  # (run, first, twin)
             diff = min(max(abs(a - b) for a, b, _ in on.values()), max(abs(a - t) for a, _, t in on.values()))
             limit = max(TWIN_FACTOR * noise, loss_floor(step_records))
             word = "agree within rounding noise" if diff <= limit else "differ by more than rounding noise"
@@ -340,7 +344,7 @@ def loss_agreement_words(step_records, dtype: str) -> str:
             return "–" if d is None else f"{d:.2e}"
 
         def judged(impl, c):  # as loss_agreement judged it: by the twin where it logged the run's steps
-            if set(by[impl]) & set(by[first]) <= set(by.get(first + TWIN, {})):
+            if _twin_covers(by, impl, first):
                 return (f"- {impl} and {first} {c.word}: max |loss difference| over {n} logged steps = "
                         f"{dist(impl, first)} from {first}, {dist(impl, first + TWIN)} from its twin; the nearer is "
                         f"{c.value / c.high:.1f}× the yardstick")  # fmt: skip
