@@ -294,8 +294,8 @@ def _pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take
             plgpu.wgmma(s_ref, qo_smem, k_smem.at[slot(j + 1)].transpose((1, 0)))
             plgpu.wgmma(o_ref, p16, v_smem.at[slot(j)])
             take_turn()
-            # q·kᵀ done; p·v may still run. (The causal kernel still gets ptxas's C7513: waiting for p·v before
-            # the masked steps' softmax did not remove it, scripts/issue17_probe_fp8_h200.json; the cause is open.)
+            # q·kᵀ done; p·v may still run. (The causal kernel still gets ptxas's C7513, even with every mask
+            # dropped, scripts/issue17_probe_nomask_h200.json: the causal loop's shape, not the masking; cause open.)
             s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
             plgpu.barrier_arrive(k_free.at[slot(j + 1)])
             block = softmax(s, m, l, j + 1, masked)

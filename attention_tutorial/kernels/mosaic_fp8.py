@@ -8,10 +8,11 @@ What changes against the 16-bit forward, and why (Hopper's FP8 wgmma, FlashAtten
 * Hopper's FP8 wgmma reads both operands K-major. For q·kᵀ that is how q and k lie already; for p·v the contraction
   runs over the keys, so v is handed over transposed, (B, K, H, S) — fused into the quantising pass by XLA.
 * p (at most 1) is stored in E4M3 times ``p_scale`` (448 by default, the format's largest value, as cuDNN's
-  ``scale_s``), and p·v runs in FP8 too. Mosaic GPU has no relayout of registers into the 8-bit operand layout, so
-  ``p_via="smem"`` stores p to shared memory; ``p_via="registers"`` keeps it in registers instead, taking each
-  thread's four scores of a 16-key group *as they lie* as the operand's four, and permutes v's keys to match
-  (:func:`operand_key_order`, fused into the quantising pass). FlashAttention-3 permutes bytes in registers.
+  ``scale_s``), and p·v runs in FP8 too. Mosaic GPU has no relayout of registers into the 8-bit operand layout.
+  ``p_via="registers"`` (the default; the flash page times both ways) keeps p in registers anyway, taking each thread's
+  four scores of a 16-key group *as they lie* as the operand's four, and permutes v's keys to match
+  (:func:`operand_key_order`, fused into the quantising pass); ``p_via="smem"`` takes the plain way, storing p to
+  shared memory and reading it back as the operand. FlashAttention-3 permutes bytes in registers instead.
 * The output is bfloat16: ``acc · descale_v / p_scale / l``.
 
 Legend: B batch, T query length, S key length, N heads, K kv heads, H head dim.
@@ -143,15 +144,15 @@ def mosaic_fp8_attention(
     scale: float | None = None,
     p_scale: float = E4M3_MAX,
     config: MosaicConfig | None = None,
-    p_via: str = "smem",
+    p_via: str = "registers",
 ):
     """Our FP8 attention forward: q (B, T, N, H), k/v (B, S, K, H) in any float type -> bfloat16 (B, T, N, H).
 
     Quantises q, k, v per tensor to E4M3 (:func:`quantize_e4m3`; timed with the kernel, as
     :func:`attention_tutorial.measure.fp8.cudnn_fp8_attention` times cuDNN's), runs both matmuls in FP8 and
     returns bfloat16. Forward only, Hopper only, H = 128; causal masks align top-left. ``config``: the tiles
-    (block_kv a multiple of 128, stages; no pipeline). ``p_via``: "smem" (measured on the H200) or "registers"
-    (see the module docstring).
+    (block_kv a multiple of 128, stages; no pipeline). ``p_via``: "registers" (p stays in registers) or "smem"
+    (p goes through shared memory); see the module docstring, and the flash page for both measured on the H200.
     """
     B, T, S, N, K, H = attention_shape(q, k, v)
     cfg = config or MosaicConfig()
@@ -179,7 +180,7 @@ def _tile8():
     return (plgpu.TilingTransform((8, 128)), plgpu.SwizzleTransform(128))
 
 
-def _forward_fp8(q8, k8, vt8, factors, *, causal, cfg: MosaicConfig, p_scale: float, p_via: str = "smem"):
+def _forward_fp8(q8, k8, vt8, factors, *, causal, cfg: MosaicConfig, p_scale: float, p_via: str):
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
     from .mosaic_flash import _tile

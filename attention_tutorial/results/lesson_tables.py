@@ -3,6 +3,8 @@ and :func:`recorded_lesson` to read the ones the recorder kept."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..measure.lessons import INPUT_KINDS
 from ..registry import IMPLEMENTATIONS
 from . import store
@@ -206,6 +208,25 @@ def live_ratio_words(live, recorded, kv_heads: int = 1, what: str = "cuDNN", ski
     return text + "."
 
 
+def _claims_by_t(records, pool, want: dict, baseline: str, min_seq: int, by=()) -> dict[int, Claim]:
+    """{T: how the records matching ``want`` compare with ``baseline`` at T} (T >= ``min_seq``); every recording
+    of the point, of either side, in ``records`` or ``pool`` (each once), is pooled into its spread."""
+    from .claims import POINT_FIELDS
+
+    at_t: dict[int, list] = {}
+    for r in records:
+        if all(r.get(f) == v for f, v in want.items()) and r["seq_q"] >= min_seq:
+            at_t.setdefault(r["seq_q"], []).append(r)
+    got = {}
+    for t, mine in sorted(at_t.items()):
+        if differ := [f for f in POINT_FIELDS if len({r.get(f) for r in mine}) > 1]:
+            raise ValueError(f"race_rows: {want['impl']}'s records at T = {t} differ in {', '.join(differ)}; "
+                             f"add it to by= (now {tuple(by)}) or pass one kind only.")  # fmt: skip
+        if others := same_point(pool, mine[0], impl=baseline):
+            got[t] = compare(mine, others)  # several recordings of the point: pooled, as the baseline
+    return got
+
+
 def race_rows(
     records, everything, impls, *, baseline: str = "cudnn", min_seq: int = 4096, by=("head_dim",)
 ) -> list[dict]:
@@ -213,7 +234,7 @@ def race_rows(
     same points, T >= ``min_seq`` (the baseline's time over its own: 100 % = as fast), the range of the medians
     and of the spreads, and the verdict per T from the spreads. Every recording of the baseline at a point
     (``everything``: any grid, any run) widens its spread. Points the baseline did not run are left out."""
-    from .claims import POINT_FIELDS, words_by_x
+    from .claims import words_by_x
 
     if isinstance(impls, str):
         raise ValueError(f"race_rows takes a tuple of implementation names; got the string {impls!r}.")
@@ -224,17 +245,7 @@ def race_rows(
         for key in keys:
             for causal in (False, True):
                 want = dict(zip(by, key), impl=impl, causal=causal, status="ok")
-                at_t: dict[int, list] = {}
-                for r in records:
-                    if all(r.get(f) == v for f, v in want.items()) and r["seq_q"] >= min_seq:
-                        at_t.setdefault(r["seq_q"], []).append(r)
-                got = {}
-                for t, mine in sorted(at_t.items()):
-                    if differ := [f for f in POINT_FIELDS if len({r.get(f) for r in mine}) > 1]:
-                        raise ValueError(f"race_rows: {impl}'s records at T = {t} differ in {', '.join(differ)}; "
-                                         f"add it to by= (now {by}) or pass one kind only.")  # fmt: skip
-                    if others := same_point(pool, mine[0], impl=baseline):
-                        got[t] = compare(mine, others)  # several recordings of the point: pooled, as the baseline
+                got = _claims_by_t(records, pool, want, baseline, min_seq, by)
                 if not got:
                     continue
                 low, high = min(c.value for c in got.values()), max(c.value for c in got.values())
@@ -246,3 +257,110 @@ def race_rows(
                                                            100 * max(c.high for c in got.values()), ".0f", " %"),
                              "verdict": words_by_x(got)})  # fmt: skip
     return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class Goal:
+    """A speed goal: each of ``impls`` against ``baseline`` (same points, T >= ``min_seq``, fields ``where``) at
+    ``target`` or above (the baseline's time over ours), and, where both carry one, no larger error."""
+
+    what: str
+    impls: tuple[str, ...]
+    baseline: str
+    target: float
+    min_seq: int = 0
+    where: tuple[tuple[str, object], ...] = ()
+
+
+GOALS = (  # issue 17's goals (the bf16 ones at T >= 8k, as the issue states the first), each on its own grid
+    Goal(
+        "bf16, H = 128, T ≥ 8192",
+        ("mosaic", "mosaic_pipe"),
+        "cudnn",
+        1.05,
+        8192,
+        (("grid", "beyond"), ("head_dim", 128)),
+    ),
+    Goal(
+        "bf16, H = 256, T ≥ 8192",
+        ("mosaic", "mosaic_pipe"),
+        "cudnn",
+        1.00,
+        8192,
+        (("grid", "beyond"), ("head_dim", 256)),
+    ),
+    Goal("FP8, H = 128", ("mosaic_fp8_regs", "mosaic_fp8"), "cudnn_fp8_s448", 0.90, 0, (("grid", "fp8"),)),
+)
+
+
+def goal_rows(records, everything=(), goals=GOALS) -> list[dict]:
+    """One row per goal × implementation × mask: the speed reached against the goal's baseline (range of the
+    medians over T, and of the spreads), the errors against float32 where recorded (ours / the baseline's, the
+    largest of each), and whether the goal is met: every median at the target or above and no larger error."""
+    from .plotting import label
+
+    pool = list({id(r): r for r in [*everything, *records]}.values())
+    rows = []
+    for goal in goals:
+        for impl in goal.impls:
+            for causal in (False, True):
+                want = dict(goal.where, impl=impl, causal=causal, status="ok")
+                got = _claims_by_t(records, pool, want, goal.baseline, goal.min_seq, tuple(dict(goal.where)))
+                if not got:
+                    continue
+                mine = [r for r in records if all(r.get(f) == v for f, v in want.items()) and r["seq_q"] in got]
+                pairs = [(r["rel_error"], o["rel_error"]) for r in mine if r.get("rel_error") is not None
+                         for o in same_point(pool, r, impl=goal.baseline) if o.get("rel_error") is not None]  # fmt: skip
+                fast = min(c.value for c in got.values()) >= goal.target
+                accurate = all(a <= b for a, b in pairs)
+                rows.append({"goal": goal.what, "implementation": label(impl), "mask": "causal" if causal else "none",
+                             "against": label(goal.baseline), "target": f"≥ {100 * goal.target:.0f} %",
+                             "reached (medians)": fmt_range(100 * min(c.value for c in got.values()),
+                                                            100 * max(c.value for c in got.values()), ".0f", " %"),
+                             "from the spreads": fmt_range(100 * min(c.low for c in got.values()),
+                                                           100 * max(c.high for c in got.values()), ".0f", " %"),
+                             "error vs float32 (ours / theirs)": (f"{max(a for a, _ in pairs):.3f} / "
+                                                                  f"{max(b for _, b in pairs):.3f}" if pairs else "–"),
+                             "met": "yes" if fast and accurate else "no"})  # fmt: skip
+    return rows
+
+
+def goal_words(rows) -> str:
+    """One line per goal of :func:`goal_rows`: met or not, for each mask, with the implementation that came
+    closest (the highest lowest median over T) and its range."""
+    out = []
+    for what in dict.fromkeys(r["goal"] for r in rows):
+        mine = [r for r in rows if r["goal"] == what]
+        best = {}
+        for mask in dict.fromkeys(r["mask"] for r in mine):
+            at = [r for r in mine if r["mask"] == mask]
+            best[mask] = max(at, key=lambda r: (r["met"] == "yes", _low(r["reached (medians)"])))
+        met = [m for m, r in best.items() if r["met"] == "yes"]
+        verdict = ("met" if len(met) == len(best) else "not met" if not met
+                   else f"met only {' and '.join('with no mask' if m == 'none' else 'causal' for m in met)}")  # fmt: skip
+        by = "; ".join(f"{'no mask' if m == 'none' else m}: {r['implementation']}, {r['reached (medians)']} of the "
+                       f"speed of {r['against']}" for m, r in best.items())  # fmt: skip
+        out.append(
+            f"**{what}** (target {mine[0]['target']}): {verdict}. {'By' if len(met) == len(best) else 'Closest'}: {by}."
+        )
+    return "\n".join(f"- {line}" for line in out)
+
+
+def _low(text: str) -> float:
+    """The lower end of a range printed by :func:`fmt_range` ('97–101 %' -> 97)."""
+    return float(text.rstrip(" %×").split("–")[0])
+
+
+def serialised_words(code: dict) -> str:
+    """Which recorded kernels ``ptxas`` serialised (its C75xx warning on the warpgroup matmuls), from the recorder's
+    ``kernel_code`` entries ({"impl dtype[ causal]": {..., "wgmma_serialised": [...]}}); entries recorded before
+    the warning was kept say nothing either way and are left out."""
+    known = {key: rec["wgmma_serialised"] for key, rec in code.items() if "wgmma_serialised" in rec}
+    if not known:
+        return "No recorded kernel says whether `ptxas` serialised its warpgroup matmuls."
+    bad = [key for key, warn in known.items() if warn]
+    good = [key for key, warn in known.items() if not warn]
+    if not bad:
+        return f"`ptxas` serialised the warpgroup matmuls of none of the {len(good)} recorded kernels."
+    rest = f"; it did not in the other {len(good)} ({', '.join(good)})" if good else ""
+    return f"`ptxas` serialised the warpgroup matmuls of {', '.join(bad)}{rest}."

@@ -86,10 +86,13 @@ def test_a_wrong_answer_is_recorded_as_an_error_not_timed(monkeypatch):
     monkeypatch.setattr(fp8, "FP8_SHAPES", ((1, 128),))
     monkeypatch.setattr(fp8, "OURS_WHY_NOT", {name: (lambda *a: None) for name in fp8.OURS_WHY_NOT})
     monkeypatch.setattr(fp8, "mosaic_flash_attention", lambda q, k, v, is_causal: q)  # a wrong "kernel"
-    monkeypatch.setattr(fp8, "mosaic_fp8_attention", lambda q, k, v, is_causal, p_via="smem": v[:, ::-1] * 3)
+    ways = []  # each FP8 variant names its p path: the recorded name must keep meaning the same path
+    monkeypatch.setattr(
+        fp8, "mosaic_fp8_attention", lambda q, k, v, is_causal, p_via: ways.append(p_via) or v[:, ::-1] * 3
+    )
     timed = []
     monkeypatch.setattr(fp8, "time_fn", lambda fn, *a, **k: timed.append(fn) or Timing(1.0, 1.0, 1.0, 1, 1, 0, 1))
     recs = {r["impl"]: r for r in fp8.cudnn_fp8_records() if not r["causal"]}
     for impl in ("mosaic", "mosaic_fp8", "mosaic_fp8_regs"):
         assert recs[impl]["status"] == "error" and "wrong result: relative error" in recs[impl]["reason"]
-    assert not timed
+    assert not timed and ways[:2] == ["smem", "registers"]  # mosaic_fp8, then mosaic_fp8_regs

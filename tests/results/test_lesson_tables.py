@@ -186,3 +186,46 @@ def test_race_rows_judge_each_kernel_against_every_cudnn_recording_of_the_point(
         lt.race_rows([*beyond, f16], beyond, ("mosaic_pipe",))
     with pytest.raises(ValueError, match="tuple of implementation names"):
         lt.race_rows(beyond, beyond, "mosaic_pipe")
+
+
+def test_goal_rows_say_met_only_when_every_median_reaches_the_target_with_no_larger_error():
+    def r(impl, T, causal, ms, grid="fp8", err=None, dtype="float8_e4m3fn"):
+        return {"grid": grid, "impl": impl, "batch": 32768 // T, "seq_q": T, "seq_kv": T, "heads": 16,
+                "kv_heads": 16, "head_dim": 128, "dtype": dtype, "causal": causal, "pass": "fwd", "mask": None,
+                "status": "ok", "median_ms": ms, "p10_ms": 0.99 * ms, "p90_ms": 1.01 * ms, "rel_error": err}  # fmt: skip
+
+    fp8 = [r("cudnn_fp8_s448", 4096, False, 1.0, err=0.060), r("mosaic_fp8_regs", 4096, False, 1.0 / 0.95, err=0.050),
+           r("cudnn_fp8_s448", 8192, False, 4.0), r("mosaic_fp8_regs", 8192, False, 4.0 / 0.91),
+           r("cudnn_fp8_s448", 4096, True, 1.0, err=0.050), r("mosaic_fp8_regs", 4096, True, 1.0 / 1.2, err=0.055),
+           r("mosaic_fp8", 4096, True, 1.0 / 0.85, err=0.040)]  # fmt: skip
+    goal = (lt.Goal("FP8", ("mosaic_fp8_regs", "mosaic_fp8"), "cudnn_fp8_s448", 0.90, 0, (("grid", "fp8"),)),)
+    rows = {(r["implementation"], r["mask"]): r for r in lt.goal_rows(fp8, goals=goal)}
+    fast = rows["our Mosaic GPU kernel, FP8, p in registers", "none"]
+    assert fast["reached (medians)"] == "91–95 %" and fast["met"] == "yes"
+    assert fast["error vs float32 (ours / theirs)"] == "0.050 / 0.060" and fast["against"] == "cuDNN FP8 (P scale 448)"
+    # causal: 120 % of the speed, but a larger error than cuDNN FP8's at the same point -> not met
+    assert rows["our Mosaic GPU kernel, FP8, p in registers", "causal"]["met"] == "no"
+    slow = rows["our Mosaic GPU kernel, FP8, p via shared memory", "causal"]  # 85 %: below the target
+    assert slow["reached (medians)"] == "85 %" and slow["met"] == "no"
+    assert ("our Mosaic GPU kernel, FP8, p via shared memory", "none") not in rows  # never ran: no row
+    words = lt.goal_words(lt.goal_rows(fp8, goals=goal))
+    assert words.startswith("- **FP8** (target ≥ 90 %): met only with no mask. Closest: no mask: our Mosaic GPU")
+    assert "causal: our Mosaic GPU kernel, FP8, p in registers, 120 % of the speed of cuDNN FP8" in words
+    # the bf16 goals read the beyond grid only: the FP8 experiment's own bf16 points do not enter them
+    bf16 = [r("cudnn", 8192, False, 1.0, grid="beyond", dtype="bfloat16"),
+            r("mosaic", 8192, False, 0.9, grid="beyond", dtype="bfloat16"),
+            r("mosaic", 8192, False, 2.0, dtype="bfloat16"), r("cudnn", 8192, False, 1.0, dtype="bfloat16")]  # fmt: skip
+    (row,) = [x for x in lt.goal_rows(bf16) if x["mask"] == "none"]
+    assert row["goal"].startswith("bf16, H = 128") and row["reached (medians)"] == "111 %" and row["met"] == "yes"
+    assert "met. By: no mask" in lt.goal_words([row])
+
+
+def test_serialised_words_name_the_kernels_ptxas_serialised_and_skip_unknown_ones():
+    code = {"mosaic bfloat16": {"wgmma_serialised": []}, "mosaic_pipe bfloat16 causal": {"wgmma_serialised": ["C7513"]},
+            "pallas bfloat16": {"registers": []}}  # recorded before the warning was kept: says nothing  # fmt: skip
+    assert lt.serialised_words(code) == ("`ptxas` serialised the warpgroup matmuls of mosaic_pipe bfloat16 causal; "
+                                         "it did not in the other 1 (mosaic bfloat16).")  # fmt: skip
+    assert lt.serialised_words({"a": {"wgmma_serialised": []}}) == (
+        "`ptxas` serialised the warpgroup matmuls of none of the 1 recorded kernels."
+    )
+    assert lt.serialised_words({"pallas bfloat16": {}}).startswith("No recorded kernel says")
