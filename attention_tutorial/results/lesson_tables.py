@@ -235,6 +235,7 @@ def race_rows(
     and of the spreads, and the verdict per T from the spreads. Every recording of the baseline at a point
     (``everything``: any grid, any run) widens its spread. Points the baseline did not run are left out."""
     from .claims import words_by_x
+    from .plotting import label
 
     if isinstance(impls, str):
         raise ValueError(f"race_rows takes a tuple of implementation names; got the string {impls!r}.")
@@ -252,7 +253,7 @@ def race_rows(
                 rows.append({"implementation": IMPLEMENTATIONS[impl].label if impl in IMPLEMENTATIONS else impl,
                              **{("H" if f == "head_dim" else f): v for f, v in zip(by, key)},
                              "mask": "causal" if causal else "none",
-                             f"speed vs {baseline} (medians)": fmt_range(100 * low, 100 * high, ".0f", " %"),
+                             f"speed vs {label(baseline)} (medians)": fmt_range(100 * low, 100 * high, ".0f", " %"),
                              "from the spreads": fmt_range(100 * min(c.low for c in got.values()),
                                                            100 * max(c.high for c in got.values()), ".0f", " %"),
                              "verdict": words_by_x(got)})  # fmt: skip

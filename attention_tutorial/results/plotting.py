@@ -231,8 +231,12 @@ def size_text(nbytes) -> str:
 
 
 def _reason(text) -> str:
-    """A failure's reason for a table: XLA's allocator tags (``[tf-allocator-allocation-error='']``, …) left out."""
-    return re.sub(r"\s*\[[a-z_-]+='[^']*'\]", "", str(text)).strip()
+    """A failure's reason for a table: XLA's allocator tags (``[tf-allocator-allocation-error='']``, …) left out, an
+    allocator's out-of-memory report said in a few words, and the ``Unsupported:`` the status already says dropped."""
+    text = re.sub(r"\s*\[[a-z_-]+='[^']*'\]", "", str(text)).strip()
+    if oom := re.search(r"RESOURCE_EXHAUSTED: Out of memory while trying to allocate ([\d.]+) ?([KMGT]i?B)", text):
+        return f"out of memory ({oom[1]} {oom[2]} requested)"
+    return text.removeprefix("Unsupported: ")
 
 
 def cell(text) -> str:

@@ -173,7 +173,7 @@ def test_race_rows_judge_each_kernel_against_every_cudnn_recording_of_the_point(
         and row["implementation"] == "our Pallas kernel (Mosaic GPU), pipelined"
     )
     # T = 8192: cuDNN's median over its two recordings is 0.94 ms (104 % of ours) but its spread reaches 0.87 ms
-    assert row["speed vs cudnn (medians)"] == "100–104 %"  # 2.00 / 2.01 at T = 16384 prints as 100
+    assert row["speed vs cuDNN (medians)"] == "100–104 %"  # 2.00 / 2.01 at T = 16384 prints as 100
     assert row["verdict"] == "on par"  # 0.89–0.91 lies inside cuDNN's pooled 0.87–1.01; T = 2048 is below min_seq
     alone = lt.race_rows(beyond, beyond, ("mosaic_pipe",))[0]
     assert alone["verdict"] == "faster at T = 8192; on par at T = 16384"

@@ -164,7 +164,11 @@ def test_oom_reasons_lose_the_allocator_tags():
     rec = {"impl": "naive", "status": "oom", "reason": "JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while "
            "trying to allocate 64.00GiB. [tf-allocator-allocation-error=''] [executable_name='jit_forward']"}  # fmt: skip
     text = markdown_table([rec], ["impl", "reason"])
-    assert "allocate 64.00GiB. |" in text and "tf-allocator" not in text and "executable_name" not in text
+    assert "| out of memory (64.00 GiB requested) |" in text and "tf-allocator" not in text and "RESOURCE" not in text
+    other = {**rec, "reason": "JaxRuntimeError: INTERNAL: a different failure [executable_name='jit_forward']"}
+    assert "| JaxRuntimeError: INTERNAL: a different failure |" in markdown_table([other], ["impl", "reason"])
+    refused = {"impl": "cudnn", "status": "unsupported", "reason": "Unsupported: cuDNN attention cannot run this."}
+    assert "| cuDNN attention cannot run this. |" in markdown_table([refused], ["impl", "reason"])
 
 
 def test_series_that_overlap_on_the_plot_are_drawn_once_and_say_how_close():
