@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from ..inputs import AttentionShape, attention_shape, invalid_reason
 from .masks import check_mask_args
 
-INSTALL_HINT = "pip install 'attention-tutorial[te]' on a CUDA GPU builder (README: 'TransformerEngine')"
+INSTALL_HINT = "pip install 'attention-tutorial[te]' on a CUDA GPU builder; see the README's 'TransformerEngine'"
 
 
 def te_config(shape: AttentionShape, causal: bool) -> dict:

@@ -67,11 +67,13 @@ def impl_style(impl: str, fallback: int = 0) -> tuple[str, str]:
 
 
 def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title=None, logx=True, logy=False,
-                 hline=None, hline_label=None):  # fmt: skip
+                 hline=None, hline_label=None, overlap=None):  # fmt: skip
     """One line per distinct ``by`` tuple, ``y`` against ``x``, from ok records; p10–p90 as a band for ms plots.
 
     ``hline`` draws a ceiling (e.g. the measured peak). With more than six lines and a second ``by`` field, one
-    panel per value of that field. Returns the figure.
+    panel per value of that field. Series whose points agree within ``overlap`` (relative; default
+    :data:`OVERLAP`, meant for speed and memory plots) are drawn once under both names; ``overlap=0`` merges only
+    identical series (loss curves, whose small differences are the point). Returns the figure.
     """
     ok = [r for r in records if r.get("status") == "ok" and r.get(y) is not None]
     series: dict[tuple, list] = {}
@@ -89,7 +91,8 @@ def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title
     firsts = list(dict.fromkeys(key[0] for key in series))
     for rs in series.values():
         rs.sort(key=lambda r: r[x])
-    same = _identical_series(series, x, y, split)
+    tol = OVERLAP if overlap is None else overlap
+    same = _identical_series(series, x, y, split, tol)
     for key, rs in series.items():
         if key in same and same[key] is None:
             continue  # drawn as part of an identical series, under a joint name
@@ -106,7 +109,7 @@ def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title
             others = [", ".join(label(k) if b == "impl" else _fmt_key(b, k) for b, k in list(zip(by, o))[:shown])
                       for o in same[key]]  # fmt: skip
             exact = all([(r[x], r[y]) for r in series[o]] == [(r[x], r[y]) for r in rs] for o in same[key])
-            name = " = ".join([name, *others]) + (" (identical)" if exact else f" (within {100 * OVERLAP:g} %)")
+            name = " = ".join([name, *others]) + (" (identical)" if exact else f" (within {100 * tol:g} %)")
         style = "-" if split else LINESTYLES[j % len(LINESTYLES)]
         if split:
             target.set_title(", ".join(_fmt_key(b, k) for b, k in zip(by[1:], key[1:])), fontsize=10)
@@ -135,15 +138,15 @@ def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title
 OVERLAP = 0.005  # series within this relative difference at every x overlap on a plot: drawn once, both named
 
 
-def _overlapping(pa, pb) -> bool:
+def _overlapping(pa, pb, tol) -> bool:
     return [p[0] for p in pa] == [p[0] for p in pb] and all(
-        abs(ya - yb) <= OVERLAP * max(abs(ya), abs(yb)) for (_, ya), (_, yb) in zip(pa, pb)
+        abs(ya - yb) <= tol * max(abs(ya), abs(yb)) for (_, ya), (_, yb) in zip(pa, pb)
     )
 
 
-def _identical_series(series, x, y, split) -> dict:
+def _identical_series(series, x, y, split, tol) -> dict:
     """{first key: [later keys with its points], later key: None} for series drawn on one axes whose (x, y) points
-    agree within :data:`OVERLAP` — drawn once, or the later line would hide the first and its legend entry lie."""
+    agree within ``tol`` (relative) — drawn once, or the later line would hide the first and its legend entry lie."""
     out: dict = {}
     keys = list(series)
     for i, a in enumerate(keys):
@@ -151,7 +154,8 @@ def _identical_series(series, x, y, split) -> dict:
             continue
         pa = [(r[x], r[y]) for r in series[a]]
         for b in keys[i + 1 :]:
-            if b not in out and (not split or a[1:] == b[1:]) and _overlapping(pa, [(r[x], r[y]) for r in series[b]]):
+            pb = [(r[x], r[y]) for r in series[b]]
+            if b not in out and (not split or a[1:] == b[1:]) and _overlapping(pa, pb, tol):
                 out.setdefault(a, []).append(b)
                 out[b] = None
     return out
@@ -214,7 +218,7 @@ COLUMNS = {
     "custom_calls": ("custom calls in the compiled program", str),
     "local": ("local step", lambda v: {"mosaic": "our Mosaic GPU kernel", "blockwise": "blockwise JAX"}.get(v, v)),
     "vs_local": ("time / local step's", lambda v: f"{v:.3g}"),
-    "reason": ("why not", lambda r: _reason(r)),
+    "reason": ("why not", lambda r: reason_text(r)),
     "backend": ("backend chosen", str),
     "rel_error": ("relative error vs float32", lambda v: f"{v:.3g}"),
     "max_abs_diff_vs_bf16": ("max abs. difference from bf16", lambda v: f"{v:.3g}"),
@@ -230,7 +234,7 @@ def size_text(nbytes) -> str:
     return f"{nbytes:.0f} B"
 
 
-def _reason(text) -> str:
+def reason_text(text) -> str:
     """A failure's reason for a table: XLA's allocator tags (``[tf-allocator-allocation-error='']``, …) left out, an
     allocator's out-of-memory report said in a few words, and the ``Unsupported:`` the status already says dropped."""
     text = re.sub(r"\s*\[[a-z_-]+='[^']*'\]", "", str(text)).strip()
