@@ -309,13 +309,14 @@ def loss_motion(step_records, impl: str) -> float | None:
     the yardstick a loss difference between implementations is read against."""
     losses = [r["loss"] for r in sorted((r for r in step_records if r["impl"] == impl), key=lambda r: r["step"])]
     half = losses[len(losses) // 2 :]
-    moves = sorted(abs(b - a) for a, b in itertools.pairwise(half))
-    return moves[len(moves) // 2] if moves else None
+    moves = [abs(b - a) for a, b in itertools.pairwise(half)]
+    return statistics.median(moves) if moves else None
 
 
 def loss_agreement_words(step_records, dtype: str) -> str:
     """Markdown lines: each implementation's largest loss difference from the first one, in words, with the
-    yardstick it was judged against, and :func:`loss_motion` for scale."""
+    yardstick it was judged against, :func:`loss_motion` for scale, and :func:`coarse_yardstick_words`' caveat when
+    that yardstick is too coarse for the loss's own movement."""
     claims = loss_agreement(step_records, dtype)
     if not claims:
         return "*(only one implementation trained)*"
@@ -333,8 +334,8 @@ def loss_agreement_words(step_records, dtype: str) -> str:
                   for impl, c in claims.items()]  # fmt: skip
     elif noise is not None:
         lines = [f"- the yardstick: {first} trained again from weights nudged by one {dtype} rounding step differs "
-                 f"from itself by up to {noise:.2e}; a run whose distance to the nearer of the two curves is "
-                 + ("no larger than that" if TWIN_FACTOR == 1 else f"up to {TWIN_FACTOR:g}× that ({TWIN_FACTOR * noise:.2e})")
+                 f"from {first}'s own curve by up to {noise:.2e}; a run whose distance to the nearer of the two "
+                 "curves is " + ("no larger than that" if TWIN_FACTOR == 1 else f"up to {TWIN_FACTOR:g}× that ({TWIN_FACTOR * noise:.2e})")
                  + (at_least if floor > TWIN_FACTOR * noise else "") + f" counts as rounding noise (so up to twice "
                  f"that from {first} itself)"]  # fmt: skip
         by = _losses(step_records)
@@ -362,7 +363,32 @@ def loss_agreement_words(step_records, dtype: str) -> str:
     if motion is not None:
         lines.append(f"- for scale: {first}'s loss moves by a median {motion:.2e} from one logged step to the next "
                      "(different batches) over the second half of training")  # fmt: skip
+        caveat = coarse_yardstick_words(step_records)
+        if caveat:
+            lines.append(caveat)
     return "\n".join(lines)
+
+
+COARSE = 0.5  # a twin yardstick at least this fraction of the loss's step-to-step movement is too coarse to tell
+# small differences apart (a kernel off by half a step's movement would still pass)
+
+
+def coarse_yardstick_words(step_records) -> str:
+    """A caveat when the twin yardstick of :func:`loss_agreement` (the limit it judges by) is at least :data:`COARSE`
+    times the first implementation's :func:`loss_motion`; "" otherwise (or without a twin that moved)."""
+    noise = loss_noise(step_records)
+    plain = [i for i in _losses(step_records) if not i.endswith(TWIN)]
+    motion = loss_motion(step_records, plain[0]) if plain else None
+    if not noise or not motion:
+        return ""
+    limit = max(TWIN_FACTOR * noise, loss_floor(step_records))
+    if limit < COARSE * motion:
+        return ""
+    return (f"- caveat: that yardstick ({limit:.2e}) is {limit / motion:.1f}× {plain[0]}'s own step-to-step "
+            f"movement ({COARSE:g}× or more is too coarse), so a curve that far from both "
+            f"{plain[0]}'s and the twin's would still pass: this run is too short or too noisy to tell small "
+            "differences apart, and a run whose twin stays well within the loss's step-to-step movement is the "
+            "finer test")  # fmt: skip
 
 
 def time_change(first, last, var: str = "x") -> str:

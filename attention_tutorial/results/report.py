@@ -13,9 +13,10 @@ import matplotlib.pyplot as plt
 from ..env import environment
 from ..measure.grids import points
 from ..measure.sweep import run_sweep
+from ..train import TWIN
 from . import store
 from .claims import POINT_FIELDS, same_point
-from .plotting import markdown_table, plot_records
+from .plotting import label, markdown_table, plot_records
 
 REFERENCE_GPU = "nvidia-h200"
 
@@ -204,6 +205,28 @@ def train_rows(summaries, *, peak: bool = True) -> list[dict]:
         if not peak:
             del rows[-1]["peak memory (MiB)"]
     return rows
+
+
+def twin_time_words(summaries) -> str:
+    """How far the first implementation and its twin (the same program, weights nudged by one rounding) differ in
+    median step time, and what that leaves the table of ``summaries`` able to rank; "" without both runs ok."""
+    ok = {s["impl"]: s["median_ms"] for s in summaries if s["status"] == "ok" and s.get("median_ms")}
+    first = next((s["impl"] for s in summaries if not s["impl"].endswith(TWIN)), None)
+    if first not in ok or first + TWIN not in ok:
+        return ""
+    a, b = ok[first], ok[first + TWIN]
+    ratio = max(a, b) / min(a, b)
+    words = (f"{label(first)} and its twin run the same program, yet their median step times differ ×{ratio:.2f} "
+             f"({a:.4g} and {b:.4g} ms): step times (and tokens/s) of this run move that much by themselves.")  # fmt: skip
+    times = [t for i, t in ok.items() if not i.endswith(TWIN)]
+    if len(times) < 2:
+        return words
+    span = max(times) / min(times)
+    if span <= ratio:
+        return words + (f" Every implementation here lies within that (×{span:.2f} from the fastest to the slowest): "
+                        "this table does not rank them.")  # fmt: skip
+    return words + (f" The implementations here span ×{span:.2f}; a gap narrower than ×{ratio:.2f} between two of them "
+                    "ranks nothing.")  # fmt: skip
 
 
 def _show(records, columns, plot, title):

@@ -180,3 +180,16 @@ def test_series_that_overlap_on_the_plot_are_drawn_once_and_say_how_close():
     fig = plot_records(xla + naive + apart, y="temp_bytes")
     names = fig.axes[0].get_legend_handles_labels()[1]
     assert names == ["XLA = naive (from scratch) (within 0.5 %)", "blockwise JAX (online softmax)"]
+
+
+def test_loss_curves_turn_the_near_merge_off_but_still_join_identical_ones():
+    """Training loss curves 0.1 % apart are the point of the plot: with overlap=0 each keeps its line; an identical
+    pair is still drawn once under both names."""
+    xla = [{"impl": "xla", "step": s, "status": "ok", "loss": x} for s, x in enumerate((5.0, 4.0, 3.5))]
+    near = [{**r, "impl": "pallas", "loss": r["loss"] * 1.001} for r in xla]  # 0.1 %: merged on a speed plot
+    same = [{**r, "impl": "cudnn"} for r in xla]
+    merged = plot_records(xla + near, x="step", y="loss", logx=False).axes[0]
+    assert merged.get_legend_handles_labels()[1] == ["XLA = our Pallas kernel (Triton) (within 0.5 %)"]
+    ax = plot_records(xla + near + same, x="step", y="loss", logx=False, overlap=0).axes[0]
+    names = ax.get_legend_handles_labels()[1]
+    assert names == ["XLA = cuDNN (identical)", "our Pallas kernel (Triton)"] and len(ax.lines) == 2

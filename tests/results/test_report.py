@@ -104,6 +104,26 @@ def test_train_rows_format_ok_and_failed_runs():
     assert all("peak memory (MiB)" not in r for r in shared) and shared[0]["final loss"] == "2.444"
 
 
+def _summary(impl, ms, status="ok"):
+    return {"impl": impl, "status": status, "median_ms": ms if status == "ok" else None}
+
+
+def test_twin_time_words_say_what_the_same_program_leaves_to_rank():
+    """The live H200 build: XLA 7.224 ms and its twin 6.641 ms (the same program, ×1.088) against kernels at
+    6.546–7.315 ms (×1.117 from the fastest to the slowest)."""
+    runs = [_summary("xla", 7.224), _summary("cudnn", 6.546), _summary("mosaic", 7.315), _summary("xla_twin", 6.641)]
+    words = report.twin_time_words(runs)
+    assert words.startswith("XLA and its twin run the same program, yet their median step times differ ×1.09 "
+                            "(7.224 and 6.641 ms)")  # fmt: skip
+    assert words.endswith("The implementations here span ×1.12; a gap narrower than ×1.09 between two of them "
+                          "ranks nothing.")  # fmt: skip
+    close = [*runs[:1], _summary("cudnn", 7.0), runs[3]]  # 7.224 / 7.0 = ×1.03, within ×1.09
+    assert report.twin_time_words(close).endswith("within that (×1.03 from the fastest to the slowest): this table "
+                                                  "does not rank them.")  # fmt: skip
+    assert report.twin_time_words(runs[:3]) == ""  # no twin
+    assert report.twin_time_words([*runs[:3], _summary("xla_twin", None, "error")]) == ""  # the twin failed
+
+
 def _profiled(impl, causal, kernel_us, extra_us, median_ms, p10_ms, p90_ms, name="fmha_kernel_" + "x" * 120):
     kernels = [{"name": name, "us": kernel_us, "count": 1.0, "kind": "kernel"},
                {"name": "Memset 3", "us": extra_us, "count": 1.0, "kind": "memset"}]  # fmt: skip
