@@ -34,7 +34,7 @@ from .timing import time_fn
 REF_MAX_T = 4096  # the float32 reference (its T × T scores) is computed up to this length
 WRONG_ABOVE = {"bfloat16": 0.02, "float8_e4m3fn": 0.1}  # relative errors past E4M3's (~0.06) or bf16's own rounding
 OURS_WHY_NOT = {"mosaic": mosaic_flash.why_not, "mosaic_fp8": mosaic_fp8.why_not, "mosaic_fp8_regs": mosaic_fp8.why_not}
-FP8_SHAPES = ((8, 4096), (4, 8192), (2, 16384))  # (B, T): 32k tokens each, N=16, H=128
+FP8_SHAPES = ((8, 4096), (4, 8192), (2, 16384), (1, 32768), (1, 65536))  # (B, T), N=16, H=128: 32k tokens, 64k last
 DENSE_SHAPE = (8, 4096, 4096, 4096)  # TE DenseGeneral: x (8, 4096 tokens, 4096 in) -> 4096 out
 
 
