@@ -8,6 +8,10 @@ pipelined step, measured in scripts/issue17_probe_h200.json as "pipe_rs", gained
 pipe_nowhere: the pipelined forward with every mask dropped (jnp.where returns the scores; wrong numbers, reported
 as such): whether the causal kernel's C7513 comes from the mask's code. (pipe_onemask, one loop masking every block,
 was measured slower in scripts/issue17_probe_onemask_h200.json and dropped.)
+pipe_dyn: the unmasked pipelined forward with its loop bound made dynamic (the same value, which the compiler cannot
+see: min(steps, row0 + steps)), as every causal kernel's bound is: whether a dynamic trip count alone brings C7513
+(the causal kernel keeps it with one loop, scripts/issue17_probe_onemask_h200.json, and with no mask at all,
+scripts/issue17_probe_nomask_h200.json; the dynamic bound is what every causal variant still shares).
 fp8: our FP8 forward (kernels/mosaic_fp8.py) against cuDNN's FP8 (P scale 448), with each one's relative error
 against float32 ("highest" precision); fp8_regs the same with p kept in registers (p_via="registers").
 Usage: python3 scripts/gpu_issue17_probe.py OUT_JSON [variant[:causal|:noncausal] ...]
@@ -22,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-VARIANTS = ["plain", "pipe", "plain_r240", "pipe_r240", "pipe_nowhere", "fp8", "fp8_regs"]
+VARIANTS = ["plain", "pipe", "plain_r240", "pipe_r240", "pipe_nowhere", "pipe_dyn", "fp8", "fp8_regs"]
 
 
 def patch(variant):
@@ -36,6 +40,14 @@ def patch(variant):
         real = mosaic_flash.jnp
         names = {n: getattr(real, n) for n in dir(real) if not n.startswith("__")}
         mosaic_flash.jnp = types.SimpleNamespace(**{**names, "where": lambda cond, x, y: x})
+
+    if "dyn" in variant:  # diagnostic, right numbers: the loop bound as a value the compiler cannot fold
+        real_steps = mosaic_flash._pipelined_steps
+
+        def dynamic(*args, row0, steps, **kwargs):
+            return real_steps(*args, row0=row0, steps=mosaic_flash.jnp.minimum(steps, row0 + steps), **kwargs)
+
+        mosaic_flash._pipelined_steps = dynamic
 
     if "r240" in variant:
         orig = plgpu.set_max_registers
