@@ -375,20 +375,25 @@ COARSE = 0.5  # a twin yardstick at least this fraction of the loss's step-to-st
 
 def coarse_yardstick_words(step_records) -> str:
     """A caveat when the twin yardstick of :func:`loss_agreement` (the limit it judges by) is at least :data:`COARSE`
-    times the first implementation's :func:`loss_motion`; "" otherwise (or without a twin that moved)."""
+    times the first implementation's :func:`loss_motion` (a loss that does not move at all included); "" otherwise
+    (or without a twin that moved)."""
     noise = loss_noise(step_records)
     plain = [i for i in _losses(step_records) if not i.endswith(TWIN)]
     motion = loss_motion(step_records, plain[0]) if plain else None
-    if not noise or not motion:
+    if not noise or motion is None:
         return ""
     limit = max(TWIN_FACTOR * noise, loss_floor(step_records))
     if limit < COARSE * motion:
         return ""
-    return (f"- caveat: that yardstick ({limit:.2e}) is {limit / motion:.1f}× {plain[0]}'s own step-to-step "
-            f"movement ({COARSE:g}× or more is too coarse), so a curve that far from both "
-            f"{plain[0]}'s and the twin's would still pass: this run is too short or too noisy to tell small "
-            "differences apart, and a run whose twin stays well within the loss's step-to-step movement is the "
-            "finer test")  # fmt: skip
+    if motion:
+        how = f"is {limit / motion:.1f}× {plain[0]}'s own step-to-step movement"
+        why = "this run is too short or too noisy to tell small differences apart"
+    else:  # the coarsest case: a loss that (in the median) does not move at all between logged steps
+        how = f"exceeds {plain[0]}'s own step-to-step movement, a median of 0"
+        why = "a loss that mostly stays put from one logged step to the next cannot tell small differences apart"
+    return (f"- caveat: that yardstick ({limit:.2e}) {how} ({COARSE:g}× or more is too coarse), so a curve that far "
+            f"from both {plain[0]}'s and the twin's would still pass: {why}, and a run whose twin stays well within "
+            "the loss's step-to-step movement is the finer test")  # fmt: skip
 
 
 def time_change(first, last, var: str = "x") -> str:

@@ -7,6 +7,8 @@ hardware, versions and date it came from. No number is typed into a page.
 
 from __future__ import annotations
 
+import statistics
+
 import jax
 import matplotlib.pyplot as plt
 
@@ -207,26 +209,71 @@ def train_rows(summaries, *, peak: bool = True) -> list[dict]:
     return rows
 
 
+def _apart(x: float, y: float, decimals: int = 2, most: int = 6) -> tuple[str, str]:
+    """``x`` and ``y`` with ``decimals`` decimals, or more (up to ``most``) where those would print the same."""
+    for d in range(decimals, most + 1):
+        fx, fy = f"{x:.{d}f}", f"{y:.{d}f}"
+        if fx != fy:
+            return fx, fy
+    return f"{x:.{decimals}f}", f"{y:.{decimals}f}"
+
+
+def _apart_ms(a: float, b: float) -> tuple[str, str]:
+    """Milliseconds ``a`` and ``b`` to 4 significant digits, or more (up to 9) where those would print the same."""
+    for g in range(4, 10):
+        fa, fb = f"{a:.{g}g}", f"{b:.{g}g}"
+        if fa != fb:
+            return fa, fb
+    return f"{a:.4g}", f"{b:.4g}"
+
+
 def twin_time_words(summaries) -> str:
     """How far the first implementation and its twin (the same program, weights nudged by one rounding) differ in
-    median step time, and what that leaves the table of ``summaries`` able to rank; "" without both runs ok."""
+    median step time (one pair of runs), and what that leaves the table of ``summaries`` able to rank among the
+    implementations that ran; "" without both runs ok."""
     ok = {s["impl"]: s["median_ms"] for s in summaries if s["status"] == "ok" and s.get("median_ms")}
     first = next((s["impl"] for s in summaries if not s["impl"].endswith(TWIN)), None)
     if first not in ok or first + TWIN not in ok:
         return ""
     a, b = ok[first], ok[first + TWIN]
     ratio = max(a, b) / min(a, b)
-    words = (f"{label(first)} and its twin run the same program, yet their median step times differ ×{ratio:.2f} "
-             f"({a:.4g} and {b:.4g} ms): step times (and tokens/s) of this run move that much by themselves.")  # fmt: skip
     times = [t for i, t in ok.items() if not i.endswith(TWIN)]
+    span = max(times) / min(times)
+    ms_a, ms_b = _apart_ms(a, b)
+    r_text, s_text = _apart(ratio, span) if len(times) > 1 else (f"{ratio:.2f}", "")
+    if ratio < 1.005:  # ×1.00 would read as no difference at all
+        differ = "and their median step times differ by less than 1 %"
+        r_text = max(r_text, _apart(ratio, 1.0)[0], key=len)  # apart from ×1.00 too
+    else:
+        differ = f"yet their median step times differ ×{r_text}"
+    words = (f"{label(first)} and its twin run the same program, {differ} ({ms_a} and {ms_b} ms): one pair of runs, "
+             "one sample of how much step times (and tokens/s) of this run move by themselves.")  # fmt: skip
     if len(times) < 2:
         return words
-    span = max(times) / min(times)
     if span <= ratio:
-        return words + (f" Every implementation here lies within that (×{span:.2f} from the fastest to the slowest): "
+        gap = "less than 1 %" if span < 1.005 else f"×{s_text}"
+        return words + (f" Every implementation that ran lies within that ({gap} from the fastest to the slowest): "
                         "this table does not rank them.")  # fmt: skip
-    return words + (f" The implementations here span ×{span:.2f}; a gap narrower than ×{ratio:.2f} between two of them "
-                    "ranks nothing.")  # fmt: skip
+    if float(r_text) == 1.0:  # the twins' medians are equal: no gap to name
+        return words + f" The implementations that ran span ×{s_text}."
+    return words + (f" The implementations that ran span ×{s_text}; a gap narrower than ×{r_text} between two of "
+                    "them ranks nothing.")  # fmt: skip
+
+
+def read_ceiling(records, provenance) -> tuple[float | None, str]:
+    """(GB/s, where measured) of the read ceiling that ``records``' ``pct_read`` was computed against: the median
+    of gbps · 100 / pct_read over them; without pct_read, ``provenance``'s read_gbps (the latest recording run's);
+    (None, "") without either."""
+    ceilings = sorted(r["gbps"] * 100 / r["pct_read"] for r in records if r.get("pct_read") and r.get("gbps"))
+    if ceilings:
+        grid = {r.get("grid") for r in records if r.get("pct_read")}
+        whose = f"the {grid.pop()} grid's" if len(grid) == 1 and None not in grid else "these records'"
+        agree = ceilings[-1] / ceilings[0] <= 1.001  # one recording run gives one ceiling (up to rounding)
+        where = f"{whose} recording run" if agree else f"{whose} recording runs (their median)"
+        return statistics.median(ceilings), where
+    if provenance and provenance.get("read_gbps"):
+        return provenance["read_gbps"], "the latest recording run"
+    return None, ""
 
 
 def _show(records, columns, plot, title):

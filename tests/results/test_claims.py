@@ -403,3 +403,19 @@ def test_a_yardstick_as_wide_as_the_loss_movement_gets_a_caveat():
     calm = _steps("xla", base) + _steps("xla_twin", [5.0, 4.0, 3.5, 3.12, 3.2, 2.9]) + recs[12:]  # 0.12 = 0.48×
     assert claims.coarse_yardstick_words(calm) == "" and "caveat" not in claims.loss_agreement_words(calm, "bfloat16")
     assert claims.coarse_yardstick_words(_steps("xla", base) + recs[12:]) == ""  # no twin: no twin yardstick
+
+
+def test_a_loss_that_does_not_move_gets_the_caveat_too():
+    """The coarsest case: the reference's loss stays put over the second half (median move 0) while its twin differs
+    by 0.05; any yardstick is infinitely many times that movement."""
+    flat = [5.0, 4.0, 3.0, 3.0, 3.0, 3.0]
+    twin = [5.0, 4.0, 3.05, 3.0, 3.0, 3.0]
+    recs = _steps("xla", flat) + _steps("xla_twin", twin) + _steps("ours", [x + 0.01 for x in flat])
+    assert claims.loss_motion(recs, "xla") == 0
+    words = claims.coarse_yardstick_words(recs)
+    assert words.startswith("- caveat: that yardstick (5.00e-02) exceeds xla's own step-to-step movement, a median "
+                            "of 0 (0.5× or more is too coarse)")  # fmt: skip
+    assert "cannot tell small differences apart" in words and "×" not in words.split("(0.5×")[0]
+    assert claims.loss_agreement_words(recs, "bfloat16").splitlines()[-1] == words
+    still = _steps("xla", flat) + _steps("xla_twin", flat) + recs[12:]  # the twin did not move either: no yardstick
+    assert claims.coarse_yardstick_words(still) == ""

@@ -114,14 +114,59 @@ def test_twin_time_words_say_what_the_same_program_leaves_to_rank():
     runs = [_summary("xla", 7.224), _summary("cudnn", 6.546), _summary("mosaic", 7.315), _summary("xla_twin", 6.641)]
     words = report.twin_time_words(runs)
     assert words.startswith("XLA and its twin run the same program, yet their median step times differ ×1.09 "
-                            "(7.224 and 6.641 ms)")  # fmt: skip
-    assert words.endswith("The implementations here span ×1.12; a gap narrower than ×1.09 between two of them "
+                            "(7.224 and 6.641 ms): one pair of runs, one sample of")  # fmt: skip
+    assert words.endswith("The implementations that ran span ×1.12; a gap narrower than ×1.09 between two of them "
                           "ranks nothing.")  # fmt: skip
     close = [*runs[:1], _summary("cudnn", 7.0), runs[3]]  # 7.224 / 7.0 = ×1.03, within ×1.09
-    assert report.twin_time_words(close).endswith("within that (×1.03 from the fastest to the slowest): this table "
-                                                  "does not rank them.")  # fmt: skip
+    assert report.twin_time_words(close).endswith("Every implementation that ran lies within that (×1.03 from the "
+                                                  "fastest to the slowest): this table does not rank them.")  # fmt: skip
     assert report.twin_time_words(runs[:3]) == ""  # no twin
     assert report.twin_time_words([*runs[:3], _summary("xla_twin", None, "error")]) == ""  # the twin failed
+
+
+def test_twin_time_words_leave_out_failed_runs():
+    """A failed run has no time: 'every implementation that ran' spans only the ok ones (7.0–7.1 ms)."""
+    runs = [_summary("xla", 7.0), _summary("cudnn", 7.1), _summary("mosaic", None, "error"), _summary("xla_twin", 7.7)]
+    words = report.twin_time_words(runs)
+    assert words.endswith("Every implementation that ran lies within that (×1.01 from the fastest to the slowest): "
+                          "this table does not rank them.")  # fmt: skip
+
+
+def test_twin_time_words_say_less_than_one_percent_rather_than_x1_00():
+    """7.0 against 7.02 ms is ×1.0029: '×1.00' would read as no difference; the gap below names ×1.003."""
+    runs = [_summary("xla", 7.0), _summary("cudnn", 7.5), _summary("xla_twin", 7.02)]
+    words = report.twin_time_words(runs)
+    assert "and their median step times differ by less than 1 % (7 and 7.02 ms)" in words and "×1.00 " not in words
+    assert words.endswith("span ×1.07; a gap narrower than ×1.003 between two of them ranks nothing.")
+    same = [_summary("xla", 7.0), _summary("cudnn", 7.5), _summary("xla_twin", 7.0)]  # equal medians: no gap to name
+    assert report.twin_time_words(same).endswith("differ by less than 1 % (7 and 7 ms): one pair of runs, one sample "
+                                                 "of how much step times (and tokens/s) of this run move by "
+                                                 "themselves. The implementations that ran span ×1.07.")  # fmt: skip
+    tiny = [_summary("xla", 7.0), _summary("cudnn", 7.02), _summary("xla_twin", 7.03)]  # both under 0.5 %
+    assert "within that (less than 1 % from the fastest to the slowest)" in report.twin_time_words(tiny)
+
+
+def test_twin_time_words_print_more_digits_where_two_numbers_would_print_alike():
+    """7.00001 and 7.00002 ms both print '7' to 4 digits; spans ×1.0914 and twin ×1.0857 both print ×1.09."""
+    ms = report.twin_time_words([_summary("xla", 7.00001), _summary("xla_twin", 7.00002)])
+    assert "(7.00001 and 7.00002 ms)" in ms
+    runs = [_summary("xla", 7.0), _summary("cudnn", 7.64), _summary("xla_twin", 7.6)]
+    words = report.twin_time_words(runs)
+    assert "differ ×1.086 (7 and 7.6 ms)" in words
+    assert words.endswith("span ×1.091; a gap narrower than ×1.086 between two of them ranks nothing.")
+
+
+def test_read_ceiling_is_the_one_the_records_percentages_were_computed_against():
+    """Records tagged against 4508 GB/s (gbps · 100 / pct_read), while the latest run measured 4502 GB/s."""
+    recs = [{"grid": "decode", "gbps": g, "pct_read": 100 * g / 4508.0} for g in (900.0, 2000.0, 3100.0)]
+    got, where = report.read_ceiling(recs, {"read_gbps": 4502.0})
+    assert got == pytest.approx(4508.0) and where == "the decode grid's recording run"
+    mixed = [*recs, {"grid": "decode", "gbps": 1000.0, "pct_read": 100 * 1000.0 / 4400.0}]  # re-recorded in part
+    got, where = report.read_ceiling(mixed, {"read_gbps": 4502.0})
+    assert got == pytest.approx(4508.0) and where == "the decode grid's recording runs (their median)"
+    untagged = [{"grid": "decode", "gbps": 900.0}]  # recorded before pct_read existed: the latest run's ceiling
+    assert report.read_ceiling(untagged, {"read_gbps": 4502.0}) == (4502.0, "the latest recording run")
+    assert report.read_ceiling([], None) == (None, "")
 
 
 def _profiled(impl, causal, kernel_us, extra_us, median_ms, p10_ms, p90_ms, name="fmha_kernel_" + "x" * 120):
