@@ -116,7 +116,7 @@ def cudnn_fp8_records(peak=None, **timing) -> list[dict]:
                 # ours (issue 17): the Mosaic GPU kernel in bf16 and our FP8 forward (P scale 448, as cuDNN's best)
                 variants += [("mosaic", "bfloat16", functools.partial(mosaic_flash_attention, is_causal=causal), {}),
                              ("mosaic_fp8", "float8_e4m3fn",  # p through shared memory (the name predates the
-                              # faster registers path, the kernel's default now; recorded results keep the name)
+                              # registers path, the kernel's default now; recorded results keep the name)
                               functools.partial(mosaic_fp8_attention, is_causal=causal, p_via="smem"),
                               {"scale_s": E4M3_MAX}),
                              ("mosaic_fp8_regs", "float8_e4m3fn",  # p kept in registers (kernels/mosaic_fp8.py)
