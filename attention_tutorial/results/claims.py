@@ -344,11 +344,16 @@ def loss_agreement_words(step_records, dtype: str) -> str:
             d = _max_diff(by[impl], by[other])
             return "–" if d is None else f"{d:.2e}"
 
+        def limit(c):  # the twin's distance, or the float32 floor where that is the larger
+            if c.high > TWIN_FACTOR * noise:
+                return f"the limit ({c.high:.2e}, the {LOSS_ULPS}-step float32 floor, larger than the twin's distance)"
+            return "the yardstick"
+
         def judged(impl, c):  # as loss_agreement judged it: by the twin where it logged the run's steps
             if _twin_covers(by, impl, first):
                 return (f"- {impl} and {first} {c.word}: max |loss difference| over {n} logged steps = "
                         f"{dist(impl, first)} from {first}, {dist(impl, first + TWIN)} from its twin; the nearer is "
-                        f"{c.value / c.high:.1f}× the yardstick")  # fmt: skip
+                        f"{c.value / c.high:.1f}× {limit(c)}")  # fmt: skip
             return (
                 f"- {impl} and {first} {c.word}: max |loss difference| = {c.value:.2e} (tolerance {c.high:.0e}, "
                 f"the attention-output tolerance of {dtype}: the twin did not log every step this run did)"

@@ -409,18 +409,26 @@ def _mask_words(mask: str) -> str:
 def serialised_words(code: dict) -> str:
     """Which recorded kernels ``ptxas`` serialised (its C75xx warnings on the warpgroup matmuls), from the
     recorder's ``kernel_code`` entries ({"impl dtype[ causal]": {..., "wgmma_serialised": ["C7513: …"]}}); entries
-    recorded before the warnings were kept say nothing either way and are left out."""
+    whose ``ptxas`` output was not read (no registers and no warning: recorded before the warnings were kept, or
+    compiled inside XLA) say nothing either way and are left out. Names the shape when all entries share one."""
     from .plotting import label
 
     def name(key: str) -> str:
         impl, dtype, *causal = key.split()
         return f"{label(impl)} ({dtype}{', causal' if causal else ''})"
 
-    known = {key: rec["wgmma_serialised"] for key, rec in code.items() if "wgmma_serialised" in rec}
+    # an empty list says "no warning" only where ptxas's output was read, i.e. where it gave registers too (the
+    # kernels compiled inside XLA, the Triton-lowered ones, keep neither: not known)
+    known = {key: rec["wgmma_serialised"] for key, rec in code.items()
+             if rec.get("wgmma_serialised") or ("wgmma_serialised" in rec and rec.get("registers"))}  # fmt: skip
     if not known:
         return "No recorded kernel says whether `ptxas` serialised its warpgroup matmuls."
     n = len(known)
-    kernels = f"{n} recorded kernel{'s' if n > 1 else ''} whose warnings were kept"
+    shapes = {(rec.get("batch"), rec.get("seq_q"), rec.get("heads"), rec.get("head_dim")) for rec in code.values()}
+    at = ""
+    if len(shapes) == 1 and None not in (shape := next(iter(shapes))):
+        at = " (all at B = {}, T = {}, N = {}, H = {})".format(*shape)
+    kernels = f"{n} recorded kernel{'s' if n > 1 else ''} whose `ptxas` output was read{at}"
     bad = {key: sorted({w.split(":")[0] for w in warn}) for key, warn in known.items() if warn}
     if not bad:
         return f"`ptxas` serialised the warpgroup matmuls of none of the {kernels}."

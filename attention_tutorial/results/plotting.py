@@ -28,8 +28,8 @@ IMPL_STYLE = {
 # names for the implementations of the FP8 experiments, which are not in the registry
 EXTRA_LABELS = {
     "cudnn_fp8_s1": "cuDNN FP8 (P scale 1)", "cudnn_fp8_s448": "cuDNN FP8 (P scale 448)",
-    "mosaic_fp8": "our Mosaic GPU kernel, FP8, p via shared memory",
-    "mosaic_fp8_regs": "our Mosaic GPU kernel, FP8, p in registers",
+    "mosaic_fp8": "our Pallas kernel (Mosaic GPU), FP8, p via shared memory",
+    "mosaic_fp8_regs": "our Pallas kernel (Mosaic GPU), FP8, p in registers",
     "te_autocast": "TransformerEngine under te.autocast", "te_dense_bf16": "TE DenseGeneral, bf16",
     "te_dense_fp8": "TE DenseGeneral, FP8 (autocast)",
     "cp_local": "local step alone (one call)", "cp_ring_1dev": "ring code on a one-device mesh",

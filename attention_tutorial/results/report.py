@@ -357,3 +357,31 @@ def show_recorded(grid_name, columns, *, plot=None, title="", peak_line=False, i
         display(Markdown("*No recorded GPU results are committed yet (`python -m attention_tutorial record`).*"))
         return []
     return shown[0]
+
+
+def paired_step_words(steps, summaries, base: str = "cudnn") -> str:
+    """Each recorded implementation's step time against ``base``'s, window by window (:func:`claims.paired_compare`:
+    the word needs 9 in 10 windows to agree), then ``base``'s twin (the same program) by the same measure: how far
+    two runs of one program already differ, against which the others' gaps read. "" without ``base``'s steps."""
+    from .claims import paired_compare, relative
+
+    ref = [r for r in steps if r["impl"] == base]
+    if not ref:
+        return ""
+    words = []
+    for s in summaries:
+        impl = s["impl"]
+        if s["status"] == "ok" and impl != base and not impl.endswith(TWIN):
+            c = paired_compare([r for r in steps if r["impl"] == impl], ref)
+            words.append(f"{label(impl)} is {relative(c, label(base))} ({label(base)}'s time / its time: median "
+                         f"{c.value:.2f}, p10–p90 of the windows {c.low:.2f}–{c.high:.2f})")  # fmt: skip
+    if not words:
+        return ""
+    text = "; ".join(words)
+    twin = [r for r in steps if r["impl"] == base + TWIN]
+    if twin:
+        c = paired_compare(twin, ref)
+        text += (f". {label(base)}'s twin, the same program from weights nudged by one rounding, reads {c.value:.2f} "
+                 f"({c.low:.2f}–{c.high:.2f}) by the same measure: a gap no larger than that is the runs' own, not "
+                 "the kernels'")  # fmt: skip
+    return text

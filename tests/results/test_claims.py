@@ -419,3 +419,18 @@ def test_a_loss_that_does_not_move_gets_the_caveat_too():
     assert claims.loss_agreement_words(recs, "bfloat16").splitlines()[-1] == words
     still = _steps("xla", flat) + _steps("xla_twin", flat) + recs[12:]  # the twin did not move either: no yardstick
     assert claims.coarse_yardstick_words(still) == ""
+
+
+def test_loss_agreement_words_name_the_float32_floor_when_it_is_the_limit():
+    """The CPU build's case: the twin differs by one float32 step, below the 4-step floor; a run 2 steps away must
+    read against that floor, not against 'the yardstick' the line above gave as the twin's distance."""
+    import numpy as np
+
+    ulp = float(np.spacing(np.float32(5.0)))  # the largest loss compared is 5.0
+    base = [5.0, 4.0, 3.5, 3.0]
+    recs = (_steps("xla", base) + _steps("xla_twin", [base[0], base[1] + ulp, *base[2:]])
+            + _steps("ours", [base[0], base[1] + 2 * ulp, *base[2:]]))  # fmt: skip
+    words = claims.loss_agreement_words(recs, "float32")
+    floor = claims.LOSS_ULPS * ulp
+    assert f"the nearer is {ulp / floor:.1f}× the limit ({floor:.2e}, the 4-step float32 floor" in words
+    assert "× the yardstick" not in words

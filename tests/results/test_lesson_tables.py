@@ -206,15 +206,15 @@ def test_goal_rows_judge_every_t_by_median_spread_error_and_failure():
            # shared memory: fast where it ran, failed at T = 8192 (a wrong answer is recorded as an error)
            r("mosaic_fp8", 4096, True, 1.0 / 0.95), r("mosaic_fp8", 8192, True, 1.0, status="error")]  # fmt: skip
     rows = {(x["implementation"], x["mask"]): x for x in lt.goal_rows(fp8, goals=FP8_GOAL)}
-    fast = rows["our Mosaic GPU kernel, FP8, p in registers", "none"]
+    fast = rows["our Pallas kernel (Mosaic GPU), FP8, p in registers", "none"]
     assert fast["reached (medians)"] == "93–95 %" and fast["met"] == "yes" and fast["why"] == "–"
     # the worst pair is the T where ours is worst against theirs (0.055 / 0.060), not each side's largest
     assert fast["error vs float32 (ours / theirs)"] == "0.055 / 0.060" and fast["against"] == "cuDNN FP8 (P scale 448)"
-    worse = rows["our Mosaic GPU kernel, FP8, p in registers", "causal"]
+    worse = rows["our Pallas kernel (Mosaic GPU), FP8, p in registers", "causal"]
     assert worse["met"] == "no" and worse["why"] == "a larger error than cuDNN FP8 (P scale 448)'s at T = 4096"
-    failed = rows["our Mosaic GPU kernel, FP8, p via shared memory", "causal"]
+    failed = rows["our Pallas kernel (Mosaic GPU), FP8, p via shared memory", "causal"]
     assert failed["met"] == "no" and failed["why"] == "failed at T = 8192" and failed["reached (medians)"] == "95 %"
-    assert ("our Mosaic GPU kernel, FP8, p via shared memory", "none") not in rows  # never ran: no row
+    assert ("our Pallas kernel (Mosaic GPU), FP8, p via shared memory", "none") not in rows  # never ran: no row
     # a wide spread under a median above the target: met by the medians only
     wide = [r("cudnn_fp8_s448", 4096, False, 1.0, spread=0.05), r("mosaic_fp8_regs", 4096, False, 1 / 0.92)]
     (row,) = lt.goal_rows(wide, goals=FP8_GOAL)
@@ -247,15 +247,18 @@ def test_goal_words_say_met_only_for_what_was_judged():
     r = _rec
     met_none = [r("cudnn_fp8_s448", 4096, False, 1.0), r("mosaic_fp8_regs", 4096, False, 1 / 0.95)]
     words = lt.goal_words(lt.goal_rows(met_none, goals=FP8_GOAL), goals=FP8_GOAL)
-    assert words == ("- **FP8** (target ≥ 90 %): met only with no mask. Closest: with no mask: our Mosaic GPU kernel, "
-                     "FP8, p in registers, 95 % of the speed of cuDNN FP8 (P scale 448); causal: not judged, "
+    assert words == ("- **FP8** (target ≥ 90 %): met only with no mask. Closest: with no mask: our Pallas kernel "
+                     "(Mosaic GPU), FP8, p in registers, 95 % of the speed of cuDNN FP8 (P scale 448); causal: not judged, "
                      "nothing recorded.")  # fmt: skip
     both = [*met_none, r("cudnn_fp8_s448", 4096, True, 1.0), r("mosaic_fp8", 4096, True, 1 / 0.91)]
     words = lt.goal_words(lt.goal_rows(both, goals=FP8_GOAL), goals=FP8_GOAL)
     assert words.startswith("- **FP8** (target ≥ 90 %): met (by different kernels for the two masks). Closest:")
     slow = [*met_none, r("cudnn_fp8_s448", 4096, True, 1.0), r("mosaic_fp8", 4096, True, 1 / 0.5)]
     words = lt.goal_words(lt.goal_rows(slow, goals=FP8_GOAL), goals=FP8_GOAL)
-    assert "met only with no mask" in words and "causal: our Mosaic GPU kernel, FP8, p via shared memory, 50 %" in words
+    assert (
+        "met only with no mask" in words
+        and "causal: our Pallas kernel (Mosaic GPU), FP8, p via shared memory, 50 %" in words
+    )
     assert "(below the target at T = 4096)" in words
     assert lt.goal_words([], goals=FP8_GOAL) == "- **FP8**: not judged, nothing recorded."
     # the bf16 goals read the beyond grid only: the FP8 experiment's own bf16 points do not enter them
@@ -268,14 +271,20 @@ def test_goal_words_say_met_only_for_what_was_judged():
 
 
 def test_serialised_words_name_the_kernels_ptxas_serialised_and_skip_unknown_ones():
-    code = {"mosaic bfloat16": {"wgmma_serialised": []},
-            "mosaic_pipe bfloat16 causal": {"wgmma_serialised": ["C7513: non wgmma instructions defining …"]},
-            "pallas bfloat16": {"registers": []}}  # recorded before the warnings were kept: says nothing  # fmt: skip
+    at = {"batch": 4, "seq_q": 4096, "heads": 16, "head_dim": 128}
+    code = {"mosaic bfloat16": {**at, "wgmma_serialised": [], "registers": [168]},
+            "mosaic_pipe bfloat16 causal": {**at, "wgmma_serialised": ["C7513: non wgmma instructions defining …"],
+                                            "registers": [168]},
+            "pallas bfloat16": {**at, "wgmma_serialised": [], "registers": []},  # compiled in XLA: not read
+            "old bfloat16": {**at, "registers": [40]}}  # recorded before the warnings were kept  # fmt: skip
     assert lt.serialised_words(code) == (
-        "Of the 2 recorded kernels whose warnings were kept, `ptxas` serialised the warpgroup matmuls of 1: "
-        "our Pallas kernel (Mosaic GPU), pipelined (bfloat16, causal), warning C7513."
+        "Of the 2 recorded kernels whose `ptxas` output was read (all at B = 4, T = 4096, N = 16, H = 128), `ptxas` "
+        "serialised the warpgroup matmuls of 1: our Pallas kernel (Mosaic GPU), pipelined (bfloat16, causal), "
+        "warning C7513."
     )
-    assert lt.serialised_words({"mosaic bfloat16": {"wgmma_serialised": []}}) == (
-        "`ptxas` serialised the warpgroup matmuls of none of the 1 recorded kernel whose warnings were kept."
+    assert lt.serialised_words({"mosaic bfloat16": {"wgmma_serialised": [], "registers": [168]}}) == (
+        "`ptxas` serialised the warpgroup matmuls of none of the 1 recorded kernel whose `ptxas` output was read."
     )
-    assert lt.serialised_words({"pallas bfloat16": {}}).startswith("No recorded kernel says")
+    assert lt.serialised_words({"pallas bfloat16": {"wgmma_serialised": [], "registers": []}}).startswith(
+        "No recorded kernel says"
+    )

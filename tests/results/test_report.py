@@ -191,3 +191,23 @@ def test_device_pair_words_read_two_profiles_at_the_same_point():
     different = _profiled("cudnn", False, 835.9, 17.6, 0.95, 0.94, 0.96, name="another_kernel")
     assert "the main kernels are different" in report.device_pair_words([te, different], "te", "cudnn", "TE", "JAX")
     assert report.device_pair_words([te], "te", "cudnn", "TE", "JAX").startswith("*The recording lacks")
+
+
+def test_paired_step_words_read_each_gap_against_the_twin_of_the_same_program():
+    from attention_tutorial.results.report import paired_step_words
+
+    def steps(impl, ms):
+        return [{"impl": impl, "step": 10 * i, "median_ms": m, "status": "ok"} for i, m in enumerate(ms)]
+
+    cudnn = [50.0] * 10
+    recs = (steps("cudnn", cudnn) + steps("mosaic", [52.0] * 10)
+            + steps("cudnn_twin", [53.0] * 9 + [49.0]))  # fmt: skip
+    summ = [{"impl": i, "status": "ok"} for i in ("cudnn", "mosaic", "cudnn_twin")]
+    words = paired_step_words(recs, summ)
+    # mosaic: 50/52 = 0.96 in every window -> slower; the twin: 50/53 = 0.94 in 9 of 10, 50/49 = 1.02 in one
+    assert words.startswith("our Pallas kernel (Mosaic GPU) is slower than cuDNN (cuDNN's time / its time: median 0.96")
+    assert "cuDNN's twin, the same program from weights nudged by one rounding, reads 0.94 (0.94–0.95)" in words
+    assert paired_step_words(recs, summ, base="xla") == ""  # no steps of the base: nothing to say
+    assert paired_step_words(steps("cudnn", cudnn), summ[:1]) == ""  # nothing to compare
+    no_twin = paired_step_words(recs[:20], summ[:2])
+    assert "twin" not in no_twin and no_twin.endswith("p10–p90 of the windows 0.96–0.96)")
