@@ -257,7 +257,7 @@ def race_rows(
                 if not got:
                     continue
                 low, high = min(c.value for c in got.values()), max(c.value for c in got.values())
-                rows.append({"implementation": IMPLEMENTATIONS[impl].label if impl in IMPLEMENTATIONS else impl,
+                rows.append({"implementation": label(impl),
                              **{("H" if f == "head_dim" else f): v for f, v in zip(by, key)},
                              "mask": "causal" if causal else "none",
                              f"speed vs {label(baseline)}, medians": fmt_range(100 * low, 100 * high, ".0f", " %"),

@@ -209,22 +209,14 @@ def train_rows(summaries, *, peak: bool = True) -> list[dict]:
     return rows
 
 
-def _apart(x: float, y: float, decimals: int = 2, most: int = 6) -> tuple[str, str]:
-    """``x`` and ``y`` with ``decimals`` decimals, or more (up to ``most``) where those would print the same."""
-    for d in range(decimals, most + 1):
-        fx, fy = f"{x:.{d}f}", f"{y:.{d}f}"
+def _apart(x: float, y: float, digits: int = 2, most: int = 6, kind: str = "f") -> tuple[str, str]:
+    """``x`` and ``y`` formatted with ``digits`` (decimals for kind "f", significant digits for "g"), or more (up
+    to ``most``) where those would print the same."""
+    for d in range(digits, most + 1):
+        fx, fy = f"{x:.{d}{kind}}", f"{y:.{d}{kind}}"
         if fx != fy:
             return fx, fy
-    return f"{x:.{decimals}f}", f"{y:.{decimals}f}"
-
-
-def _apart_ms(a: float, b: float) -> tuple[str, str]:
-    """Milliseconds ``a`` and ``b`` to 4 significant digits, or more (up to 9) where those would print the same."""
-    for g in range(4, 10):
-        fa, fb = f"{a:.{g}g}", f"{b:.{g}g}"
-        if fa != fb:
-            return fa, fb
-    return f"{a:.4g}", f"{b:.4g}"
+    return f"{x:.{digits}{kind}}", f"{y:.{digits}{kind}}"
 
 
 def twin_time_words(summaries) -> str:
@@ -239,7 +231,7 @@ def twin_time_words(summaries) -> str:
     ratio = max(a, b) / min(a, b)
     times = [t for i, t in ok.items() if not i.endswith(TWIN)]
     span = max(times) / min(times)
-    ms_a, ms_b = _apart_ms(a, b)
+    ms_a, ms_b = _apart(a, b, 4, 9, kind="g")  # milliseconds: 4 significant digits, more where needed
     r_text, s_text = _apart(ratio, span) if len(times) > 1 else (f"{ratio:.2f}", "")
     if ratio < 1.005:  # ×1.00 would read as no difference at all
         differ = "and their median step times differ by less than 1 %"
