@@ -12,6 +12,9 @@ pipe_dyn: the unmasked pipelined forward with its loop bound made dynamic (the s
 see: min(steps, row0 + steps)), as every causal kernel's bound is: whether a dynamic trip count alone brings C7513
 (the causal kernel keeps it with one loop, scripts/issue17_probe_onemask_h200.json, and with no mask at all,
 scripts/issue17_probe_nomask_h200.json; the dynamic bound is what every causal variant still shares).
+pipe_unroll2: a possible fix for the causal kernel, its loops unrolled by two (p alternates between two register sets).
+plain_noexp, pipe_noexp: diagnostic, wrong numbers: exp2 dropped from the softmax, a ceiling for the kernel with the
+exponentials' cost removed: if it is no faster, the exponentials are not what holds the no-mask kernel at cuDNN's pace.
 fp8: our FP8 forward (kernels/mosaic_fp8.py) against cuDNN's FP8 (P scale 448), with each one's relative error
 against float32 ("highest" precision); fp8_regs the same with p kept in registers (p_via="registers").
 Usage: python3 scripts/gpu_issue17_probe.py OUT_JSON [variant[:causal|:noncausal] ...]
@@ -26,7 +29,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-VARIANTS = ["plain", "pipe", "plain_r240", "pipe_r240", "pipe_nowhere", "pipe_dyn", "fp8", "fp8_regs"]
+VARIANTS = [
+    "plain", "pipe", "plain_r240", "pipe_r240", "pipe_nowhere", "pipe_dyn", "pipe_unroll2", "plain_noexp", "pipe_noexp",
+    "fp8", "fp8_regs",
+]  # fmt: skip
 
 
 def patch(variant):
@@ -48,6 +54,29 @@ def patch(variant):
             return real_steps(*args, row0=row0, steps=mosaic_flash.jnp.minimum(steps, row0 + steps), **kwargs)
 
         mosaic_flash._pipelined_steps = dynamic
+
+    if "unroll2" in variant:  # a possible fix, right numbers: the pipelined loops unrolled by two (a pair loop and a
+        # 0-or-1-trip remainder), so the p carried from one step to the next alternates between two register sets
+        real_fori = mosaic_flash.lax.fori_loop
+
+        def fori2(lo, hi, body, carry):
+            lo, hi = mosaic_flash.jnp.asarray(lo, "int32"), mosaic_flash.jnp.asarray(hi, "int32")
+            pairs = mosaic_flash.lax.div(mosaic_flash.jnp.maximum(hi - lo, 0), mosaic_flash.jnp.array(2, "int32"))
+            carry = real_fori(0, pairs, lambda i, c: body(lo + 2 * i + 1, body(lo + 2 * i, c)), carry)
+            return real_fori(lo + 2 * pairs, hi, body, carry)
+
+        import types
+
+        real_lax = mosaic_flash.lax
+        names = {n: getattr(real_lax, n) for n in dir(real_lax) if not n.startswith("__")}
+        mosaic_flash.lax = types.SimpleNamespace(**{**names, "fori_loop": fori2})
+
+    if "noexp" in variant:  # diagnostic, wrong numbers: exp2 dropped, a ceiling with the exponentials' cost removed
+        import types
+
+        real = mosaic_flash.jnp
+        names = {n: getattr(real, n) for n in dir(real) if not n.startswith("__")}
+        mosaic_flash.jnp = types.SimpleNamespace(**{**names, "exp2": lambda x: x})
 
     if "r240" in variant:
         orig = plgpu.set_max_registers
