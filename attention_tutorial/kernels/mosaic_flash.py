@@ -176,7 +176,7 @@ def _kernel(q_ref, k_ref, v_ref, *refs, causal, cfg, stages, seq_kv, groups, sca
         if cfg.pipeline and not fp8:  # FlashAttention-3's intra-warpgroup overlap on top of the ping-pong (issue 17)
             acc, m, l = _pipelined_steps(
                 (acc, m, l), qo_smem, k_smem, v_smem, (k_ready, v_ready, k_free, v_free), schedule, take_turn,
-                row0=row0, steps=steps, cta_steps=cta_steps, causal=causal, stages=stages, scale=scale,
+                row0=row0, steps=steps, cta_steps=cta_steps, n_kv=n_kv, causal=causal, stages=stages, scale=scale,
             )  # fmt: skip
         elif not causal:
             acc, m, l = lax.fori_loop(0, n_kv, step, (acc, m, l))
@@ -231,7 +231,7 @@ def _kernel(q_ref, k_ref, v_ref, *refs, causal, cfg, stages, seq_kv, groups, sca
 
 
 def _pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take_turn, *, row0, steps, cta_steps,
-                     causal, stages, scale):  # fmt: skip
+                     n_kv, causal, stages, scale):  # fmt: skip
     """FlashAttention-3's intra-warpgroup pipelining (its §3.2): one warpgroup's loop over its key blocks, software
     pipelined by one block so that its own softmax overlaps its own p·v matmul.
 
@@ -242,6 +242,11 @@ def _pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take
     barrier (after the matmuls are issued and after the softmax), so the two warpgroups keep alternating on the
     tensor cores. The price: block j's p (16-bit) stays in registers, read by the running p·v, while block j+1's s
     and p are made.
+
+    Causal: a warpgroup's number of key blocks depends on its rows, but every loop here runs a trip count fixed when
+    the kernel is built (:func:`_static_trip_loop`), its steps past the bound skipped: with a trip count it cannot
+    see, ``ptxas`` serialises the warpgroup matmuls (its warning C7513) and the overlap is lost
+    (``scripts/issue17_probe2_h200.json``: a bound merely hidden from the compiler does it to the unmasked kernel).
     """
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -294,8 +299,7 @@ def _pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take
             plgpu.wgmma(s_ref, qo_smem, k_smem.at[slot(j + 1)].transpose((1, 0)))
             plgpu.wgmma(o_ref, p16, v_smem.at[slot(j)])
             take_turn()
-            # q·kᵀ done; p·v may still run. (The causal kernel still gets ptxas's C7513, even with every mask
-            # dropped, scripts/issue17_probe_nomask_h200.json: the causal loop's shape, not the masking; cause open.)
+            # q·kᵀ done; p·v may still run.
             s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
             plgpu.barrier_arrive(k_free.at[slot(j + 1)])
             block = softmax(s, m, l, j + 1, masked)
@@ -314,13 +318,15 @@ def _pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take
         return o * lax.broadcast_in_dim(alpha, o.shape, [0]), m, l, p16
 
     last = jnp.asarray(steps, jnp.int32) - 1
-    if not causal:
-        acc, m, l, p16 = lax.fori_loop(zero, last, step, (acc, m, l, p16))
+    if not causal:  # steps = n_kv: a trip count known when the kernel is built
+        acc, m, l, p16 = lax.fori_loop(0, n_kv - 1, step, (acc, m, l, p16))
     else:  # step j makes block j+1's p: unmasked while j+1 lies wholly below the diagonal (one loop masking every
         # block was slower on the H200: scripts/issue17_probe_onemask_h200.json)
         split = jnp.maximum(jnp.minimum(lax.div(row0, jnp.array(bkv, jnp.int32)), steps) - 1, 0)
-        carry = lax.fori_loop(zero, split, step, (acc, m, l, p16))
-        acc, m, l, p16 = lax.fori_loop(split, last, functools.partial(step, masked=True), carry)
+        carry = _static_trip_loop(zero, split, n_kv - 1, step, (acc, m, l, p16))
+        acc, m, l, p16 = _static_trip_loop(
+            split, last, most_masked_steps(bq, bkv, n_kv), functools.partial(step, masked=True), carry
+        )
 
     def pv(acc_ref):  # epilogue: the last block's p·v
         plgpu.wgmma(acc_ref, p16, v_smem.at[slot(last)])
@@ -337,6 +343,27 @@ def _pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take
             take_turn()
 
     return acc, m, l
+
+
+def _static_trip_loop(lo, hi, most, body, carry):
+    """``lax.fori_loop(lo, hi, body, carry)`` with ``most`` (≥ hi - lo, a Python int) iterations, those past ``hi``
+    skipped by ``lax.cond``: a trip count the compiler can see. On the H200 a dynamic one makes ``ptxas`` serialise
+    the pipelined kernel's warpgroup matmuls (C7513): 0.74 of cuDNN instead of 0.98 with the unmasked kernel's bound
+    merely hidden from the compiler; the causal pipelined kernel went from 0.79 to 0.94 with this loop
+    (``scripts/issue17_probe2_h200.json``, B=4 T=8k N=16 H=128)."""
+
+    def guarded(i, carry):
+        j = lo + i
+        return lax.cond(j < hi, functools.partial(body, j), lambda c: c, carry)
+
+    return lax.fori_loop(0, most, guarded, carry)
+
+
+def most_masked_steps(block_q: int, block_kv: int, n_kv: int) -> int:
+    """The most pipelined steps that make a masked block for one warpgroup (its ``block_q`` rows straddle at most
+    ``cdiv(block_q, block_kv) + 1`` key blocks, one of which the prologue makes), at most ``n_kv - 1``: the static
+    trip count of the causal kernel's masked loop."""
+    return max(min(-(-block_q // block_kv) + 1, n_kv - 1), 0)
 
 
 def _load(ref, layout):
