@@ -29,7 +29,7 @@ PALLAS = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (1
           (128, 128, 8, 3), (128, 64, 8, 4)]  # fmt: skip
 MOSAIC = [(128, 2), (128, 3), (64, 2), (64, 4)]  # (block_kv, stages); block_q is wgmma's 64
 PIPE = [(128, 2, False), (128, 2, True), (64, 2, True), (64, 3, True), (64, 4, True)]  # 128 × 3 stages: no room
-FP8 = [(128, 2, "smem"), (128, 3, "smem"), (128, 4, "smem"), (128, 2, "registers"), (128, 3, "registers")]
+FP8 = [(128, 2, "registers"), (128, 3, "registers"), (128, 4, "registers"), (128, 2, "smem")]
 # (block_kv, stages, p_via); block_kv = 256 needs more registers than the kernel budgets
 
 
