@@ -347,10 +347,10 @@ def _pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take
 
 def _static_trip_loop(lo, hi, most, body, carry):
     """``lax.fori_loop(lo, hi, body, carry)`` with ``most`` (≥ hi - lo, a Python int) iterations, those past ``hi``
-    skipped by ``lax.cond``: a trip count the compiler can see. On the H200 a dynamic one makes ``ptxas`` serialise
-    the pipelined kernel's warpgroup matmuls (C7513): 0.74 of cuDNN instead of 0.98 with the unmasked kernel's bound
-    merely hidden from the compiler; the causal pipelined kernel went from 0.79 to 0.94 with this loop
-    (``scripts/issue17_probe2_h200.json``, B=4 T=8k N=16 H=128)."""
+    skipped by ``lax.cond``: a trip count the compiler can see. With a dynamic one ``ptxas`` serialises the pipelined
+    kernel's warpgroup matmuls (C7513), even the unmasked kernel's with its bound merely hidden from the compiler; the
+    H200 probes (``scripts/issue17_probe2_h200.json``, ``issue17_probe3_h200.json``) time both, and the flash page
+    shows them."""
 
     def guarded(i, carry):
         j = lo + i

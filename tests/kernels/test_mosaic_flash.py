@@ -347,3 +347,55 @@ def test_pipelined_causal_emits_the_early_end_loop_only_where_warpgroups_can_end
     with block_kv = 64 it is needed and emitted."""
     loops = {bkv: _kernel_jaxpr(MosaicConfig(block_kv=bkv, pipeline=True), True).count("while[") for bkv in (64, 128)}
     assert loops[64] == loops[128] + 1
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("head_dim", "cfg"), CONFIGS)
+def test_pipelined_and_h256_lower_to_one_mosaic_gpu_kernel(causal, head_dim, cfg):
+    """The pipelined loops (static trip counts, lax.cond inside, when causal) trace and lower for CUDA on a CPU."""
+    q = jax.ShapeDtypeStruct((1, 1024, 2, head_dim), jnp.bfloat16)
+    fn = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg))
+    hlo = fn.trace(q, q, q).lower(lowering_platforms=("cuda",)).as_text()
+    assert re.findall(r"custom_call @(mosaic_gpu\w*)", hlo) == ["mosaic_gpu_v2"]
+
+
+@pytest.mark.parametrize(("lo", "hi", "most"), [(0, 0, 3), (0, 3, 3), (2, 5, 7), (4, 2, 5), (1, 6, 5)])
+def test_static_trip_loop_runs_exactly_the_steps_from_lo_to_hi(lo, hi, most):
+    from attention_tutorial.kernels.mosaic_flash import _static_trip_loop
+
+    def body(j, carry):  # records which j ran, in order: an order-sensitive sum of the steps
+        total, count = carry
+        return total * 10 + (j + 1), count + 1
+
+    @jax.jit
+    def run(lo, hi):
+        return _static_trip_loop(lo, hi, most, body, (jnp.int32(0), jnp.int32(0)))
+
+    expected = (0, 0)
+    for j in range(lo, hi):
+        expected = (expected[0] * 10 + j + 1, expected[1] + 1)
+    assert tuple(int(x) for x in run(jnp.int32(lo), jnp.int32(hi))) == expected
+
+
+def _masked_steps_by_enumeration(block_q, block_kv, seq):
+    """The pipelined causal kernel's masked steps for each warpgroup's rows, counted block by block: step j makes
+    key block j + 1; blocks 1..last are made in the loops, those not wholly at or below the rows' diagonal masked."""
+    n_kv, most = seq // block_kv, 0
+    for row0 in range(0, seq, block_q):
+        last = min(-(-(row0 + block_q) // block_kv), n_kv) - 1  # the warpgroup's last key block
+        masked = sum(1 for block in range(1, last + 1) if (block + 1) * block_kv - 1 > row0)
+        most = max(most, masked)
+    return most
+
+
+@pytest.mark.parametrize("block_q", [64, 128])
+@pytest.mark.parametrize("block_kv", [64, 128, 192, 256])
+def test_most_masked_steps_bounds_every_warpgroup(block_q, block_kv):
+    from attention_tutorial.kernels.mosaic_flash import most_masked_steps
+
+    for n_kv in range(1, 24):
+        seq = n_kv * block_kv
+        if seq % block_q:
+            continue
+        assert most_masked_steps(block_q, block_kv, n_kv) >= _masked_steps_by_enumeration(block_q, block_kv, seq)
+        assert most_masked_steps(block_q, block_kv, n_kv) <= max(n_kv - 1, 0)

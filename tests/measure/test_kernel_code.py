@@ -135,23 +135,3 @@ def test_cubins_in_finds_an_elf_inside_two_snappy_layers():
     outer = bytes(cramjam.snappy.compress_raw(b"executable " * 100 + inner + b" more"))
     assert cubins_in(b"pickle..." + outer + b"...end") == [cubin]
     assert cubins_in(b"pickle..." + outer + b"...end", depth=1) == []  # one layer is not enough
-
-
-def test_the_flash_page_claim_on_the_causal_pipelined_kernel_holds_in_its_evidence():
-    """The flash page says: the causal pipelined kernel keeps ptxas's C7513, even with every mask dropped. The H200
-    probe it cites (scripts/issue17_probe_nomask_h200.json) must show the warning in both variants, the page must
-    still cite that file, and the recorded kernel-code entry the page shows must carry the warning too (a new
-    recording without it fails this test, and the page's sentence must change)."""
-    import json
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    probe = json.loads((root / "scripts" / "issue17_probe_nomask_h200.json").read_text())
-    warned = {p["variant"]: any("(C7513)" in line for line in p["code"]["ptxas_wgmma"]) for p in probe}
-    assert warned == {"pipe": True, "pipe_nowhere": True}
-    assert all(p["mask"] == "causal" for p in probe)
-    assert "issue17_probe_nomask_h200.json" in (root / "docs" / "flash_from_scratch.md").read_text()
-    # and the recording the page shows says the same of the causal pipelined kernel
-    recorded = json.loads((root / "attention_tutorial" / "results" / "data" / "nvidia-h200.json").read_text())
-    entry = recorded["provenance"]["kernel_code"]["mosaic_pipe bfloat16 causal"]
-    assert any(w.startswith("C7513") for w in entry["wgmma_serialised"])

@@ -1,0 +1,99 @@
+"""The machine-code probes of issue 17 (``scripts/gpu_issue17_probe.py``), read for the pages.
+
+A probe file is a list of entries, one per kernel variant and mask, each compiled and timed in a fresh process on
+the GPU: ``{"variant", "mask", "code": {"ptxas_wgmma": [ptxas's serialisation warnings], "spill_lines", ...},
+"rows": [{"ours": [median, p90, p10], "cudnn": [...], "ours2": [...], "cudnn2": [...]}]}``, TFLOP/s, where
+"ours"/"cudnn" and "ours2"/"cudnn2" are two alternating runs in the same process. The ratio that counts is ours
+over cuDNN's median within a run; the two runs give its spread.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+# The probe's problem (scripts/gpu_issue17_probe.py), named on the page beside its ratios.
+PROBE_SHAPE = "B = 4, T = S = 8192, N = 16, H = 128, bfloat16"
+
+VARIANTS = {  # what each variant is, in words; "wrong numbers" marks diagnostics that are not attention
+    "plain": "our Mosaic GPU kernel",
+    "pipe": "pipelined",
+    "pipe_dyn": "pipelined, its loop bound hidden from the compiler (the same value)",
+    "pipe_static": "pipelined, its loops run to a trip count fixed when the kernel is built",
+    "pipe_unroll2": "pipelined, its loops unrolled by two",
+    "pipe_nowhere": "pipelined, every mask dropped (wrong numbers)",
+    "plain_noexp": "our Mosaic GPU kernel without its exponentials (wrong numbers)",
+    "pipe_noexp": "pipelined, without its exponentials (wrong numbers)",
+}
+
+
+def probe_dir() -> Path | None:
+    """The repository's ``scripts/`` folder, where the probe files are kept, or None in an installed package."""
+    folder = Path(__file__).resolve().parents[2] / "scripts"
+    return folder if (folder / "gpu_issue17_probe.py").is_file() else None
+
+
+def load_probe(path) -> list[dict]:
+    """One probe file's entries; a file that is not a probe's list of entries is an error that names it."""
+    entries = json.loads(Path(path).read_text())
+    if not isinstance(entries, list) or not all({"variant", "mask", "code", "rows"} <= set(e) for e in entries):
+        raise ValueError(f"{path} is not a probe file (a list of entries with variant, mask, code and rows).")
+    return entries
+
+
+def find(entries, variant: str, mask: str) -> dict | None:
+    """The last entry of ``variant`` with ``mask`` ("causal" or "noncausal"), or None."""
+    hits = [e for e in entries if e["variant"] == variant and e["mask"] == mask]
+    return hits[-1] if hits else None
+
+
+def ratios(entry) -> tuple[float, float] | None:
+    """Ours over cuDNN's median TFLOP/s in each of the entry's two runs, or None where it did not run."""
+    rows = [r for r in entry.get("rows", []) if "error" not in r]
+    if entry.get("rc") or len(rows) != 1:
+        return None
+    r = rows[0]
+    return r["ours"][0] / r["cudnn"][0], r["ours2"][0] / r["cudnn2"][0]
+
+
+def warnings(entry) -> list[str]:
+    """ptxas's codes for the warpgroup-matmul serialisation it reported (e.g. ['C7513']), sorted."""
+    return sorted({m for line in entry["code"].get("ptxas_wgmma", []) for m in re.findall(r"\((C75\d\d)\)", line)})
+
+
+def spills(entry) -> bool:
+    """Whether ptxas reported any local-memory spill."""
+    return any(re.search(r"[1-9]\d* bytes spill", line) for line in entry["code"].get("spill_lines", []))
+
+
+def probe_line(entry, source: str, what: str | None = None) -> str:
+    """One markdown bullet: the variant in words (``what``, else :data:`VARIANTS`), its mask, ours/cuDNN in both
+    runs, ptxas's verdict, the file."""
+    what = what or VARIANTS.get(entry["variant"], entry["variant"])
+    mask = "causal" if entry["mask"] == "causal" else "no mask"
+    r = ratios(entry)
+    speed = f"{r[0]:.2f} and {r[1]:.2f} of cuDNN's speed" if r else "did not run"
+    warned = warnings(entry)
+    ptxas = f"`ptxas` warning {', '.join(warned)}" if warned else "no serialisation warning"
+    if spills(entry):
+        ptxas += ", registers spilled"
+    return f"- {what}, {mask}: {speed}; {ptxas} (`scripts/{source}`)"
+
+
+def probe_lines(picks, folder=None) -> str:
+    """Markdown bullets for ``picks`` — (file name, variant, mask) or (file name, variant, mask, words for the
+    variant) — read from ``folder`` (the repository's ``scripts/``); says so where the files are not there (an
+    installed package) or an entry is missing."""
+    folder = Path(folder) if folder is not None else probe_dir()
+    if folder is None:
+        return "*The probe files live in the repository's `scripts/` folder, not in the installed package.*"
+    lines = []
+    for name, variant, mask, *what in picks:
+        path = folder / name
+        entry = find(load_probe(path), variant, mask) if path.is_file() else None
+        if entry is None:
+            lines.append(f"- {(what or [VARIANTS.get(variant, variant)])[0]}, {mask}: not in `scripts/{name}`")
+        else:
+            lines.append(probe_line(entry, name, *what))
+    return "\n".join(lines)
