@@ -20,7 +20,8 @@ VARIANTS = {  # what each variant is, in words; "wrong numbers" marks diagnostic
     "plain": "our Mosaic GPU kernel",
     "pipe": "pipelined",
     "pipe_dyn": "pipelined, its loop bound hidden from the compiler (the same value)",
-    "pipe_static": "pipelined, its loops run to a trip count fixed when the kernel is built",
+    "pipe_static": "pipelined, every causal loop run to T / block_kv steps, those past its bound skipped (the fix's "
+    "first form)",
     "pipe_unroll2": "pipelined, its loops unrolled by two",
     "pipe_nowhere": "pipelined, every mask dropped (wrong numbers)",
     "plain_noexp": "our Mosaic GPU kernel without its exponentials (wrong numbers)",
