@@ -399,3 +399,13 @@ def test_most_masked_steps_bounds_every_warpgroup(block_q, block_kv):
             continue
         assert most_masked_steps(block_q, block_kv, n_kv) >= _masked_steps_by_enumeration(block_q, block_kv, seq)
         assert most_masked_steps(block_q, block_kv, n_kv) <= max(n_kv - 1, 0)
+
+
+def test_the_flash_page_h256_budget_claims_hold():
+    """The flash page: 'shared memory forces a key block half the size of the H = 128 kernel's, and the pipelined
+    tiles take every register the compute warpgroups are given'."""
+    from attention_tutorial.kernels.mosaic_flash import SMEM_BYTES, TILE_REGISTERS
+
+    assert smem_bytes(MosaicConfig(), 256, jnp.bfloat16) > SMEM_BYTES  # H = 128's key block does not fit at 256
+    assert 2 * default_config(256).block_kv == MosaicConfig().block_kv == default_config(128).block_kv
+    assert tile_registers(default_config(256, pipeline=True), 256) == TILE_REGISTERS
