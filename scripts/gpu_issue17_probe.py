@@ -28,8 +28,10 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+SHAPE = (4, 8192, 16, 128)  # B, T = S, N, H; bfloat16 (attention_tutorial.results.probes.PROBE_SHAPE words it)
 VARIANTS = [
     "plain", "pipe", "plain_r240", "pipe_r240", "pipe_nowhere", "pipe_dyn", "pipe_unroll2", "pipe_static", "plain_noexp", "pipe_noexp",
     "fp8", "fp8_regs",
@@ -138,7 +140,7 @@ def child(variant, folder, causal_flags=(False, True)):
 
     patch(variant)
     cfg = MosaicConfig(pipeline=variant.startswith("pipe"))
-    B, T, N, H = 4, 8192, 16, 128
+    B, T, N, H = SHAPE
     q, k, v = make_qkv(B, T, N, H, dtype=jnp.bfloat16, seed=1)
     rows = []
     for causal in causal_flags:
@@ -191,9 +193,36 @@ def code_facts(folder):
     }
 
 
+def provenance(variants):
+    """Where the entries come from: the commit (and whether the tree differed from it), the machine's versions, the
+    probe's shape and the variants asked for."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args):
+        run = subprocess.run(["git", *args], capture_output=True, text=True, cwd=root)
+        return run.stdout.strip() if run.returncode == 0 else None
+
+    # in a process of its own: JAX in this one would take the GPU's memory from the variants' processes
+    code = "import json; from attention_tutorial.env import environment; print(json.dumps(environment()))"
+    env = {
+        **os.environ,
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+        "PYTHONPATH": f"{root}:{os.environ.get('PYTHONPATH', '')}",
+    }
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    machine = json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else {"error": run.stderr[-300:]}
+    return {**machine, "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain")),
+            "shape": dict(zip(("batch", "seq", "heads", "head_dim"), SHAPE)), "dtype": "bfloat16",
+            "variants": list(variants)}  # fmt: skip
+
+
 def main():
     out_path = sys.argv[1]
+    if os.path.exists(out_path):  # a measurement is never overwritten: the time goes into the new name
+        stem, ext = os.path.splitext(out_path)
+        out_path = f"{stem}-{int(time.time())}{ext}"
     variants = sys.argv[2:] or VARIANTS  # NAME runs both masks, NAME:causal or NAME:noncausal one
+    prov = provenance(variants)
     result = []
     runs = [v.split(":") if ":" in v else (v, c) for v in variants for c in ("noncausal", "causal")]
     for variant, causal in dict.fromkeys(map(tuple, runs)):
@@ -205,7 +234,9 @@ def main():
                 timeout=300,
             )
             facts = code_facts(folder)
-            for n, ptx in enumerate(sorted(q for q in Path(folder).rglob("*") if q.is_file() and "ptx" in q.name.lower())):  # kept for reading on another machine
+            for n, ptx in enumerate(
+                sorted(q for q in Path(folder).rglob("*") if q.is_file() and "ptx" in q.name.lower())
+            ):  # kept for reading on another machine
                 with gzip.open(f"{out_path}.{variant}.{causal}.{n}.ptx.gz", "wb") as f:
                     f.write(ptx.read_bytes())
         rows = [json.loads(l[4:]) for l in run.stdout.splitlines() if l.startswith("ROWS")]
@@ -219,7 +250,7 @@ def main():
         }
         result.append(entry)
         tmp = out_path + ".tmp"
-        Path(tmp).write_text(json.dumps(result, indent=1))
+        Path(tmp).write_text(json.dumps({"provenance": prov, "entries": result}, indent=1))
         os.replace(tmp, out_path)
         print(variant, causal, json.dumps(facts), flush=True)
         for r in entry["rows"]:

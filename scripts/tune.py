@@ -83,7 +83,8 @@ def main(kernel, out):
                 except Exception as err:  # a configuration that does not compile or fit is reported, not fatal
                     tf = None
                     print(f"H={H} {label}: {type(err).__name__}: {str(err)[:160]}")
-                rows.append({"kernel": kernel, "H": H, "causal": causal, "config": label, "tflops": tf})
+                rows.append({"kernel": kernel, "B": B, "T": T, "N": N, "H": H, "causal": causal, "config": label,
+                             "tflops": tf})  # fmt: skip
                 print(f"H={H:3d} causal={causal!s:5} {label:28s} {tf and round(tf)}", flush=True)
                 save(rows, out)
 

@@ -322,7 +322,7 @@ def _pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take
         acc, m, l, p16 = lax.fori_loop(0, n_kv - 1, step, (acc, m, l, p16))
     else:  # step j makes block j+1's p: unmasked while j+1 lies wholly below the diagonal (one loop masking every
         # block was slower on the H200: scripts/issue17_probe_onemask_h200.json)
-        split = jnp.maximum(jnp.minimum(lax.div(row0, jnp.array(bkv, jnp.int32)), steps) - 1, 0)
+        split, last = pipelined_causal_bounds(row0, steps, bkv)
         carry = _static_trip_loop(zero, split, n_kv - 1, step, (acc, m, l, p16))
         acc, m, l, p16 = _static_trip_loop(
             split, last, most_masked_steps(bq, bkv, n_kv), functools.partial(step, masked=True), carry
@@ -346,11 +346,12 @@ def _pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take
 
 
 def _static_trip_loop(lo, hi, most, body, carry):
-    """``lax.fori_loop(lo, hi, body, carry)`` with ``most`` (≥ hi - lo, a Python int) iterations, those past ``hi``
-    skipped by ``lax.cond``: a trip count the compiler can see. With a dynamic one ``ptxas`` serialises the pipelined
-    kernel's warpgroup matmuls (C7513), even the unmasked kernel's with its bound merely hidden from the compiler; the
-    H200 probes (``scripts/issue17_probe2_h200.json``, ``issue17_probe3_h200.json``) time both, and the flash page
-    shows them."""
+    """``lax.fori_loop(lo, hi, body, carry)`` with ``most`` iterations (a Python int), those past ``hi`` skipped by
+    ``lax.cond``: a trip count the compiler can see. The caller must know that ``hi - lo <= most``: steps beyond
+    ``most`` would be dropped. In every variant the H200 probes tried (one shape, H = 128), a trip count known only
+    at run time made ``ptxas`` serialise the pipelined kernel's warpgroup matmuls (C7513), even the unmasked
+    kernel's with its bound merely hidden from the compiler (``scripts/issue17_probe2_h200.json``,
+    ``issue17_probe3_h200.json``; the flash page shows them)."""
 
     def guarded(i, carry):
         j = lo + i
@@ -359,10 +360,22 @@ def _static_trip_loop(lo, hi, most, body, carry):
     return lax.fori_loop(0, most, guarded, carry)
 
 
+def pipelined_causal_bounds(row0, steps, block_kv: int):
+    """The causal pipelined loops' bounds for a warpgroup whose rows start at ``row0`` and see ``steps`` key blocks:
+    ``(split, last)``. Step j makes key block j + 1 (block 0 comes from the prologue); steps ``[0, split)`` make
+    blocks wholly at or below the warpgroup's first row, which need no mask, and steps ``[split, last)`` the rest."""
+    last = jnp.asarray(steps, jnp.int32) - 1
+    split = jnp.maximum(
+        jnp.minimum(lax.div(jnp.asarray(row0, jnp.int32), jnp.array(block_kv, jnp.int32)), steps) - 1, 0
+    )
+    return split, last
+
+
 def most_masked_steps(block_q: int, block_kv: int, n_kv: int) -> int:
-    """The most pipelined steps that make a masked block for one warpgroup (its ``block_q`` rows straddle at most
-    ``cdiv(block_q, block_kv) + 1`` key blocks, one of which the prologue makes), at most ``n_kv - 1``: the static
-    trip count of the causal kernel's masked loop."""
+    """The most steps of the causal pipelined kernel's masked loop, ``[split, last)`` of
+    :func:`pipelined_causal_bounds`, for any warpgroup: its ``block_q`` rows starting r = row0 mod block_kv into a key
+    block straddle ``cdiv(r + block_q, block_kv) <= cdiv(block_q, block_kv) + 1`` key blocks, and no warpgroup has
+    more than ``n_kv - 1`` steps. The static trip count of that loop."""
     return max(min(-(-block_q // block_kv) + 1, n_kv - 1), 0)
 
 

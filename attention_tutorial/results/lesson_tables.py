@@ -267,6 +267,25 @@ def race_rows(
     return rows
 
 
+def ratio_by_t_words(records, everything, impl: str, baseline: str, *, causal: bool, where=()) -> str:
+    """``impl``'s speed against ``baseline`` at each T, medians, as '96.1 % at T = 4096, …, 89.8 % at T = 65536' (the
+    records matching ``where``, pairs of field and value; the baseline's from every recording in ``everything``);
+    'not recorded' when no point has both."""
+    want = dict(where, impl=impl, causal=causal, status="ok")
+    got = _claims_by_t(records, _unique([*everything, *records]), want, baseline, 0)
+    if not got:
+        return "not recorded"
+    return ", ".join(f"{100 * c.value:.1f} % at T = {t}" for t, c in got.items())
+
+
+def slower_words(rows) -> str:
+    """From :func:`race_rows`' rows, the H and masks whose verdict finds the kernel slower at some T, as 'H = 64 with
+    no mask, H = 64 causal, H = 128 causal'; 'none' when no row does."""
+    hits = [f"H = {r['H']} {_mask_words(r['mask'])}" if "H" in r else _mask_words(r["mask"])
+            for r in rows if "slower" in r["verdict"]]  # fmt: skip
+    return ", ".join(hits) or "none"
+
+
 @dataclasses.dataclass(frozen=True)
 class Goal:
     """A speed goal: each of ``impls`` against ``baseline`` (same points, T >= ``min_seq``, fields ``where``) at
@@ -406,6 +425,15 @@ def _mask_words(mask: str) -> str:
     return "with no mask" if mask == "none" else "causal"
 
 
+def code_shape_words(code: dict) -> str:
+    """The shape every recorded ``kernel_code`` entry was compiled at, 'B = 4, T = 4096, N = 16, H = 128'; '' when
+    they differ or an entry does not say."""
+    shapes = {(rec.get("batch"), rec.get("seq_q"), rec.get("heads"), rec.get("head_dim")) for rec in code.values()}
+    if len(shapes) != 1 or None in (shape := next(iter(shapes))):
+        return ""
+    return "B = {}, T = {}, N = {}, H = {}".format(*shape)
+
+
 def serialised_words(code: dict) -> str:
     """Which recorded kernels ``ptxas`` serialised (its C75xx warnings on the warpgroup matmuls), from the
     recorder's ``kernel_code`` entries ({"impl dtype[ causal]": {..., "wgmma_serialised": ["C7513: …"]}}); entries
@@ -424,10 +452,7 @@ def serialised_words(code: dict) -> str:
     if not known:
         return "No recorded kernel says whether `ptxas` serialised its warpgroup matmuls."
     n = len(known)
-    shapes = {(rec.get("batch"), rec.get("seq_q"), rec.get("heads"), rec.get("head_dim")) for rec in code.values()}
-    at = ""
-    if len(shapes) == 1 and None not in (shape := next(iter(shapes))):
-        at = " (all at B = {}, T = {}, N = {}, H = {})".format(*shape)
+    at = f" (all at {shape})" if (shape := code_shape_words(code)) else ""
     kernels = f"{n} recorded kernel{'s' if n > 1 else ''} whose `ptxas` output was read{at}"
     bad = {key: sorted({w.split(":")[0] for w in warn}) for key, warn in known.items() if warn}
     if not bad:

@@ -1,10 +1,12 @@
 """The machine-code probes of issue 17 (``scripts/gpu_issue17_probe.py``), read for the pages.
 
-A probe file is a list of entries, one per kernel variant and mask, each compiled and timed in a fresh process on
-the GPU: ``{"variant", "mask", "code": {"ptxas_wgmma": [ptxas's serialisation warnings], "spill_lines", ...},
-"rows": [{"ours": [median, p90, p10], "cudnn": [...], "ours2": [...], "cudnn2": [...]}]}``, TFLOP/s, where
-"ours"/"cudnn" and "ours2"/"cudnn2" are two alternating runs in the same process. The ratio that counts is ours
-over cuDNN's median within a run; the two runs give its spread.
+A probe file holds entries, one per kernel variant and mask, each compiled and timed in a fresh process on the GPU:
+``{"variant", "mask", "code": {"ptxas_wgmma": [ptxas's serialisation warnings], "spill_lines", ...}, "rows":
+[{"ours": [median, slow, fast], "cudnn": [...], "ours2": [...], "cudnn2": [...], "max_abs_diff_vs_cudnn"}]}``, in
+TFLOP/s (slow and fast from the 90th and 10th percentile times), where "ours"/"cudnn" and "ours2"/"cudnn2" are two
+alternating runs in the same process. The files written before provenance was kept are a bare list of entries;
+later ones are ``{"provenance": {...}, "entries": [...]}``. The ratio that counts is ours over cuDNN's median
+within a run; the percentiles give its spread.
 """
 
 from __future__ import annotations
@@ -36,10 +38,16 @@ def probe_dir() -> Path | None:
 
 
 def load_probe(path) -> list[dict]:
-    """One probe file's entries; a file that is not a probe's list of entries is an error that names it."""
-    entries = json.loads(Path(path).read_text())
-    if not isinstance(entries, list) or not all({"variant", "mask", "code", "rows"} <= set(e) for e in entries):
-        raise ValueError(f"{path} is not a probe file (a list of entries with variant, mask, code and rows).")
+    """One probe file's entries (either layout); a file that is not a probe's is an error that names it."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not a probe file: not JSON ({err}).") from None
+    entries = data.get("entries") if isinstance(data, dict) else data
+    if not isinstance(entries, list) or not all(
+        isinstance(e, dict) and {"variant", "mask", "code", "rows"} <= set(e) for e in entries
+    ):
+        raise ValueError(f"{path} is not a probe file (entries with variant, mask, code and rows).")
     return entries
 
 
@@ -49,16 +57,30 @@ def find(entries, variant: str, mask: str) -> dict | None:
     return hits[-1] if hits else None
 
 
+def _row(entry) -> dict | None:
+    rows = [r for r in entry.get("rows", []) if "error" not in r]
+    if entry.get("rc") or len(rows) != 1 or not all(k in rows[0] for k in ("ours", "cudnn", "ours2", "cudnn2")):
+        return None
+    return rows[0]
+
+
 def ratios(entry) -> tuple[float, float] | None:
     """Ours over cuDNN's median TFLOP/s in each of the entry's two runs, or None where it did not run."""
-    rows = [r for r in entry.get("rows", []) if "error" not in r]
-    if entry.get("rc") or len(rows) != 1:
+    r = _row(entry)
+    return None if r is None else (r["ours"][0] / r["cudnn"][0], r["ours2"][0] / r["cudnn2"][0])
+
+
+def spread(entry) -> tuple[float, float] | None:
+    """The ratio's range over both runs from the percentiles: (our slow over cuDNN's fast, our fast over cuDNN's
+    slow), or None where it did not run."""
+    r = _row(entry)
+    if r is None:
         return None
-    r = rows[0]
-    return r["ours"][0] / r["cudnn"][0], r["ours2"][0] / r["cudnn2"][0]
+    runs = (("ours", "cudnn"), ("ours2", "cudnn2"))
+    return min(r[o][1] / r[c][2] for o, c in runs), max(r[o][2] / r[c][1] for o, c in runs)
 
 
-def warnings(entry) -> list[str]:
+def ptxas_warnings(entry) -> list[str]:
     """ptxas's codes for the warpgroup-matmul serialisation it reported (e.g. ['C7513']), sorted."""
     return sorted({m for line in entry["code"].get("ptxas_wgmma", []) for m in re.findall(r"\((C75\d\d)\)", line)})
 
@@ -73,12 +95,15 @@ def probe_line(entry, source: str, what: str | None = None) -> str:
     runs, ptxas's verdict, the file."""
     what = what or VARIANTS.get(entry["variant"], entry["variant"])
     mask = "causal" if entry["mask"] == "causal" else "no mask"
-    r = ratios(entry)
-    speed = f"{r[0]:.2f} and {r[1]:.2f} of cuDNN's speed" if r else "did not run"
-    warned = warnings(entry)
+    r, band = ratios(entry), spread(entry)
+    speed = f"{r[0]:.2f} and {r[1]:.2f} of cuDNN's speed (spread {band[0]:.2f}–{band[1]:.2f})" if r else "did not run"
+    warned = ptxas_warnings(entry)
     ptxas = f"`ptxas` warning {', '.join(warned)}" if warned else "no serialisation warning"
     if spills(entry):
         ptxas += ", registers spilled"
+    diff = (_row(entry) or {}).get("max_abs_diff_vs_cudnn")
+    if diff is not None and diff == diff and "wrong numbers" not in what:  # NaN: a diagnostic's wrong numbers
+        ptxas += f"; largest difference from cuDNN's output {diff:.1e}"
     return f"- {what}, {mask}: {speed}; {ptxas} (`scripts/{source}`)"
 
 
@@ -94,7 +119,8 @@ def probe_lines(picks, folder=None) -> str:
         path = folder / name
         entry = find(load_probe(path), variant, mask) if path.is_file() else None
         if entry is None:
-            lines.append(f"- {(what or [VARIANTS.get(variant, variant)])[0]}, {mask}: not in `scripts/{name}`")
+            missing = f"not in `scripts/{name}`" if path.is_file() else f"`scripts/{name}` is missing"
+            lines.append(f"- {(what or [VARIANTS.get(variant, variant)])[0]}, {mask}: {missing}")
         else:
             lines.append(probe_line(entry, name, *what))
     return "\n".join(lines)

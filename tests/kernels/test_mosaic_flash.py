@@ -377,28 +377,26 @@ def test_static_trip_loop_runs_exactly_the_steps_from_lo_to_hi(lo, hi, most):
     assert tuple(int(x) for x in run(jnp.int32(lo), jnp.int32(hi))) == expected
 
 
-def _masked_steps_by_enumeration(block_q, block_kv, seq):
-    """The pipelined causal kernel's masked steps for each warpgroup's rows, counted block by block: step j makes
-    key block j + 1; blocks 1..last are made in the loops, those not wholly at or below the rows' diagonal masked."""
-    n_kv, most = seq // block_kv, 0
-    for row0 in range(0, seq, block_q):
-        last = min(-(-(row0 + block_q) // block_kv), n_kv) - 1  # the warpgroup's last key block
-        masked = sum(1 for block in range(1, last + 1) if (block + 1) * block_kv - 1 > row0)
-        most = max(most, masked)
-    return most
-
-
 @pytest.mark.parametrize("block_q", [64, 128])
 @pytest.mark.parametrize("block_kv", [64, 128, 192, 256])
-def test_most_masked_steps_bounds_every_warpgroup(block_q, block_kv):
-    from attention_tutorial.kernels.mosaic_flash import most_masked_steps
+@pytest.mark.parametrize("t_over_s", [0.5, 1, 2])
+def test_pipelined_causal_bounds_fit_the_static_loops_and_mask_every_block_that_needs_it(block_q, block_kv, t_over_s):
+    """For every warpgroup (rows row0 .. row0 + block_q - 1, top-left causal, T != S too): the key blocks it sees,
+    counted from the mask itself, are made by the prologue (block 0) and the two loops; the unmasked loop makes only
+    blocks wholly at or below its first row; neither loop needs more steps than its static trip count."""
+    from attention_tutorial.kernels.mosaic_flash import most_masked_steps, pipelined_causal_bounds
 
-    for n_kv in range(1, 24):
-        seq = n_kv * block_kv
-        if seq % block_q:
-            continue
-        assert most_masked_steps(block_q, block_kv, n_kv) >= _masked_steps_by_enumeration(block_q, block_kv, seq)
-        assert most_masked_steps(block_q, block_kv, n_kv) <= max(n_kv - 1, 0)
+    for n_kv in range(1, 20):
+        seq_kv = n_kv * block_kv
+        seq_q = int(seq_kv * t_over_s) // block_q * block_q
+        for row0 in range(0, seq_q, block_q):
+            seen = -(-min(row0 + block_q, seq_kv) // block_kv)  # blocks holding a key <= the last row, within S
+            split, last = (int(x) for x in pipelined_causal_bounds(jnp.int32(row0), jnp.int32(seen), block_kv))
+            assert last == seen - 1  # prologue's block 0, then blocks 1..last from the loops
+            assert 0 <= split <= last <= n_kv - 1
+            assert split <= max(n_kv - 1, 0) and last - split <= most_masked_steps(block_q, block_kv, n_kv)
+            for j in range(split):  # step j makes block j + 1, unmasked: every key in it at or below row0
+                assert (j + 2) * block_kv - 1 <= row0, (row0, j)
 
 
 def test_the_flash_page_h256_budget_claims_hold():

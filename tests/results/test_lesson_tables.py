@@ -288,3 +288,32 @@ def test_serialised_words_name_the_kernels_ptxas_serialised_and_skip_unknown_one
     assert lt.serialised_words({"pallas bfloat16": {"wgmma_serialised": [], "registers": []}}).startswith(
         "No recorded kernel says"
     )
+
+
+def test_ratio_by_t_words_gives_each_t_its_median_ratio_against_every_baseline_recording():
+    r = _rec
+    fp8 = [r("cudnn_fp8_s448", 4096, False, 1.0), r("mosaic_fp8_regs", 4096, False, 1.0 / 0.96),
+           r("cudnn_fp8_s448", 8192, False, 4.0), r("mosaic_fp8_regs", 8192, False, 4.0 / 0.90),
+           r("mosaic_fp8_regs", 16384, False, 9.0),  # no baseline at T = 16384: left out
+           r("cudnn_fp8_s448", 4096, True, 1.0), r("mosaic_fp8_regs", 4096, True, 0.5)]  # fmt: skip
+    words = lt.ratio_by_t_words(fp8, fp8, "mosaic_fp8_regs", "cudnn_fp8_s448", causal=False)
+    assert words == "96.0 % at T = 4096, 90.0 % at T = 8192"
+    assert lt.ratio_by_t_words(fp8, fp8, "mosaic_fp8_regs", "cudnn_fp8_s448", causal=True) == "200.0 % at T = 4096"
+    assert lt.ratio_by_t_words(fp8, fp8, "mosaic_fp8", "cudnn_fp8_s448", causal=False) == "not recorded"
+    assert lt.ratio_by_t_words(fp8, fp8, "mosaic_fp8_regs", "cudnn_fp8_s448", causal=False,
+                               where=(("grid", "beyond"),)) == "not recorded"  # fmt: skip
+
+
+def test_slower_words_names_the_rows_whose_verdict_finds_the_kernel_slower():
+    rows = [{"H": 64, "mask": "none", "verdict": "slower"}, {"H": 64, "mask": "causal", "verdict": "on par"},
+            {"H": 128, "mask": "causal", "verdict": "slower at T = 4096; on par at T = 8192"},
+            {"H": 256, "mask": "none", "verdict": "faster at T = 4096; on par at T = 8192"}]  # fmt: skip
+    assert lt.slower_words(rows) == "H = 64 with no mask, H = 128 causal"
+    assert lt.slower_words(rows[1:2]) == "none"
+
+
+def test_code_shape_words_names_the_one_shape_or_nothing():
+    at = {"batch": 4, "seq_q": 4096, "heads": 16, "head_dim": 128}
+    assert lt.code_shape_words({"a": at, "b": dict(at)}) == "B = 4, T = 4096, N = 16, H = 128"
+    assert lt.code_shape_words({"a": at, "b": {**at, "seq_q": 8192}}) == ""
+    assert lt.code_shape_words({"a": {**at, "heads": None}}) == ""

@@ -9,7 +9,12 @@ import pytest
 from attention_tutorial.results import probes
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = (ROOT / "docs" / "flash_from_scratch.md").read_text()
+
+
+def page() -> str:
+    return (ROOT / "docs" / "flash_from_scratch.md").read_text()
+
+
 C7513 = (
     "ptxas info    : (C7513) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non "
     "wgmma instructions defining input registers of a wgmma between start and end of the pipeline stage"
@@ -29,6 +34,12 @@ def test_ratios_are_ours_over_cudnn_within_each_run():
     assert probes.ratios(entry(ours=(400.0, 450.0), cudnn=(500.0, 600.0))) == pytest.approx((0.8, 0.75))
 
 
+def test_spread_pairs_our_slow_with_their_fast_and_our_fast_with_their_slow():
+    # entry(): slow = 0.9 × median, fast = 1.1 × median, in TFLOP/s
+    low, high = probes.spread(entry(ours=(400.0, 450.0), cudnn=(500.0, 600.0)))
+    assert low == pytest.approx(min(360 / 550, 405 / 660)) and high == pytest.approx(max(440 / 450, 495 / 540))
+
+
 def test_a_failed_run_has_no_ratio():
     failed = entry()
     failed["rows"] = [{"variant": "pipe", "causal": True, "error": "XlaRuntimeError: boom"}]
@@ -38,8 +49,8 @@ def test_a_failed_run_has_no_ratio():
 
 
 def test_warnings_and_spills_are_read_from_ptxas_lines():
-    assert probes.warnings(entry(warned=True)) == ["C7513"]
-    assert probes.warnings(entry()) == []
+    assert probes.ptxas_warnings(entry(warned=True)) == ["C7513"]
+    assert probes.ptxas_warnings(entry()) == []
     assert probes.spills(entry(spill=480)) and not probes.spills(entry(spill=0))
 
 
@@ -47,8 +58,13 @@ def test_probe_line_words_the_variant_the_mask_both_runs_and_the_file():
     line = probes.probe_line(entry("pipe_dyn", "noncausal", ours=(370.0, 380.0), warned=True, spill=8), "p.json")
     assert line == (
         "- pipelined, its loop bound hidden from the compiler (the same value), no mask: 0.74 and 0.76 of cuDNN's "
-        "speed; `ptxas` warning C7513, registers spilled (`scripts/p.json`)"
+        "speed (spread 0.61–0.93); `ptxas` warning C7513, registers spilled (`scripts/p.json`)"
     )
+    checked = entry()
+    checked["rows"][0]["max_abs_diff_vs_cudnn"] = 0.001953125
+    assert "; largest difference from cuDNN's output 2.0e-03 (" in probes.probe_line(checked, "p.json")
+    checked["rows"][0]["max_abs_diff_vs_cudnn"] = float("nan")  # a diagnostic with wrong numbers says nothing
+    assert "difference" not in probes.probe_line(checked, "p.json")
     assert probes.probe_line(entry(), "p.json", "my words").startswith("- my words, causal: 0.80 and 1.00")
 
 
@@ -58,11 +74,33 @@ def test_probe_lines_reads_files_says_what_is_missing_and_rejects_what_is_no_pro
                                ("b.json", "pipe", "causal", "mine")], folder=tmp_path)  # fmt: skip
     lines = text.splitlines()
     assert lines[0].endswith("`ptxas` warning C7513 (`scripts/a.json`)")
-    assert lines[1] == "- pipelined, its loop bound hidden from the compiler (the same value), causal: not in `scripts/a.json`"
-    assert lines[2] == "- mine, causal: not in `scripts/b.json`"
+    assert (
+        lines[1]
+        == "- pipelined, its loop bound hidden from the compiler (the same value), causal: not in `scripts/a.json`"
+    )
+    assert lines[2] == "- mine, causal: `scripts/b.json` is missing"
     (tmp_path / "c.json").write_text(json.dumps({"records": []}))
-    with pytest.raises(ValueError, match="c.json is not a probe file"):
+    with pytest.raises(ValueError, match=r"c\.json is not a probe file"):
         probes.probe_lines([("c.json", "pipe", "causal")], folder=tmp_path)
+    (tmp_path / "d.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"d\.json is not a probe file"):
+        probes.load_probe(tmp_path / "d.json")
+    (tmp_path / "e.json").write_text("[{")
+    with pytest.raises(ValueError, match=r"e\.json is not a probe file: not JSON"):
+        probes.load_probe(tmp_path / "e.json")
+
+
+def test_files_with_provenance_read_like_the_bare_lists(tmp_path):
+    (tmp_path / "p.json").write_text(json.dumps({"provenance": {"commit": "abc"}, "entries": [entry(warned=True)]}))
+    assert probes.ptxas_warnings(probes.find(probes.load_probe(tmp_path / "p.json"), "pipe", "causal")) == ["C7513"]
+
+
+def test_the_probe_shape_named_on_the_page_is_the_probe_scripts():
+    import re
+
+    script = (ROOT / "scripts" / "gpu_issue17_probe.py").read_text()
+    b, t, n, h = map(int, re.search(r"^SHAPE = \((\d+), (\d+), (\d+), (\d+)\)", script, re.M).groups())
+    assert probes.PROBE_SHAPE == f"B = {b}, T = S = {t}, N = {n}, H = {h}, bfloat16"
 
 
 def test_probe_dir_is_the_repository_scripts_folder():
@@ -72,7 +110,7 @@ def test_probe_dir_is_the_repository_scripts_folder():
 def _probe(name, variant, mask):
     found = probes.find(probes.load_probe(ROOT / "scripts" / name), variant, mask)
     assert found is not None, (name, variant, mask)
-    assert name in PAGE  # the page cites the file it draws on
+    assert name in page()  # the page cites the file it draws on
     return found
 
 
@@ -82,33 +120,51 @@ def test_the_page_claims_on_the_causal_pipelined_kernel_hold_in_the_h200_probes(
     causal one, which now runs without it; unrolling by two did not help. Each must hold in the files it cites, the
     speed claims outside the two runs' spread."""
     for variant in ("pipe", "pipe_nowhere"):
-        assert probes.warnings(_probe("issue17_probe_nomask_h200.json", variant, "causal")) == ["C7513"]
+        assert probes.ptxas_warnings(_probe("issue17_probe_nomask_h200.json", variant, "causal")) == ["C7513"]
     seen = _probe("issue17_probe2_h200.json", "pipe", "noncausal")
     hidden = _probe("issue17_probe2_h200.json", "pipe_dyn", "noncausal")
-    assert probes.warnings(seen) == [] and probes.warnings(hidden) == ["C7513"]
+    assert probes.ptxas_warnings(seen) == [] and probes.ptxas_warnings(hidden) == ["C7513"]
     assert max(probes.ratios(hidden)) < min(probes.ratios(seen))
     former = _probe("issue17_probe2_h200.json", "pipe", "causal")
     static = _probe("issue17_probe2_h200.json", "pipe_static", "causal")
     now = _probe("issue17_probe3_h200.json", "pipe", "causal")
-    assert probes.warnings(former) == ["C7513"] and probes.warnings(static) == [] == probes.warnings(now)
+    assert probes.ptxas_warnings(former) == ["C7513"] and probes.ptxas_warnings(static) == [] == probes.ptxas_warnings(
+        now
+    )
     assert max(probes.ratios(former)) < min(probes.ratios(static)) <= max(probes.ratios(now))
     unrolled = _probe("issue17_probe_dyn_h200.json", "pipe_unroll2", "causal")
-    assert probes.warnings(unrolled) == ["C7513"] and max(probes.ratios(unrolled)) < min(probes.ratios(static))
+    assert probes.ptxas_warnings(unrolled) == ["C7513"] and max(probes.ratios(unrolled)) < min(probes.ratios(static))
 
 
-def test_the_page_ceiling_claim_holds_without_exponentials_the_kernels_pass_cudnn():
-    """'what stands between our kernels and cuDNN's speed is the part of the exponentials ... not hidden': without
-    them both kernels run above cuDNN in both runs, while with them the pipelined one does not."""
-    for variant in ("plain_noexp", "pipe_noexp"):
-        assert min(probes.ratios(_probe("issue17_probe_dyn_h200.json", variant, "noncausal"))) > 1.0
+def test_the_page_ceiling_claim_holds_by_the_medians_not_the_spreads():
+    """'without a mask, by the medians, what stands between our kernels and cuDNN's speed is the part of the
+    exponentials ... not hidden. The ceiling's spreads reach below the 105 % target ... nor did the probe run
+    causal': without exponentials both kernels' medians clear 105 % in both runs, while with them the pipelined one
+    stays below cuDNN; some spread reaches below 105 %; no file cited holds a causal no-exponential entry."""
+    ceilings = [_probe("issue17_probe_dyn_h200.json", v, "noncausal") for v in ("plain_noexp", "pipe_noexp")]
+    assert all(min(probes.ratios(e)) > 1.05 for e in ceilings)
+    assert min(probes.spread(e)[0] for e in ceilings) < 1.05
     assert max(probes.ratios(_probe("issue17_probe2_h200.json", "pipe", "noncausal"))) < 1.0
+    for name in ("issue17_probe_dyn_h200.json", "issue17_probe2_h200.json", "issue17_probe3_h200.json"):
+        entries = probes.load_probe(ROOT / "scripts" / name)
+        assert not [e for e in entries if "noexp" in e["variant"] and e["mask"] == "causal"]
+
+
+def test_the_page_fp8_machine_code_claim_holds():
+    """'Its machine code shows no serialisation and no spill (scripts/issue17_probe_fp8_h200.json, p through shared
+    memory)'."""
+    for mask in ("noncausal", "causal"):
+        fp8 = _probe("issue17_probe_fp8_h200.json", "fp8", mask)
+        assert probes.ptxas_warnings(fp8) == [] and not probes.spills(fp8)
 
 
 def test_the_page_fp8_stages_claim_holds_in_the_h200_tuning():
     """'three or four stages instead of two gained nothing at T = 8192': in the cited tuning file, p in registers,
     neither more stages' TFLOP/s is above two stages' by more than 2 %, with and without the mask."""
-    assert "fp8_tuning_h200.json" in PAGE
+    assert "fp8_tuning_h200.json" in page()
     rows = json.loads((ROOT / "scripts" / "fp8_tuning_h200.json").read_text())
+    tune = (ROOT / "scripts" / "tune.py").read_text()  # the file's rows predate their shape field: the script's
+    assert 'B, T, N = (4, 8192, 16) if kernel in ("pipe", "fp8")' in tune and "T = 8192" in page()
     for causal in (False, True):
         speed = {r["config"]: r["tflops"] for r in rows if r["causal"] is causal and "registers" in r["config"]}
         two = speed["FP8 64x128 stages 2 p via registers"]
