@@ -15,6 +15,8 @@ import json
 import re
 from pathlib import Path
 
+from .store import describe
+
 # The probe's problem (scripts/gpu_issue17_probe.py), named on the page beside its ratios.
 PROBE_SHAPE = "B = 4, T = S = 8192, N = 16, H = 128, bfloat16"
 
@@ -37,12 +39,16 @@ def probe_dir() -> Path | None:
     return folder if (folder / "gpu_issue17_probe.py").is_file() else None
 
 
-def load_probe(path) -> list[dict]:
-    """One probe file's entries (either layout); a file that is not a probe's is an error that names it."""
+def _read(path):
     try:
-        data = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not a probe file: not JSON ({err}).") from None
+
+
+def load_probe(path) -> list[dict]:
+    """One probe file's entries (either layout); a file that is not a probe's is an error that names it."""
+    data = _read(path)
     entries = data.get("entries") if isinstance(data, dict) else data
     if not isinstance(entries, list) or not all(
         isinstance(e, dict) and {"variant", "mask", "code", "rows"} <= set(e) for e in entries
@@ -107,10 +113,32 @@ def probe_line(entry, source: str, what: str | None = None) -> str:
     return f"- {what}, {mask}: {speed}; {ptxas} (`scripts/{source}`)"
 
 
+def provenance_words(paths) -> str:
+    """Where the probe files at ``paths`` come from: each file's GPU, versions, date and commit where it kept them;
+    the files written before the probe kept its provenance named as such."""
+    said, bare = [], []
+    for path in map(Path, paths):
+        data = _read(path)
+        prov = data.get("provenance") if isinstance(data, dict) else None
+        if prov:
+            commit = f", commit {prov['commit'][:7]}{' with changes' if prov.get('dirty') else ''}" if prov.get(
+                "commit") else ""  # fmt: skip
+            machine = describe(prov) if {"jax", "jaxlib", "python", "created"} <= set(prov) else "its versions unread"
+            said.append(f"`scripts/{path.name}`: {machine}{commit}")
+        else:
+            bare.append(f"`scripts/{path.name}`")
+    if bare:
+        were = "was" if len(bare) == 1 else "were"
+        said.append(f"{', '.join(bare)} {were} written before the probe kept its provenance: the GPU's driver and "
+                    "versions were not saved with them")  # fmt: skip
+    return "; ".join(said) + "." if said else ""
+
+
 def probe_lines(picks, folder=None) -> str:
     """Markdown bullets for ``picks`` — (file name, variant, mask) or (file name, variant, mask, words for the
-    variant) — read from ``folder`` (the repository's ``scripts/``); says so where the files are not there (an
-    installed package) or an entry is missing."""
+    variant) — read from ``folder`` (the repository's ``scripts/``), then where the files come from
+    (:func:`provenance_words`); says so where the files are not there (an installed package) or an entry is
+    missing."""
     folder = Path(folder) if folder is not None else probe_dir()
     if folder is None:
         return "*The probe files live in the repository's `scripts/` folder, not in the installed package.*"
@@ -123,4 +151,6 @@ def probe_lines(picks, folder=None) -> str:
             lines.append(f"- {(what or [VARIANTS.get(variant, variant)])[0]}, {mask}: {missing}")
         else:
             lines.append(probe_line(entry, name, *what))
-    return "\n".join(lines)
+    found = [folder / name for name in dict.fromkeys(pick[0] for pick in picks) if (folder / name).is_file()]
+    origin = provenance_words(found)
+    return "\n".join(lines) + (f"\n\nWhere they come from: {origin}" if origin else "")

@@ -95,6 +95,35 @@ def test_files_with_provenance_read_like_the_bare_lists(tmp_path):
     assert probes.ptxas_warnings(probes.find(probes.load_probe(tmp_path / "p.json"), "pipe", "causal")) == ["C7513"]
 
 
+MACHINE = {"gpu": "NVIDIA H200", "driver": "580.159.04", "jax": "0.11.2", "jaxlib": "0.11.2", "cudnn": "9.19.0",
+           "transformer_engine": None, "python": "3.12.3", "created": "2026-12-03T18:30:00+00:00"}  # fmt: skip
+
+
+def test_probe_lines_end_with_where_each_file_comes_from(tmp_path):
+    prov = {**MACHINE, "commit": "0123456789abcdef", "dirty": True}
+    (tmp_path / "new.json").write_text(json.dumps({"provenance": prov, "entries": [entry()]}))
+    (tmp_path / "old.json").write_text(json.dumps([entry()]))
+    (tmp_path / "old2.json").write_text(json.dumps([entry()]))
+    (tmp_path / "bad.json").write_text(
+        json.dumps({"provenance": {"error": "no GPU", "commit": None}, "entries": [entry()]})
+    )
+    picks = [("new.json", "pipe", "causal"), ("old.json", "pipe", "causal"), ("new.json", "pipe", "causal", "again"),
+             ("old2.json", "pipe", "causal"), ("bad.json", "pipe", "causal"), ("gone.json", "pipe", "causal")]  # fmt: skip
+    text = probes.probe_lines(picks, folder=tmp_path)
+    bullets, origin = text.split("\n\n")
+    assert len(bullets.splitlines()) == len(picks)
+    assert origin == (
+        "Where they come from: `scripts/new.json`: NVIDIA H200 (driver 580.159.04), JAX 0.11.2 / jaxlib 0.11.2, "
+        "cuDNN 9.19.0, Python 3.12.3, recorded 2026-12-03, commit 0123456 with changes; `scripts/bad.json`: its "
+        "versions unread; `scripts/old.json`, `scripts/old2.json` were written before the probe kept its provenance: "
+        "the GPU's driver and versions were not saved with them."
+    )
+    one = probes.probe_lines([("old.json", "pipe", "causal")], folder=tmp_path)
+    assert one.endswith("`scripts/old.json` was written before the probe kept its provenance: the GPU's driver and "
+                        "versions were not saved with them.")  # fmt: skip
+    assert "Where" not in probes.probe_lines([("gone.json", "pipe", "causal")], folder=tmp_path)
+
+
 def test_the_probe_shape_named_on_the_page_is_the_probe_scripts():
     import re
 
