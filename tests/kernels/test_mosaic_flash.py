@@ -2,6 +2,7 @@
 
 import functools
 import re
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +31,8 @@ from tests.kernels.test_pallas_flash import (  # float64 NumPy gradients, shared
     assert_grads_match,
     reference_lse,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -407,3 +410,14 @@ def test_the_flash_page_h256_budget_claims_hold():
     assert smem_bytes(MosaicConfig(), 256, jnp.bfloat16) > SMEM_BYTES  # H = 128's key block does not fit at 256
     assert 2 * default_config(256).block_kv == MosaicConfig().block_kv == default_config(128).block_kv
     assert tile_registers(default_config(256, pipeline=True), 256) == TILE_REGISTERS
+
+
+def test_jax_pipeline_emitter_forward_refuses_causal_as_the_flash_page_says():
+    # The flash page gives this as one reason the pipelining is written by hand, not with
+    # plgpu.emit_pipeline_warp_specialized: when JAX's emitter-based forward takes causal masks, the page must change.
+    attention_mgpu = pytest.importorskip("jax.experimental.pallas.ops.gpu.attention_mgpu")
+    assert "does not take causal masks" in " ".join((ROOT / "docs" / "flash_from_scratch.md").read_text().split())
+    q = jnp.zeros((1, 256, 2, 64), jnp.float16)
+    config = attention_mgpu.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, causal=True)
+    with pytest.raises(NotImplementedError, match=r"[Cc]ausal"):
+        attention_mgpu.attention_with_pipeline_emitter(q, q, q, config)
