@@ -63,6 +63,18 @@ def cudnn_fp8_attention(q, k, v, *, is_causal=False, scale_s: float = 1.0):
     return (out8.astype(jnp.float32) * dv).astype(jnp.bfloat16)  # O was stored as O · scale_o
 
 
+def output_rounding_error(q, k, v, *, is_causal: bool = False) -> float:
+    """The relative error (against float32) of rounding the exact attention output to E4M3 the way cuDNN's FP8 path
+    stores it — O · scale_o with scale_o = 1 / descale_v, as :func:`cudnn_fp8_attention` asks — and nothing else:
+    the part of cuDNN FP8's error that its 8-bit output alone costs. Runs on any backend."""
+    ref = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=is_causal, implementation="xla"))(
+        *(x.astype(jnp.float32) for x in (q, k, v))
+    )
+    _, dv = quantize_e4m3(v)
+    rounded = (ref / dv).astype(jnp.float8_e4m3fn).astype(jnp.float32) * dv
+    return rel_error(rounded, ref)
+
+
 def _point(impl, shape: AttentionShape, causal, dtype) -> Point:
     return Point(impl, *shape, dtype=dtype, causal=causal)
 

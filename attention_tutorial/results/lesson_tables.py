@@ -4,6 +4,7 @@ and :func:`recorded_lesson` to read the ones the recorder kept."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from ..measure.lessons import INPUT_KINDS
 from ..registry import IMPLEMENTATIONS
@@ -215,7 +216,7 @@ def _unique(records) -> list[dict]:
     return list({json.dumps(r, sort_keys=True, default=str): r for r in records}.values())
 
 
-def _claims_by_t(records, pool, want: dict, baseline: str, min_seq: int, by=()) -> dict[int, Claim]:
+def _claims_by_t(records, pool, want: dict, baseline: str, min_seq: int, by=(), base=()) -> dict[int, Claim]:
     """{T: how the records matching ``want`` compare with ``baseline`` at T} (T >= ``min_seq``): ours from
     ``records`` (several recordings of a point pooled), the baseline's from every recording in ``pool``."""
     from .claims import POINT_FIELDS
@@ -229,7 +230,7 @@ def _claims_by_t(records, pool, want: dict, baseline: str, min_seq: int, by=()) 
         if differ := [f for f in POINT_FIELDS if len({r.get(f) for r in mine}) > 1]:
             raise ValueError(f"race_rows: {want['impl']}'s records at T = {t} differ in {', '.join(differ)}; "
                              f"add it to by= (now {tuple(by)}) or pass one kind only.")  # fmt: skip
-        if others := same_point(pool, mine[0], impl=baseline):
+        if others := same_point(pool, mine[0], **dict(base, impl=baseline)):
             got[t] = compare(mine, others)  # several recordings of the point: pooled, as the baseline
     return got
 
@@ -267,23 +268,59 @@ def race_rows(
     return rows
 
 
-def ratio_by_t_words(records, everything, impl: str, baseline: str, *, causal: bool, where=()) -> str:
+def ratio_by_t_words(
+    records, everything, impl: str, baseline: str, *, causal: bool, where=(), baseline_where=()
+) -> str:
     """``impl``'s speed against ``baseline`` at each T, medians, as '96.1 % at T = 4096, …, 89.8 % at T = 65536' (the
-    records matching ``where``, pairs of field and value; the baseline's from every recording in ``everything``);
-    'not recorded' when no point has both."""
+    records matching ``where``, pairs of field and value; the baseline's from every recording in ``everything``, at
+    the same point but for the fields in ``baseline_where``, e.g. (("dtype", "bfloat16"),) to set FP8 against
+    bf16); 'not recorded' when no point has both."""
     want = dict(where, impl=impl, causal=causal, status="ok")
-    got = _claims_by_t(records, _unique([*everything, *records]), want, baseline, 0)
+    got = _claims_by_t(records, _unique([*everything, *records]), want, baseline, 0, base=baseline_where)
     if not got:
         return "not recorded"
     return ", ".join(f"{100 * c.value:.1f} % at T = {t}" for t, c in got.items())
 
 
-def slower_words(rows) -> str:
-    """From :func:`race_rows`' rows, the H and masks whose verdict finds the kernel slower at some T, as 'H = 64 with
-    no mask, H = 64 causal, H = 128 causal'; 'none' when no row does."""
+def slower_words(rows, word: str = "slower") -> str:
+    """From :func:`race_rows`' rows, the H and masks whose verdict finds the kernel ``word`` ('slower' or 'faster')
+    at some T, as 'H = 64 with no mask, H = 64 causal, H = 128 causal'; 'none' when no row does."""
     hits = [f"H = {r['H']} {_mask_words(r['mask'])}" if "H" in r else _mask_words(r["mask"])
-            for r in rows if "slower" in r["verdict"]]  # fmt: skip
+            for r in rows if word in r["verdict"]]  # fmt: skip
     return ", ".join(hits) or "none"
+
+
+def fp8_error_words(
+    records, rounding: float, where: str, *, ours: str = "mosaic_fp8_regs", theirs: str = "cudnn_fp8_s448"
+) -> str:
+    """Whether ``ours`` (bf16 output) and ``theirs`` (cuDNN's FP8 path, E4M3 output) differ in error once the output
+    format is set apart: ``rounding`` is the error of rounding the exact output to E4M3 alone (computed ``where``,
+    from :func:`attention_tutorial.measure.fp8.output_rounding_error`); ours with it added in quadrature (the two
+    taken as independent) is set beside theirs at each point where both recorded an error. Alike within 10 %."""
+    pairs = []
+    for r in records:
+        if r.get("impl") == ours and r.get("status") == "ok" and r.get("rel_error") is not None:
+            got = [o["rel_error"] for o in same_point(records, r, impl=theirs) if o.get("rel_error") is not None]
+            if got:
+                pairs.append((r, math.hypot(r["rel_error"], rounding), max(got)))
+    head = (f"cuDNN's FP8 path writes its output in E4M3, ours in bf16. Rounding the exact output to E4M3 as cuDNN's "
+            f"path does, and nothing else, costs a relative error of {rounding:.3f} (computed by this build on "
+            f"{where})")  # fmt: skip
+    if not pairs:
+        return head + "; no recorded point has both kernels' errors to set it beside."
+    each = "; ".join(f"{c:.3f} against {t:.3f} {_mask_words('causal' if r['causal'] else 'none')} "
+                     f"(T = {r['seq_q']})" for r, c, t in sorted(pairs, key=lambda p: (p[0]["causal"], p[0]["seq_q"])))  # fmt: skip
+    ratios = [c / t for _, c, t in pairs]
+    if all(abs(x - 1) <= 0.1 for x in ratios):
+        verdict = ("so ours is smaller because it writes bf16: with the same output rounding the two errors are "
+                   "alike")  # fmt: skip
+    elif all(x < 0.9 for x in ratios):
+        verdict = "so ours is smaller even with the same output rounding"
+    elif all(x > 1.1 for x in ratios):
+        verdict = "so with the same output rounding ours would be the larger"
+    else:
+        verdict = "so with the same output rounding neither is smaller at every point"
+    return f"{head}. Ours with that rounding added, √(ours² + {rounding:.3f}²), against cuDNN's: {each} — {verdict}."
 
 
 @dataclasses.dataclass(frozen=True)

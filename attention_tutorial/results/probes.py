@@ -1,6 +1,8 @@
 """The machine-code probes of issue 17 (``scripts/gpu_issue17_probe.py``), read for the pages.
 
-A probe file holds entries, one per kernel variant and mask, each compiled and timed in a fresh process on the GPU:
+A probe file holds entries, one per kernel variant and mask, each compiled and timed in a fresh process on the GPU
+(the first probes compiled both masks in one process, an entry per variant with a row per mask; they are read as
+one entry per mask):
 ``{"variant", "mask", "code": {"ptxas_wgmma": [ptxas's serialisation warnings], "spill_lines", ...}, "rows":
 [{"ours": [median, slow, fast], "cudnn": [...], "ours2": [...], "cudnn2": [...], "max_abs_diff_vs_cudnn"}]}``, in
 TFLOP/s (slow and fast from the 90th and 10th percentile times), where "ours"/"cudnn" and "ours2"/"cudnn2" are two
@@ -50,6 +52,10 @@ def load_probe(path) -> list[dict]:
     """One probe file's entries (either layout); a file that is not a probe's is an error that names it."""
     data = _read(path)
     entries = data.get("entries") if isinstance(data, dict) else data
+    if isinstance(entries, list) and all(isinstance(e, dict) and "mask" not in e for e in entries):
+        # the first probes compiled both masks in one process: an entry per variant, a row per mask
+        entries = [{**e, "mask": "causal" if r.get("causal") else "noncausal", "rows": [r], "code_of": "both masks"}
+                   for e in entries for r in e.get("rows", [])]  # fmt: skip
     if not isinstance(entries, list) or not all(
         isinstance(e, dict) and {"variant", "mask", "code", "rows"} <= set(e) for e in entries
     ):
@@ -105,6 +111,8 @@ def probe_line(entry, source: str, what: str | None = None) -> str:
     speed = f"{r[0]:.2f} and {r[1]:.2f} of cuDNN's speed (spread {band[0]:.2f}–{band[1]:.2f})" if r else "did not run"
     warned = ptxas_warnings(entry)
     ptxas = f"`ptxas` warning {', '.join(warned)}" if warned else "no serialisation warning"
+    if entry.get("code_of") == "both masks":  # one ptxas run for both kernels: whose warning, it does not say
+        ptxas += " (ptxas's output covers both masks' kernels, compiled together)"
     if spills(entry):
         ptxas += ", registers spilled"
     diff = (_row(entry) or {}).get("max_abs_diff_vs_cudnn")

@@ -403,13 +403,23 @@ def test_pipelined_causal_bounds_fit_the_static_loops_and_mask_every_block_that_
 
 
 def test_the_flash_page_h256_budget_claims_hold():
-    """The flash page: 'shared memory forces a key block half the size of the H = 128 kernel's, and the pipelined
-    tiles take every register the compute warpgroups are given'."""
+    """The flash page: with H = 128's key block, H = 256's tiles overflow shared memory at two stages and the tile
+    registers at any number of stages; the pipelined tiles fill the tile registers at H = 256 as at H = 128."""
     from attention_tutorial.kernels.mosaic_flash import SMEM_BYTES, TILE_REGISTERS
 
-    assert smem_bytes(MosaicConfig(), 256, jnp.bfloat16) > SMEM_BYTES  # H = 128's key block does not fit at 256
-    assert 2 * default_config(256).block_kv == MosaicConfig().block_kv == default_config(128).block_kv
-    assert tile_registers(default_config(256, pipeline=True), 256) == TILE_REGISTERS
+    text = " ".join((ROOT / "docs" / "flash_from_scratch.md").read_text().split())
+    assert "the tiles overflow shared memory at two stages, and the registers set aside for tiles at any number" in text
+    wide = MosaicConfig()  # H = 128's tiles
+    assert wide.stages == 2 and smem_bytes(wide, 256, jnp.bfloat16) > SMEM_BYTES
+    for stages in (1, 2, 3):
+        assert tile_registers(MosaicConfig(stages=stages), 256) > TILE_REGISTERS
+    assert smem_bytes(MosaicConfig(stages=1), 256, jnp.bfloat16) <= SMEM_BYTES  # one stage would fit in memory
+    assert 2 * default_config(256).block_kv == wide.block_kv == default_config(128).block_kv
+    assert "but so they do at H = 128, so a full budget alone does not set H = 256 apart" in text
+    full = (default_config(256, pipeline=True), 256), (default_config(128, pipeline=True), 128)
+    assert [tile_registers(cfg, H) for cfg, H in full] == [TILE_REGISTERS] * 2
+    assert "gets 232 registers (`set_max_registers` in the kernel), of which the kernel sets 192 aside" in text
+    assert TILE_REGISTERS == 192 and SMEM_BYTES == 227 * 1024
 
 
 def test_jax_pipeline_emitter_forward_refuses_causal_as_the_flash_page_says():

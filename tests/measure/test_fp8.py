@@ -1,6 +1,7 @@
 """The FP8 experiments' bookkeeping, on any machine (the measurements themselves need a GPU)."""
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from attention_tutorial.inputs import AttentionShape
@@ -96,3 +97,25 @@ def test_a_wrong_answer_is_recorded_as_an_error_not_timed(monkeypatch):
     for impl in ("mosaic", "mosaic_fp8", "mosaic_fp8_regs"):
         assert recs[impl]["status"] == "error" and "wrong result: relative error" in recs[impl]["reason"]
     assert not timed and ways[:2] == ["smem", "registers"]  # mosaic_fp8, then mosaic_fp8_regs
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_output_rounding_error_is_e4m3_rounding_of_the_float64_output(causal):
+    import ml_dtypes
+    import numpy as np
+
+    from attention_tutorial.inputs import make_qkv
+
+    q, k, v = make_qkv(1, 256, 2, 64, dtype=jnp.bfloat16, seed=3)
+    q64, k64, v64 = (np.asarray(x, np.float64) for x in (q, k, v))
+    s = np.einsum("btnh,bsnh->bnts", q64, k64) / 8.0
+    if causal:
+        s = np.where(np.tril(np.ones((256, 256), bool)), s, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    o = np.einsum("bnts,bsnh->btnh", w / w.sum(-1, keepdims=True), v64)
+    dv = np.abs(v64).max() / 448.0  # cuDNN's scale_o = 1 / descale_v
+    rounded = (o / dv).astype(ml_dtypes.float8_e4m3fn).astype(np.float64) * dv
+    want = np.linalg.norm(rounded - o) / np.linalg.norm(o)
+    got = fp8.output_rounding_error(q, k, v, is_causal=causal)
+    assert 0.005 < want < 2.0**-4  # E4M3 keeps 3 mantissa bits: half an ulp is at most 2^-4 of a normal value
+    assert got == pytest.approx(want, rel=0.02)

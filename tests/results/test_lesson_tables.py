@@ -302,6 +302,11 @@ def test_ratio_by_t_words_gives_each_t_its_median_ratio_against_every_baseline_r
     assert lt.ratio_by_t_words(fp8, fp8, "mosaic_fp8", "cudnn_fp8_s448", causal=False) == "not recorded"
     assert lt.ratio_by_t_words(fp8, fp8, "mosaic_fp8_regs", "cudnn_fp8_s448", causal=False,
                                where=(("grid", "beyond"),)) == "not recorded"  # fmt: skip
+    # against another dtype only when asked: FP8 over bf16 at the same point
+    fp8.append(r("mosaic", 4096, False, 2.0, dtype="bfloat16"))
+    assert lt.ratio_by_t_words(fp8, fp8, "mosaic_fp8_regs", "mosaic", causal=False) == "not recorded"
+    assert lt.ratio_by_t_words(fp8, fp8, "mosaic_fp8_regs", "mosaic", causal=False,
+                               baseline_where=(("dtype", "bfloat16"),)) == "192.0 % at T = 4096"  # fmt: skip
 
 
 def test_slower_words_names_the_rows_whose_verdict_finds_the_kernel_slower():
@@ -310,6 +315,7 @@ def test_slower_words_names_the_rows_whose_verdict_finds_the_kernel_slower():
             {"H": 256, "mask": "none", "verdict": "faster at T = 4096; on par at T = 8192"}]  # fmt: skip
     assert lt.slower_words(rows) == "H = 64 with no mask, H = 128 causal"
     assert lt.slower_words(rows[1:2]) == "none"
+    assert lt.slower_words(rows, word="faster") == "H = 256 with no mask"
 
 
 def test_code_shape_words_names_the_one_shape_or_nothing():
@@ -317,3 +323,27 @@ def test_code_shape_words_names_the_one_shape_or_nothing():
     assert lt.code_shape_words({"a": at, "b": dict(at)}) == "B = 4, T = 4096, N = 16, H = 128"
     assert lt.code_shape_words({"a": at, "b": {**at, "seq_q": 8192}}) == ""
     assert lt.code_shape_words({"a": {**at, "heads": None}}) == ""
+
+
+def test_fp8_error_words_set_the_output_rounding_apart_before_comparing():
+    r = _rec
+    where = "made-up inputs"
+    alike = [r("mosaic_fp8_regs", 4096, False, 1.0, err=0.04), r("cudnn_fp8_s448", 4096, False, 1.0, err=0.05),
+             r("mosaic_fp8_regs", 4096, True, 1.0, err=0.04), r("cudnn_fp8_s448", 4096, True, 1.0, err=0.052),
+             r("mosaic_fp8_regs", 8192, False, 1.0)]  # no error at T = 8192: left out  # fmt: skip
+    words = lt.fp8_error_words(alike, 0.03, where)
+    assert words.startswith("cuDNN's FP8 path writes its output in E4M3, ours in bf16. Rounding the exact output to "
+                            "E4M3 as cuDNN's path does, and nothing else, costs a relative error of 0.030 (computed "
+                            "by this build on made-up inputs). Ours with that rounding added")  # fmt: skip
+    # hypot(0.04, 0.03) = 0.05: 0.050 against 0.050 and 0.052, within 10 %
+    assert ": 0.050 against 0.050 with no mask (T = 4096); 0.050 against 0.052 causal (T = 4096) — " in words
+    assert words.endswith("so ours is smaller because it writes bf16: with the same output rounding the two errors "
+                          "are alike.")  # fmt: skip
+    smaller = [r("mosaic_fp8_regs", 4096, False, 1.0, err=0.01), r("cudnn_fp8_s448", 4096, False, 1.0, err=0.06)]
+    assert lt.fp8_error_words(smaller, 0.01, where).endswith("so ours is smaller even with the same output rounding.")
+    larger = [r("mosaic_fp8_regs", 4096, False, 1.0, err=0.08), r("cudnn_fp8_s448", 4096, False, 1.0, err=0.05)]
+    assert lt.fp8_error_words(larger, 0.03, where).endswith("with the same output rounding ours would be the larger.")
+    mixed = [*smaller, *[{**x, "causal": True} for x in larger]]
+    assert lt.fp8_error_words(mixed, 0.01, where).endswith("neither is smaller at every point.")
+    assert lt.fp8_error_words(alike[:1], 0.03, where).endswith("no recorded point has both kernels' errors to set it "
+                                                              "beside.")  # fmt: skip

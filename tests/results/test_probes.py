@@ -199,3 +199,37 @@ def test_the_page_fp8_stages_claim_holds_in_the_h200_tuning():
         two = speed["FP8 64x128 stages 2 p via registers"]
         more = [speed[f"FP8 64x128 stages {n} p via registers"] for n in (3, 4)]
         assert two and all(m is not None and m < 1.02 * two for m in more), speed
+
+
+def test_the_first_probes_both_masks_in_one_entry_read_as_one_entry_per_mask(tmp_path):
+    both = entry(ours=(300.0, 300.0))
+    both["rows"].append({**entry(mask="noncausal")["rows"][0], "causal": False})
+    both["rows"][0]["causal"] = True
+    del both["mask"]
+    (tmp_path / "old.json").write_text(json.dumps([both]))
+    entries = probes.load_probe(tmp_path / "old.json")
+    assert [(e["mask"], len(e["rows"])) for e in entries] == [("causal", 1), ("noncausal", 1)]
+    assert probes.ratios(probes.find(entries, "pipe", "causal")) == pytest.approx((0.6, 0.6))
+    assert probes.ratios(probes.find(entries, "pipe", "noncausal")) == pytest.approx((0.8, 1.0))
+    both_warned = {**both, "code": entry(warned=True)["code"]}
+    (tmp_path / "old2.json").write_text(json.dumps([both_warned]))
+    line = probes.probe_line(probes.find(probes.load_probe(tmp_path / "old2.json"), "pipe", "noncausal"), "old2.json")
+    assert "`ptxas` warning C7513 (ptxas's output covers both masks' kernels, compiled together)" in line
+
+
+def test_the_page_pipelined_tuning_claim_holds_in_the_h200_tuning():
+    """'at H = 128 the only pipelined tiles with 128-key blocks that fit, and 64-key blocks were slower'
+    (scripts/pipe_tuning_h200.json): three stages did not compile, and every 64-key block ran below the default."""
+    from attention_tutorial.kernels.mosaic_flash import MosaicConfig
+
+    text = " ".join(page().split())
+    assert "at H = 128 the only pipelined tiles with 128-key blocks that fit, and 64-key blocks were slower" in text
+    cfg = MosaicConfig()
+    assert (cfg.block_q, cfg.block_kv, cfg.stages) == (64, 128, 2)
+    rows = json.loads((ROOT / "scripts" / "pipe_tuning_h200.json").read_text())
+    for causal in (False, True):
+        speed = {r["config"]: r["tflops"] for r in rows if r["causal"] is causal and r["H"] == 128}
+        chosen = speed["64x128 stages 2 pipelined"]
+        assert chosen and speed["64x128 stages 3 pipelined"] is None
+        smaller = [v for k, v in speed.items() if k.startswith("64x64") and k.endswith("pipelined")]
+        assert len(smaller) == 3 and max(smaller) < chosen
