@@ -493,6 +493,7 @@ def serialised_words(code: dict) -> str:
     kernels = f"{n} recorded kernel{'s' if n > 1 else ''} whose `ptxas` output was read{at}"
     bad = {key: sorted({w.split(":")[0] for w in warn}) for key, warn in known.items() if warn}
     if not bad:
-        return f"`ptxas` serialised the warpgroup matmuls of none of the {kernels}."
+        return (f"None of the {kernels} got a serialisation warning from `ptxas`." if n > 1 else
+                f"The {kernels} got no serialisation warning from `ptxas`.")  # fmt: skip
     said = "; ".join(f"{name(key)}, warning {', '.join(codes)}" for key, codes in bad.items())
     return f"Of the {kernels}, `ptxas` serialised the warpgroup matmuls of {len(bad)}: {said}."

@@ -108,7 +108,8 @@ def probe_line(entry, source: str, what: str | None = None) -> str:
     what = what or VARIANTS.get(entry["variant"], entry["variant"])
     mask = "causal" if entry["mask"] == "causal" else "no mask"
     r, band = ratios(entry), spread(entry)
-    speed = f"{r[0]:.2f} and {r[1]:.2f} of cuDNN's speed (spread {band[0]:.2f}–{band[1]:.2f})" if r else "did not run"
+    speed = (f"{100 * r[0]:.0f} % and {100 * r[1]:.0f} % of cuDNN's speed (spread {100 * band[0]:.0f}–"
+             f"{100 * band[1]:.0f} %)" if r else "did not run")  # fmt: skip
     warned = ptxas_warnings(entry)
     ptxas = f"`ptxas` warning {', '.join(warned)}" if warned else "no serialisation warning"
     if entry.get("code_of") == "both masks":  # one ptxas run for both kernels: whose warning, it does not say
@@ -119,6 +120,24 @@ def probe_line(entry, source: str, what: str | None = None) -> str:
     if diff is not None and diff == diff and "wrong numbers" not in what:  # NaN: a diagnostic's wrong numbers
         ptxas += f"; largest difference from cuDNN's output {diff:.1e}"
     return f"- {what}, {mask}: {speed}; {ptxas} (`scripts/{source}`)"
+
+
+def _committed(path: Path) -> str | None:
+    """The day git first committed ``path``, or None outside a git checkout, in a shallow one (whose oldest commit
+    seems to add every file) or without git."""
+    import subprocess
+
+    try:
+        shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=path.parent,
+                                 capture_output=True, text=True, timeout=30)  # fmt: skip
+        if shallow.returncode or shallow.stdout.strip() != "false":
+            return None
+        run = subprocess.run(["git", "log", "--diff-filter=A", "--format=%cs", "--", path.name], cwd=path.parent,
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    days = run.stdout.split() if run.returncode == 0 else []
+    return days[-1] if days else None
 
 
 def provenance_words(paths) -> str:
@@ -134,7 +153,8 @@ def provenance_words(paths) -> str:
             machine = describe(prov) if {"jax", "jaxlib", "python", "created"} <= set(prov) else "its versions unread"
             said.append(f"`scripts/{path.name}`: {machine}{commit}")
         else:
-            bare.append(f"`scripts/{path.name}`")
+            day = _committed(path)
+            bare.append(f"`scripts/{path.name}`" + (f" (committed {day})" if day else ""))
     if bare:
         were = "was" if len(bare) == 1 else "were"
         said.append(f"{', '.join(bare)} {were} written before the probe kept its provenance: the GPU's driver and "

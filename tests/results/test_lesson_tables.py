@@ -283,7 +283,13 @@ def test_serialised_words_name_the_kernels_ptxas_serialised_and_skip_unknown_one
         "warning C7513."
     )
     assert lt.serialised_words({"mosaic bfloat16": {"wgmma_serialised": [], "registers": [168]}}) == (
-        "`ptxas` serialised the warpgroup matmuls of none of the 1 recorded kernel whose `ptxas` output was read."
+        "The 1 recorded kernel whose `ptxas` output was read got no serialisation warning from `ptxas`."
+    )
+    two = {"mosaic bfloat16": {**at, "wgmma_serialised": [], "registers": [168]},
+           "mosaic bfloat16 causal": {**at, "wgmma_serialised": [], "registers": [168]}}  # fmt: skip
+    assert lt.serialised_words(two) == (
+        "None of the 2 recorded kernels whose `ptxas` output was read (all at B = 4, T = 4096, N = 16, H = 128) got a "
+        "serialisation warning from `ptxas`."
     )
     assert lt.serialised_words({"pallas bfloat16": {"wgmma_serialised": [], "registers": []}}).startswith(
         "No recorded kernel says"

@@ -57,15 +57,15 @@ def test_warnings_and_spills_are_read_from_ptxas_lines():
 def test_probe_line_words_the_variant_the_mask_both_runs_and_the_file():
     line = probes.probe_line(entry("pipe_dyn", "noncausal", ours=(370.0, 380.0), warned=True, spill=8), "p.json")
     assert line == (
-        "- pipelined, its loop bound hidden from the compiler (the same value), no mask: 0.74 and 0.76 of cuDNN's "
-        "speed (spread 0.61–0.93); `ptxas` warning C7513, registers spilled (`scripts/p.json`)"
+        "- pipelined, its loop bound hidden from the compiler (the same value), no mask: 74 % and 76 % of cuDNN's "
+        "speed (spread 61–93 %); `ptxas` warning C7513, registers spilled (`scripts/p.json`)"
     )
     checked = entry()
     checked["rows"][0]["max_abs_diff_vs_cudnn"] = 0.001953125
     assert "; largest difference from cuDNN's output 2.0e-03 (" in probes.probe_line(checked, "p.json")
     checked["rows"][0]["max_abs_diff_vs_cudnn"] = float("nan")  # a diagnostic with wrong numbers says nothing
     assert "difference" not in probes.probe_line(checked, "p.json")
-    assert probes.probe_line(entry(), "p.json", "my words").startswith("- my words, causal: 0.80 and 1.00")
+    assert probes.probe_line(entry(), "p.json", "my words").startswith("- my words, causal: 80 % and 100 %")
 
 
 def test_probe_lines_reads_files_says_what_is_missing_and_rejects_what_is_no_probe(tmp_path):
@@ -233,3 +233,23 @@ def test_the_page_pipelined_tuning_claim_holds_in_the_h200_tuning():
         assert chosen and speed["64x128 stages 3 pipelined"] is None
         smaller = [v for k, v in speed.items() if k.startswith("64x64") and k.endswith("pipelined")]
         assert len(smaller) == 3 and max(smaller) < chosen
+
+
+def test_files_without_provenance_give_the_day_git_first_committed_them(tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    (tmp_path / "old.json").write_text(json.dumps([entry()]))
+    env = {"GIT_AUTHOR_DATE": "2026-11-30T12:00:00Z", "GIT_COMMITTER_DATE": "2026-11-30T12:00:00Z",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+           "HOME": str(tmp_path), "PATH": __import__("os").environ["PATH"]}  # fmt: skip
+    for args in (["init", "-q"], ["add", "old.json"], ["commit", "-q", "-m", "probe"]):
+        subprocess.run(["git", *args], cwd=tmp_path, env=env, check=True)
+    (tmp_path / "new.json").write_text(json.dumps([entry()]))  # not committed: no day
+    words = probes.provenance_words([tmp_path / "old.json", tmp_path / "new.json"])
+    assert words.startswith("`scripts/old.json` (committed 2026-11-30), `scripts/new.json` were written before")
+    shallow = tmp_path / "shallow"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{tmp_path}", str(shallow)], env=env, check=True)
+    assert "committed" not in probes.provenance_words([shallow / "old.json"])  # its one commit is not the first
