@@ -34,7 +34,7 @@ from pathlib import Path
 SHAPE = (4, 8192, 16, 128)  # B, T = S, N, H; bfloat16 (attention_tutorial.results.probes.PROBE_SHAPE words it)
 VARIANTS = [
     "plain", "pipe", "plain_r240", "pipe_r240", "pipe_nowhere", "pipe_dyn", "pipe_unroll2", "pipe_static", "plain_noexp", "pipe_noexp",
-    "fp8", "fp8_regs",
+    "fp8", "fp8_regs", "fp8_regs_noexp",
 ]  # fmt: skip
 
 
@@ -153,7 +153,7 @@ def child(variant, folder, causal_flags=(False, True)):
                 from attention_tutorial.kernels.mosaic_fp8 import mosaic_fp8_attention
                 from attention_tutorial.measure.fp8 import cudnn_fp8_attention, rel_error
 
-                p_via = "registers" if variant == "fp8_regs" else "smem"
+                p_via = "registers" if variant.startswith("fp8_regs") else "smem"
                 ours = functools.partial(mosaic_fp8_attention, is_causal=causal, p_via=p_via)
                 cud = functools.partial(cudnn_fp8_attention, is_causal=causal, scale_s=448.0)
                 f32 = [x.astype(jnp.float32) for x in (q, k, v)]

@@ -185,7 +185,13 @@ def _child(spec: dict, folder: str) -> None:
     from ..registry import get
 
     q, k, v = make_qkv(spec["batch"], spec["seq_q"], spec["heads"], spec["head_dim"], dtype=spec["dtype"])
-    compiled = jax.jit(functools.partial(get(spec["impl"]).fn, is_causal=spec["causal"])).lower(q, k, v).compile()
+    if spec["impl"] in FP8_PATHS:  # our FP8 forward, not a registry entry: bf16 in, quantised inside, bf16 out
+        from ..kernels.mosaic_fp8 import mosaic_fp8_attention
+
+        fn = functools.partial(mosaic_fp8_attention, p_via=FP8_PATHS[spec["impl"]])
+    else:
+        fn = get(spec["impl"]).fn
+    compiled = jax.jit(functools.partial(fn, is_causal=spec["causal"])).lower(q, k, v).compile()
     jax.block_until_ready(compiled(q, k, v))
     cuobjdump = _cuda_tool("cuobjdump")
     for i, image in enumerate(cubins_in(serialize(compiled)[0])):
@@ -218,18 +224,32 @@ def kernel_code(impl: str, *, batch=4, seq_q=4096, heads=16, head_dim=128, dtype
     return {**spec, "status": "ok", **summary}
 
 
-# The kernels the recorder inspects: our two and JAX's two, at one shape of the FlashAttention race, and our
-# pipelined Mosaic forward (issue 17) with and without the causal mask, beside the plain one causal.
-INSPECTED = (("pallas", "bfloat16", False), ("jax_pallas", "bfloat16", False), ("mosaic", "bfloat16", False),
-             ("jax_mosaic", "float16", False), ("mosaic", "bfloat16", True), ("mosaic_pipe", "bfloat16", False),
-             ("mosaic_pipe", "bfloat16", True))  # fmt: skip
+# Our FP8 forward by the names the race records it under: which way p reaches p·v.
+FP8_PATHS = {"mosaic_fp8": "smem", "mosaic_fp8_regs": "registers"}
+
+# The kernels the recorder inspects, (impl, input dtype, causal, H): our two and JAX's two, at one shape of the
+# FlashAttention race; our pipelined Mosaic forward (issue 17) with and without the causal mask, beside the plain one
+# causal; both at H = 256; and our FP8 forward, both ways of handing p to p·v.
+INSPECTED = (("pallas", "bfloat16", False, 128), ("jax_pallas", "bfloat16", False, 128),
+             ("mosaic", "bfloat16", False, 128), ("jax_mosaic", "float16", False, 128),
+             ("mosaic", "bfloat16", True, 128), ("mosaic_pipe", "bfloat16", False, 128),
+             ("mosaic_pipe", "bfloat16", True, 128), ("mosaic", "bfloat16", False, 256),
+             ("mosaic_pipe", "bfloat16", False, 256), ("mosaic", "bfloat16", True, 256),
+             ("mosaic_pipe", "bfloat16", True, 256), ("mosaic_fp8_regs", "bfloat16", False, 128),
+             ("mosaic_fp8", "bfloat16", False, 128), ("mosaic_fp8_regs", "bfloat16", True, 128))  # fmt: skip
+
+
+def code_key(impl: str, dtype: str, causal: bool, head_dim: int = 128) -> str:
+    """A ``kernel_code`` entry's key: 'impl dtype', ' causal' for the causal ones, ' H=256' where H is not 128 (the
+    keys recorded before other head sizes were inspected stay valid)."""
+    return f"{impl} {dtype}{' causal' if causal else ''}{f' H={head_dim}' if head_dim != 128 else ''}"
 
 
 def kernel_code_records() -> dict[str, dict]:
-    """``kernel_code`` for each of ``INSPECTED``, keyed 'impl dtype' (' causal' appended for the causal ones; the
-    recorder stores them in provenance)."""
-    return {f"{impl} {dtype}{' causal' if causal else ''}": kernel_code(impl, dtype=dtype, causal=causal)
-            for impl, dtype, causal in INSPECTED}  # fmt: skip
+    """``kernel_code`` for each of ``INSPECTED``, keyed by :func:`code_key` (the recorder stores them in
+    provenance)."""
+    return {code_key(impl, dtype, causal, H): kernel_code(impl, dtype=dtype, causal=causal, head_dim=H)
+            for impl, dtype, causal, H in INSPECTED}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -463,12 +463,28 @@ def _mask_words(mask: str) -> str:
 
 
 def code_shape_words(code: dict) -> str:
-    """The shape every recorded ``kernel_code`` entry was compiled at, 'B = 4, T = 4096, N = 16, H = 128'; '' when
-    they differ or an entry does not say."""
-    shapes = {(rec.get("batch"), rec.get("seq_q"), rec.get("heads"), rec.get("head_dim")) for rec in code.values()}
-    if len(shapes) != 1 or None in (shape := next(iter(shapes))):
+    """The shape the recorded ``kernel_code`` entries were compiled at, 'B = 4, T = 4096, N = 16, H = 128' (or
+    'H = 128 or 256' where the head sizes differ); '' when B, T or N differ or an entry does not say."""
+    shapes = {(rec.get("batch"), rec.get("seq_q"), rec.get("heads")) for rec in code.values()}
+    heads = sorted({rec.get("head_dim") for rec in code.values()}, key=lambda h: (h is None, h))
+    if len(shapes) != 1 or None in (shape := next(iter(shapes))) or not heads or None in heads:
         return ""
-    return "B = {}, T = {}, N = {}, H = {}".format(*shape)
+    return "B = {}, T = {}, N = {}, H = {}".format(*shape, " or ".join(map(str, heads)))
+
+
+CODE_NAMES = {"pallas": "our Triton-lowered", "jax_pallas": "JAX's Triton-lowered", "mosaic": "our Mosaic GPU",
+              "jax_mosaic": "JAX's Mosaic GPU", "mosaic_pipe": "our Mosaic GPU, pipelined",
+              "mosaic_fp8": "our Mosaic GPU, FP8, p via shared memory",
+              "mosaic_fp8_regs": "our Mosaic GPU, FP8, p in registers"}  # fmt: skip
+
+
+def code_name(key: str) -> str:
+    """A ``kernel_code`` key ('mosaic_pipe bfloat16 causal H=256', see
+    :func:`attention_tutorial.measure.kernel_code.code_key`) in words: 'our Mosaic GPU, pipelined, causal, H = 256'."""
+    impl, _dtype, *rest = key.split()
+    words = [CODE_NAMES.get(impl, impl)]
+    words += ["causal" if r == "causal" else r.replace("=", " = ") for r in rest]
+    return ", ".join(words)
 
 
 def serialised_words(code: dict) -> str:
@@ -479,8 +495,8 @@ def serialised_words(code: dict) -> str:
     from .plotting import label
 
     def name(key: str) -> str:
-        impl, dtype, *causal = key.split()
-        return f"{label(impl)} ({dtype}{', causal' if causal else ''})"
+        impl, dtype, *rest = key.split()
+        return f"{label(impl)} ({', '.join([dtype, *(r.replace('=', ' = ') for r in rest)])})"
 
     # an empty list says "no warning" only where ptxas's output was read, i.e. where it gave registers too (the
     # kernels compiled inside XLA, the Triton-lowered ones, keep neither: not known)

@@ -32,6 +32,9 @@ VARIANTS = {  # what each variant is, in words; "wrong numbers" marks diagnostic
     "pipe_nowhere": "pipelined, every mask dropped (wrong numbers)",
     "plain_noexp": "our Mosaic GPU kernel without its exponentials (wrong numbers)",
     "pipe_noexp": "pipelined, without its exponentials (wrong numbers)",
+    "fp8": "our FP8 forward, p via shared memory, against cuDNN's FP8",
+    "fp8_regs": "our FP8 forward, p in registers, against cuDNN's FP8",
+    "fp8_regs_noexp": "our FP8 forward, p in registers, without its exponentials (wrong numbers), against cuDNN's FP8",
 }
 
 

@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from attention_tutorial.measure import kernel_code as kc
 from attention_tutorial.measure.kernel_code import (
     FAMILIES,
     count_instructions,
@@ -135,3 +136,20 @@ def test_cubins_in_finds_an_elf_inside_two_snappy_layers():
     outer = bytes(cramjam.snappy.compress_raw(b"executable " * 100 + inner + b" more"))
     assert cubins_in(b"pickle..." + outer + b"...end") == [cubin]
     assert cubins_in(b"pickle..." + outer + b"...end", depth=1) == []  # one layer is not enough
+
+
+def test_code_keys_stay_those_recorded_at_h128_and_name_other_head_sizes():
+    assert kc.code_key("mosaic", "bfloat16", False) == "mosaic bfloat16"
+    assert kc.code_key("mosaic_pipe", "bfloat16", True, 128) == "mosaic_pipe bfloat16 causal"
+    assert kc.code_key("mosaic_pipe", "bfloat16", True, 256) == "mosaic_pipe bfloat16 causal H=256"
+    keys = [kc.code_key(*spec) for spec in kc.INSPECTED]
+    assert len(set(keys)) == len(keys)
+
+
+def test_inspected_fp8_kernels_are_our_fp8_forward_and_the_rest_registry_entries():
+    from attention_tutorial.registry import IMPLEMENTATIONS
+
+    for impl, dtype, causal, head_dim in kc.INSPECTED:
+        assert impl in kc.FP8_PATHS or impl in IMPLEMENTATIONS, impl
+        assert head_dim in (128, 256) and isinstance(causal, bool) and dtype in ("bfloat16", "float16")
+    assert set(kc.FP8_PATHS.values()) == {"smem", "registers"}

@@ -291,6 +291,13 @@ def test_serialised_words_name_the_kernels_ptxas_serialised_and_skip_unknown_one
         "None of the 2 recorded kernels whose `ptxas` output was read (all at B = 4, T = 4096, N = 16, H = 128) got a "
         "serialisation warning from `ptxas`."
     )
+    wide = {"mosaic_pipe bfloat16 causal H=256": {**at, "head_dim": 256, "wgmma_serialised": ["C7513: …"],
+                                                  "registers": [168]}}  # fmt: skip
+    assert lt.serialised_words({**two, **wide}) == (
+        "Of the 3 recorded kernels whose `ptxas` output was read (all at B = 4, T = 4096, N = 16, H = 128 or 256), "
+        "`ptxas` serialised the warpgroup matmuls of 1: our Pallas kernel (Mosaic GPU), pipelined (bfloat16, causal, "
+        "H = 256), warning C7513."
+    )
     assert lt.serialised_words({"pallas bfloat16": {"wgmma_serialised": [], "registers": []}}).startswith(
         "No recorded kernel says"
     )
@@ -329,6 +336,20 @@ def test_code_shape_words_names_the_one_shape_or_nothing():
     assert lt.code_shape_words({"a": at, "b": dict(at)}) == "B = 4, T = 4096, N = 16, H = 128"
     assert lt.code_shape_words({"a": at, "b": {**at, "seq_q": 8192}}) == ""
     assert lt.code_shape_words({"a": {**at, "heads": None}}) == ""
+    assert lt.code_shape_words({"a": at, "b": {**at, "head_dim": 256}}) == "B = 4, T = 4096, N = 16, H = 128 or 256"
+    assert lt.code_shape_words({"a": at, "b": {**at, "head_dim": None}}) == ""
+
+
+def test_code_name_words_a_kernel_code_key():
+    from attention_tutorial.measure.kernel_code import INSPECTED, code_key
+
+    assert lt.code_name("mosaic_pipe bfloat16 causal H=256") == "our Mosaic GPU, pipelined, causal, H = 256"
+    assert lt.code_name("mosaic bfloat16") == "our Mosaic GPU"
+    assert lt.code_name("jax_mosaic float16") == "JAX's Mosaic GPU"
+    assert lt.code_name("mosaic_fp8_regs bfloat16 causal") == "our Mosaic GPU, FP8, p in registers, causal"
+    assert lt.code_name("future_impl bfloat16") == "future_impl"
+    names = [lt.code_name(code_key(*spec)) for spec in INSPECTED]  # every inspected kernel has its own words
+    assert len(set(names)) == len(INSPECTED) and not any("_" in n for n in names)
 
 
 def test_fp8_error_words_set_the_output_rounding_apart_before_comparing():
