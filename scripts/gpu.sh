@@ -23,8 +23,8 @@ case "$step" in
     # without exponentials, and the bf16 ceiling causal (probed without a mask only): about 8 minutes
     timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -k "pipelined_and_h256 or fp8" \
       tests/kernels/test_mosaic_flash.py tests/kernels/test_mosaic_fp8.py 2>&1 | tail -8
-    timeout 400 python3 scripts/gpu_issue17_probe.py "$OUT/issue17_probe4.json" pipe:causal fp8_regs fp8_regs_noexp \
-      plain_noexp:causal pipe_noexp:causal 2>&1 | tail -20 ;;
+    timeout 400 python3 scripts/gpu_issue17_probe.py "$OUT/issue17_probe4.json" plain_noexp:causal pipe_noexp:causal \
+      pipe:causal fp8_regs fp8_regs_noexp 2>&1 | tail -20 ;;
   record)
     known=" $(python3 -c 'from attention_tutorial.results.record import EXTRAS; print(*EXTRAS)') "
     extras=(); grids=()

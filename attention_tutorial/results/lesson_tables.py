@@ -290,6 +290,10 @@ def slower_words(rows, word: str = "slower") -> str:
     return ", ".join(hits) or "none"
 
 
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
 def fp8_error_words(
     records, rounding: float, where: str, *, ours: str = "mosaic_fp8_regs", theirs: str = "cudnn_fp8_s448"
 ) -> str:
@@ -299,8 +303,8 @@ def fp8_error_words(
     taken as independent) is set beside theirs at each point where both recorded an error. Alike within 10 %."""
     pairs = []
     for r in records:
-        if r.get("impl") == ours and r.get("status") == "ok" and r.get("rel_error") is not None:
-            got = [o["rel_error"] for o in same_point(records, r, impl=theirs) if o.get("rel_error") is not None]
+        if r.get("impl") == ours and r.get("status") == "ok" and _finite(r.get("rel_error")):
+            got = [o["rel_error"] for o in same_point(records, r, impl=theirs) if _finite(o.get("rel_error"))]
             if got:
                 pairs.append((r, math.hypot(r["rel_error"], rounding), max(got)))
     head = (f"cuDNN's FP8 path writes its output in E4M3, ours in bf16. Rounding the exact output to E4M3 as cuDNN's "
@@ -313,7 +317,8 @@ def fp8_error_words(
     ratios = [c / t for _, c, t in pairs]
     if all(abs(x - 1) <= 0.1 for x in ratios):
         verdict = ("so ours is smaller because it writes bf16: with the same output rounding the two errors are "
-                   "alike")  # fmt: skip
+                   "alike") if all(r["rel_error"] < t for r, _, t in pairs) else (
+                   "with the same output rounding the two errors are alike")  # fmt: skip
     elif all(x < 0.9 for x in ratios):
         verdict = "so ours is smaller even with the same output rounding"
     elif all(x > 1.1 for x in ratios):
@@ -505,7 +510,7 @@ def serialised_words(code: dict) -> str:
     if not known:
         return "No recorded kernel says whether `ptxas` serialised its warpgroup matmuls."
     n = len(known)
-    at = f" (all at {shape})" if (shape := code_shape_words(code)) else ""
+    at = f" (all at {shape})" if (shape := code_shape_words({k: code[k] for k in known})) else ""
     kernels = f"{n} recorded kernel{'s' if n > 1 else ''} whose `ptxas` output was read{at}"
     bad = {key: sorted({w.split(":")[0] for w in warn}) for key, warn in known.items() if warn}
     if not bad:

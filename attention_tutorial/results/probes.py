@@ -55,10 +55,14 @@ def load_probe(path) -> list[dict]:
     """One probe file's entries (either layout); a file that is not a probe's is an error that names it."""
     data = _read(path)
     entries = data.get("entries") if isinstance(data, dict) else data
-    if isinstance(entries, list) and all(isinstance(e, dict) and "mask" not in e for e in entries):
+    if isinstance(entries, list) and entries and all(
+        isinstance(e, dict) and "mask" not in e and {"variant", "code"} <= set(e) and isinstance(e.get("rows"), list)
+        and e["rows"] for e in entries
+    ):  # fmt: skip
         # the first probes compiled both masks in one process: an entry per variant, a row per mask
-        entries = [{**e, "mask": "causal" if r.get("causal") else "noncausal", "rows": [r], "code_of": "both masks"}
-                   for e in entries for r in e.get("rows", [])]  # fmt: skip
+        entries = [{**e, "mask": "causal" if r.get("causal") else "noncausal", "rows": [r],
+                    **({"code_of": "both masks"} if len(e["rows"]) > 1 else {})}
+                   for e in entries for r in e["rows"]]  # fmt: skip
     if not isinstance(entries, list) or not all(
         isinstance(e, dict) and {"variant", "mask", "code", "rows"} <= set(e) for e in entries
     ):
@@ -120,7 +124,8 @@ def probe_line(entry, source: str, what: str | None = None) -> str:
     if spills(entry):
         ptxas += ", registers spilled"
     diff = (_row(entry) or {}).get("max_abs_diff_vs_cudnn")
-    if diff is not None and diff == diff and "wrong numbers" not in what:  # NaN: a diagnostic's wrong numbers
+    wrong = "wrong numbers" in VARIANTS.get(entry["variant"], "") or "wrong numbers" in what
+    if isinstance(diff, (int, float)) and diff == diff and not wrong:  # NaN: a diagnostic's wrong numbers
         ptxas += f"; largest difference from cuDNN's output {diff:.1e}"
     return f"- {what}, {mask}: {speed}; {ptxas} (`scripts/{source}`)"
 

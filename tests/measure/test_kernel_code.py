@@ -153,3 +153,8 @@ def test_inspected_fp8_kernels_are_our_fp8_forward_and_the_rest_registry_entries
         assert impl in kc.FP8_PATHS or impl in IMPLEMENTATIONS, impl
         assert head_dim in (128, 256) and isinstance(causal, bool) and dtype in ("bfloat16", "float16")
     assert set(kc.FP8_PATHS.values()) == {"smem", "registers"}
+
+
+def test_fp8_warpgroup_matmuls_count_in_sass():
+    sass = "/*0a10*/ QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR4], R24 ;\n/*0a20*/ HGMMA.64x64x16.F32.BF16 R0, gdesc[UR8], R0 ;"
+    assert count_instructions(sass, "sass")["wgmma (warpgroup matmul)"] == 2

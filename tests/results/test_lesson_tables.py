@@ -374,3 +374,12 @@ def test_fp8_error_words_set_the_output_rounding_apart_before_comparing():
     assert lt.fp8_error_words(mixed, 0.01, where).endswith("neither is smaller at every point.")
     assert lt.fp8_error_words(alike[:1], 0.03, where).endswith("no recorded point has both kernels' errors to set it "
                                                               "beside.")  # fmt: skip
+
+
+def test_fp8_error_words_claim_ours_smaller_only_where_it_is_and_skip_nan():
+    r = _rec
+    larger = [r("mosaic_fp8_regs", 4096, False, 1.0, err=0.052), r("cudnn_fp8_s448", 4096, False, 1.0, err=0.050)]
+    words = lt.fp8_error_words(larger, 0.01, "x")
+    assert "ours is smaller" not in words and words.endswith("with the same output rounding the two errors are alike.")
+    nan = [r("mosaic_fp8_regs", 4096, False, 1.0, err=float("nan")), r("cudnn_fp8_s448", 4096, False, 1.0, err=0.05)]
+    assert "nan" not in lt.fp8_error_words(nan, 0.01, "x") and "no recorded point" in lt.fp8_error_words(nan, 0.01, "x")

@@ -253,3 +253,22 @@ def test_files_without_provenance_give_the_day_git_first_committed_them(tmp_path
     shallow = tmp_path / "shallow"
     subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{tmp_path}", str(shallow)], env=env, check=True)
     assert "committed" not in probes.provenance_words([shallow / "old.json"])  # its one commit is not the first
+
+
+def test_old_layout_reading_rejects_what_is_no_probe_and_notes_shared_code_only_for_two_masks(tmp_path):
+    for bad in ([{}], [{"variant": "x"}], [{"impl": "cudnn", "median_ms": 1.0}]):
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match="not a probe file"):
+            probes.load_probe(tmp_path / "bad.json")
+    one = entry(warned=True)
+    del one["mask"]
+    one["rows"][0]["causal"] = False
+    (tmp_path / "one.json").write_text(json.dumps([one]))
+    line = probes.probe_line(probes.find(probes.load_probe(tmp_path / "one.json"), "pipe", "noncausal"), "one.json")
+    assert "covers both masks" not in line and "`ptxas` warning C7513" in line
+
+
+def test_a_wrong_numbers_variant_shows_no_difference_whatever_words_it_is_given():
+    nowhere = entry("pipe_nowhere")
+    nowhere["rows"][0]["max_abs_diff_vs_cudnn"] = 3.7
+    assert "difference" not in probes.probe_line(nowhere, "p.json", "pipelined, no mask code")
