@@ -290,10 +290,6 @@ def slower_words(rows, word: str = "slower") -> str:
     return ", ".join(hits) or "none"
 
 
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
-
-
 def fp8_error_words(
     records, rounding: float, where: str, *, ours: str = "mosaic_fp8_regs", theirs: str = "cudnn_fp8_s448"
 ) -> str:
@@ -303,8 +299,8 @@ def fp8_error_words(
     taken as independent) is set beside theirs at each point where both recorded an error. Alike within 10 %."""
     pairs = []
     for r in records:
-        if r.get("impl") == ours and r.get("status") == "ok" and _finite(r.get("rel_error")):
-            got = [o["rel_error"] for o in same_point(records, r, impl=theirs) if _finite(o.get("rel_error"))]
+        if r.get("impl") == ours and r.get("status") == "ok" and store._is_number(r.get("rel_error")):
+            got = [o["rel_error"] for o in same_point(records, r, impl=theirs) if store._is_number(o.get("rel_error"))]
             if got:
                 pairs.append((r, math.hypot(r["rel_error"], rounding), max(got)))
     head = (f"cuDNN's FP8 path writes its output in E4M3, ours in bf16. Rounding the exact output to E4M3 as cuDNN's "

@@ -17,7 +17,7 @@ import json
 import re
 from pathlib import Path
 
-from .store import describe
+from .store import _is_number, describe
 
 # The probe's problem (scripts/gpu_issue17_probe.py), named on the page beside its ratios.
 PROBE_SHAPE = "B = 4, T = S = 8192, N = 16, H = 128, bfloat16"
@@ -125,7 +125,7 @@ def probe_line(entry, source: str, what: str | None = None) -> str:
         ptxas += ", registers spilled"
     diff = (_row(entry) or {}).get("max_abs_diff_vs_cudnn")
     wrong = "wrong numbers" in VARIANTS.get(entry["variant"], "") or "wrong numbers" in what
-    if isinstance(diff, (int, float)) and diff == diff and not wrong:  # NaN: a diagnostic's wrong numbers
+    if _is_number(diff) and not wrong:  # NaN: a diagnostic's wrong numbers
         ptxas += f"; largest difference from cuDNN's output {diff:.1e}"
     return f"- {what}, {mask}: {speed}; {ptxas} (`scripts/{source}`)"
 
