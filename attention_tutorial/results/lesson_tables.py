@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 
 from ..measure.lessons import INPUT_KINDS
 from ..registry import IMPLEMENTATIONS
@@ -216,7 +217,9 @@ def _unique(records) -> list[dict]:
     return list({json.dumps(r, sort_keys=True, default=str): r for r in records}.values())
 
 
-def _claims_by_t(records, pool, want: dict, baseline: str, min_seq: int, by=(), base=()) -> dict[int, Claim]:
+def _claims_by_t(
+    records, pool, want: dict, baseline: str, min_seq: int, base=(), narrow: str = "add it to by="
+) -> dict[int, Claim]:
     """{T: how the records matching ``want`` compare with ``baseline`` at T} (T >= ``min_seq``): ours from
     ``records`` (several recordings of a point pooled), the baseline's from every recording in ``pool``."""
     from .claims import POINT_FIELDS
@@ -228,8 +231,8 @@ def _claims_by_t(records, pool, want: dict, baseline: str, min_seq: int, by=(), 
     got = {}
     for t, mine in sorted(at_t.items()):
         if differ := [f for f in POINT_FIELDS if len({r.get(f) for r in mine}) > 1]:
-            raise ValueError(f"race_rows: {want['impl']}'s records at T = {t} differ in {', '.join(differ)}; "
-                             f"add it to by= (now {tuple(by)}) or pass one kind only.")  # fmt: skip
+            raise ValueError(f"{want['impl']}'s records at T = {t} differ in {', '.join(differ)}; {narrow} or pass "
+                             f"records of one kind only.")  # fmt: skip
         if others := same_point(pool, mine[0], **dict(base, impl=baseline)):
             got[t] = compare(mine, others)  # several recordings of the point: pooled, as the baseline
     return got
@@ -254,7 +257,8 @@ def race_rows(
         for key in keys:
             for causal in (False, True):
                 want = dict(zip(by, key), impl=impl, causal=causal, status="ok")
-                got = _claims_by_t(records, pool, want, baseline, min_seq, by)
+                got = _claims_by_t(records, pool, want, baseline, min_seq,
+                                   narrow=f"race_rows: add it to by= (now {by})")  # fmt: skip
                 if not got:
                     continue
                 low, high = min(c.value for c in got.values()), max(c.value for c in got.values())
@@ -276,7 +280,8 @@ def ratio_by_t_words(
     the same point but for the fields in ``baseline_where``, e.g. (("dtype", "bfloat16"),) to set FP8 against
     bf16); 'not recorded' when no point has both."""
     want = dict(where, impl=impl, causal=causal, status="ok")
-    got = _claims_by_t(records, _unique([*everything, *records]), want, baseline, 0, base=baseline_where)
+    got = _claims_by_t(records, _unique([*everything, *records]), want, baseline, 0, base=baseline_where,
+                       narrow="ratio_by_t_words: narrow where= to one value of it")  # fmt: skip
     if not got:
         return "not recorded"
     return ", ".join(f"{100 * c.value:.1f} % at T = {t}" for t, c in got.items())
@@ -296,31 +301,49 @@ def fp8_error_words(
     """Whether ``ours`` (bf16 output) and ``theirs`` (cuDNN's FP8 path, E4M3 output) differ in error once the output
     format is set apart: ``rounding`` is the error of rounding the exact output to E4M3 alone (computed ``where``,
     from :func:`attention_tutorial.measure.fp8.output_rounding_error`); ours with it added in quadrature (the two
-    taken as independent) is set beside theirs at each point where both recorded an error. Alike within 10 %."""
-    pairs = []
+    taken as independent) is set beside theirs at each point where both recorded an error, each side's recordings
+    of a point pooled by their median (non-finite errors skipped). Alike within 10 %; where the points disagree,
+    each is named."""
+    from .claims import POINT_FIELDS
+
+    def ok(r, impl):
+        return r.get("impl") == impl and r.get("status") == "ok" and store._is_number(r.get("rel_error"))
+
+    points: dict[tuple, dict] = {}  # each point once: several recordings of a side pooled by their median
     for r in records:
-        if r.get("impl") == ours and r.get("status") == "ok" and store._is_number(r.get("rel_error")):
-            got = [o["rel_error"] for o in same_point(records, r, impl=theirs) if store._is_number(o.get("rel_error"))]
-            if got:
-                pairs.append((r, math.hypot(r["rel_error"], rounding), max(got)))
+        if ok(r, ours) and (got := [o["rel_error"] for o in same_point(records, r, impl=theirs) if ok(o, theirs)]):
+            key = tuple(r.get(f) for f in POINT_FIELDS)
+            points.setdefault(key, {"rec": r, "ours": [], "theirs": got})["ours"].append(r["rel_error"])
     head = (f"cuDNN's FP8 path writes its output in E4M3, ours in bf16. Rounding the exact output to E4M3 as cuDNN's "
             f"path does, and nothing else, costs a relative error of {rounding:.3f} (computed by this build on "
             f"{where})")  # fmt: skip
-    if not pairs:
+    if not points:
         return head + "; no recorded point has both kernels' errors to set it beside."
-    each = "; ".join(f"{c:.3f} against {t:.3f} {_mask_words('causal' if r['causal'] else 'none')} "
-                     f"(T = {r['seq_q']})" for r, c, t in sorted(pairs, key=lambda p: (p[0]["causal"], p[0]["seq_q"])))  # fmt: skip
-    ratios = [c / t for _, c, t in pairs]
-    if all(abs(x - 1) <= 0.1 for x in ratios):
+    pairs = []  # (where, ours raw, ours with the rounding, theirs), by mask then T
+    for p in sorted(points.values(), key=lambda p: (bool(p["rec"]["causal"]), p["rec"]["seq_q"])):
+        mine, theirs_ = statistics.median(p["ours"]), statistics.median(p["theirs"])
+        at = f"{_mask_words('causal' if p['rec']['causal'] else 'none')} (T = {p['rec']['seq_q']})"
+        pairs.append((at, mine, math.hypot(mine, rounding), theirs_))
+    each = "; ".join(f"{c:.3f} against {t:.3f} {at}" for at, _, c, t in pairs)
+
+    def word(c, t):
+        return "alike" if abs(c / t - 1) <= 0.1 else "smaller" if c / t < 0.9 else "larger"
+
+    words = [word(c, t) for _, _, c, t in pairs]
+    if set(words) == {"alike"}:
         verdict = ("so ours is smaller because it writes bf16: with the same output rounding the two errors are "
-                   "alike") if all(r["rel_error"] < t for r, _, t in pairs) else (
+                   "alike") if all(m < t for _, m, _, t in pairs) else (
                    "with the same output rounding the two errors are alike")  # fmt: skip
-    elif all(x < 0.9 for x in ratios):
+    elif set(words) == {"smaller"}:
         verdict = "so ours is smaller even with the same output rounding"
-    elif all(x > 1.1 for x in ratios):
+    elif set(words) == {"larger"}:
         verdict = "so with the same output rounding ours would be the larger"
-    else:
-        verdict = "so with the same output rounding neither is smaller at every point"
+    else:  # the points disagree: each said
+        by_word: dict[str, list] = {}
+        for (at, *_), w in zip(pairs, words):
+            by_word.setdefault(w, []).append(at)
+        verdict = "so with the same output rounding ours is " + "; ".join(
+            f"{'about as large as' if w == 'alike' else w + ' than'} cuDNN's {', '.join(ats)}" for w, ats in by_word.items())
     return f"{head}. Ours with that rounding added, √(ours² + {rounding:.3f}²), against cuDNN's: {each} — {verdict}."
 
 
@@ -375,7 +398,7 @@ def goal_rows(records, everything=(), goals=GOALS) -> list[dict]:
                 if not all_mine:
                     continue
                 got = _claims_by_t(records, pool, {**where, "status": "ok"}, goal.baseline, goal.min_seq,
-                                   tuple(dict(goal.where)))  # fmt: skip
+                                   narrow=f"goal_rows: narrow the goal's where= (now {goal.where})")  # fmt: skip
                 ok_t = {r["seq_q"] for r in all_mine if r["status"] == "ok"}
                 failed = sorted({r["seq_q"] for r in all_mine if r["seq_q"] not in ok_t})
                 unjudged = sorted(ok_t - set(got))
