@@ -343,7 +343,9 @@ def fp8_error_words(
         for (at, *_), w in zip(pairs, words):
             by_word.setdefault(w, []).append(at)
         verdict = "so with the same output rounding ours is " + "; ".join(
-            f"{'about as large as' if w == 'alike' else w + ' than'} cuDNN's {', '.join(ats)}" for w, ats in by_word.items())
+            f"{'about as large as' if w == 'alike' else w + ' than'} cuDNN's {', '.join(ats)}"
+            for w, ats in by_word.items()
+        )
     return f"{head}. Ours with that rounding added, √(ours² + {rounding:.3f}²), against cuDNN's: {each} — {verdict}."
 
 

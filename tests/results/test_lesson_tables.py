@@ -182,7 +182,9 @@ def test_race_rows_judge_each_kernel_against_every_cudnn_recording_of_the_point(
     for recs in ([*beyond, slow], [slow, *beyond]):
         assert lt.race_rows(recs, recs, ("mosaic_pipe",))[0]["verdict"] == "on par"
     f16 = {**r("mosaic_pipe", 8192, 128, False, 0.9, 0.9, 0.9), "dtype": "float16"}
-    with pytest.raises(ValueError, match=r"records at T = 8192 differ in dtype; race_rows: add it to by= \(now \('head"):
+    with pytest.raises(
+        ValueError, match=r"records at T = 8192 differ in dtype; race_rows: add it to by= \(now \('head"
+    ):
         lt.race_rows([*beyond, f16], beyond, ("mosaic_pipe",))
     with pytest.raises(ValueError, match="tuple of implementation names"):
         lt.race_rows(beyond, beyond, "mosaic_pipe")
@@ -404,8 +406,12 @@ def test_fp8_error_words_pool_several_recordings_of_a_point_by_their_median():
     assert words.endswith("so ours is smaller because it writes bf16: with the same output rounding the two errors "
                           "are alike.")  # fmt: skip
     # three points that disagree are named by word
-    recs += [r("mosaic_fp8_regs", 8192, False, 1.0, err=0.010), r("cudnn_fp8_s448", 8192, False, 1.0, err=0.050),
-             r("mosaic_fp8_regs", 4096, True, 1.0, err=0.010), r("cudnn_fp8_s448", 4096, True, 1.0, err=0.050)]
+    recs += [
+        r("mosaic_fp8_regs", 8192, False, 1.0, err=0.010),
+        r("cudnn_fp8_s448", 8192, False, 1.0, err=0.050),
+        r("mosaic_fp8_regs", 4096, True, 1.0, err=0.010),
+        r("cudnn_fp8_s448", 4096, True, 1.0, err=0.050),
+    ]
     assert lt.fp8_error_words(recs, 0.02, "x").endswith(
         "ours is about as large as cuDNN's with no mask (T = 4096); smaller than cuDNN's with no mask (T = 8192), "
         "causal (T = 4096).")  # fmt: skip
