@@ -101,7 +101,7 @@ def _kernel(q_ref, k_ref, v_ref, *refs, causal, cfg, stages, seq_kv, groups, sca
         plgpu.set_max_registers(232, action="increase")  # 2 × 128 threads × 232 + 128 × 40 ≤ 64K registers
         qo_smem = qo_smem2.at[wg]  # q tile in, output tile out: (block_q, H)
         row0 = cta_rows + wg * bq
-        steps = jnp.minimum(pl.cdiv(row0 + bq, jnp.array(bkv, jnp.int32)), n_kv) if causal else n_kv
+        steps = causal_steps(row0, bq, bkv, n_kv) if causal else n_kv
 
         plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0, bq), head], qo_smem, q_ready.at[wg])
         if not fp8:  # base-2 logits: exp(scale·s) = 2^(scale·log2e·s), one FMA each
@@ -360,6 +360,13 @@ def _static_trip_loop(lo, hi, most, body, carry):
     return lax.fori_loop(0, most, guarded, carry)
 
 
+def causal_steps(row0, block_q: int, block_kv: int, n_kv: int):
+    """How many key blocks a warpgroup whose ``block_q`` rows start at ``row0`` sees under a top-left causal mask:
+    those holding a key at or below its last row, ``cdiv(row0 + block_q, block_kv)``, at most the ``n_kv`` there are.
+    """
+    return jnp.minimum(lax.div(jnp.asarray(row0, jnp.int32) + (block_q + block_kv - 1), jnp.int32(block_kv)), n_kv)
+
+
 def pipelined_causal_bounds(row0, steps, block_kv: int):
     """The causal pipelined loops' bounds for a warpgroup whose rows start at ``row0`` and see ``steps`` key blocks:
     ``(split, last)``. Step j makes key block j + 1 (block 0 comes from the prologue); steps ``[0, split)`` make
@@ -411,7 +418,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, scoped, 
         plgpu.set_max_registers(232, action="increase")
         q_smem, do_smem, lse_smem, delta_smem = q_smem2.at[wg], do_smem2.at[wg], lse_smem2.at[wg], delta_smem2.at[wg]
         row0 = cta_rows + wg * bq
-        steps = jnp.minimum(pl.cdiv(row0 + bq, jnp.array(bkv, jnp.int32)), n_kv) if causal else n_kv
+        steps = causal_steps(row0, bq, bkv, n_kv) if causal else n_kv
         rows = (batch, pl.ds(row0, bq), head)
         plgpu.copy_gmem_to_smem(q_ref.at[rows], q_smem, q_ready.at[wg])
         plgpu.copy_gmem_to_smem(do_ref.at[rows], do_smem, do_ready.at[wg])

@@ -28,6 +28,7 @@ from ..kernels.mosaic_flash import mosaic_flash_attention
 from ..kernels.mosaic_fp8 import E4M3_MAX, mosaic_fp8_attention, quantize_e4m3
 from .compiled import compile_stats
 from .flops import attention_flops, gemm_flops
+from .kernel_code import FP8_PATHS
 from .sweep import Point, empty_record, failure_fields, gemm_record, timed_record
 from .timing import time_fn
 
@@ -126,14 +127,13 @@ def cudnn_fp8_records(peak=None, **timing) -> list[dict]:
                                      lambda q, k, v, s=s: cudnn_fp8_attention(q, k, v, is_causal=causal, scale_s=s),
                                      {"scale_s": s}))  # fmt: skip
                 # ours (issue 17): the Mosaic GPU kernel in bf16 and our FP8 forward (P scale 448, as cuDNN's best)
-                variants += [("mosaic", "bfloat16", functools.partial(mosaic_flash_attention, is_causal=causal), {}),
-                             ("mosaic_fp8", "float8_e4m3fn",  # p through shared memory (the name predates the
-                              # registers path, the kernel's default now; recorded results keep the name)
-                              functools.partial(mosaic_fp8_attention, is_causal=causal, p_via="smem"),
-                              {"scale_s": E4M3_MAX}),
-                             ("mosaic_fp8_regs", "float8_e4m3fn",  # p kept in registers (kernels/mosaic_fp8.py)
-                              functools.partial(mosaic_fp8_attention, is_causal=causal, p_via="registers"),
-                              {"scale_s": E4M3_MAX})]  # fmt: skip
+                variants.append(("mosaic", "bfloat16", functools.partial(mosaic_flash_attention, is_causal=causal),
+                                 {}))  # fmt: skip
+                for impl, p_via in FP8_PATHS.items():  # "mosaic_fp8": p via shared memory (the name predates the
+                    # registers path, the kernel's default now; recorded results keep the name)
+                    variants.append((impl, "float8_e4m3fn",
+                                     functools.partial(mosaic_fp8_attention, is_causal=causal, p_via=p_via),
+                                     {"scale_s": E4M3_MAX}))  # fmt: skip
 
                 def one(impl, dtype, fn, extra):
                     err = rel_error(jax.jit(fn)(q, k, v), ref) if ref is not None else None

@@ -227,7 +227,8 @@ def kernel_code(impl: str, *, batch=4, seq_q=4096, heads=16, head_dim=128, dtype
     return {**spec, "status": "ok", **summary}
 
 
-# Our FP8 forward by the names the race records it under: which way p reaches p·v.
+# Our FP8 forward by the names the race records it under (measure/fp8.py builds its variants from this): which way p
+# reaches p·v.
 FP8_PATHS = {"mosaic_fp8": "smem", "mosaic_fp8_regs": "registers"}
 
 # The kernels the recorder inspects, (impl, input dtype, causal, H): our two and JAX's two, at one shape of the

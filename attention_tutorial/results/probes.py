@@ -131,8 +131,9 @@ def probe_line(entry, source: str, what: str | None = None) -> str:
 
 
 def _committed(path: Path) -> str | None:
-    """The day git first committed ``path``, or None outside a git checkout, in a shallow one (whose oldest commit
-    seems to add every file) or without git."""
+    """The author day of the commit that first added ``path`` (following renames; the author date survives rebases
+    and cherry-picks), or None outside a git checkout, in a shallow one (whose oldest commit seems to add every
+    file), without git, or when git prints no day."""
     import subprocess
 
     try:
@@ -140,12 +141,12 @@ def _committed(path: Path) -> str | None:
                                  capture_output=True, text=True, timeout=30)  # fmt: skip
         if shallow.returncode or shallow.stdout.strip() != "false":
             return None
-        run = subprocess.run(["git", "log", "--diff-filter=A", "--format=%cs", "--", path.name], cwd=path.parent,
+        run = subprocess.run(["git", "log", "--follow", "--diff-filter=A", "--format=%as", "--", path.name], cwd=path.parent,
                              capture_output=True, text=True, timeout=30)  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return None
     days = run.stdout.split() if run.returncode == 0 else []
-    return days[-1] if days else None
+    return days[-1] if days and re.fullmatch(r"\d{4}-\d\d-\d\d", days[-1]) else None
 
 
 def provenance_words(paths) -> str:

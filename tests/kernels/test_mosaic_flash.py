@@ -385,21 +385,27 @@ def test_static_trip_loop_runs_exactly_the_steps_from_lo_to_hi(lo, hi, most):
 @pytest.mark.parametrize("t_over_s", [0.5, 1, 2])
 def test_pipelined_causal_bounds_fit_the_static_loops_and_mask_every_block_that_needs_it(block_q, block_kv, t_over_s):
     """For every warpgroup (rows row0 .. row0 + block_q - 1, top-left causal, T != S too): the key blocks it sees,
-    counted from the mask itself, are made by the prologue (block 0) and the two loops; the unmasked loop makes only
-    blocks wholly at or below its first row; neither loop needs more steps than its static trip count."""
-    from attention_tutorial.kernels.mosaic_flash import most_masked_steps, pipelined_causal_bounds
+    counted from the mask itself, are what the kernel's step count says, and are made by the prologue (block 0) and
+    the two loops, once each; the unmasked loop makes only blocks with no masked key; neither loop needs more steps
+    than its static trip count."""
+    from attention_tutorial.kernels.mosaic_flash import causal_steps, most_masked_steps, pipelined_causal_bounds
 
     for n_kv in range(1, 20):
         seq_kv = n_kv * block_kv
         seq_q = int(seq_kv * t_over_s) // block_q * block_q
         for row0 in range(0, seq_q, block_q):
-            seen = -(-min(row0 + block_q, seq_kv) // block_kv)  # blocks holding a key <= the last row, within S
-            split, last = (int(x) for x in pipelined_causal_bounds(jnp.int32(row0), jnp.int32(seen), block_kv))
-            assert last == seen - 1  # prologue's block 0, then blocks 1..last from the loops
-            assert 0 <= split <= last <= n_kv - 1
-            assert split <= max(n_kv - 1, 0) and last - split <= most_masked_steps(block_q, block_kv, n_kv)
-            for j in range(split):  # step j makes block j + 1, unmasked: every key in it at or below row0
-                assert (j + 2) * block_kv - 1 <= row0, (row0, j)
+            # from the mask (row r attends to key k <= r): block b is seen if its first key is at or below the last
+            # row, and needs the mask if its last key lies beyond the first row
+            seen = [b for b in range(n_kv) if b * block_kv <= row0 + block_q - 1]
+            needs_mask = {b for b in seen if (b + 1) * block_kv - 1 > row0}
+            steps = int(causal_steps(row0, block_q, block_kv, n_kv))
+            assert steps == len(seen) and seen == list(range(steps))
+            split, last = (int(x) for x in pipelined_causal_bounds(jnp.int32(row0), jnp.int32(steps), block_kv))
+            unmasked = {j + 1 for j in range(split)}  # step j makes block j + 1
+            masked = {j + 1 for j in range(split, last)}
+            assert unmasked.isdisjoint(masked) and {0} | unmasked | masked == set(seen)  # each seen block once
+            assert not unmasked & needs_mask  # block 0 and the masked loop's blocks carry the mask
+            assert split <= n_kv - 1 and last - split <= most_masked_steps(block_q, block_kv, n_kv)
 
 
 def test_the_flash_page_h256_budget_claims_hold():
@@ -411,8 +417,9 @@ def test_the_flash_page_h256_budget_claims_hold():
     assert "the tiles overflow shared memory at two stages, and the registers set aside for tiles at any number" in text
     wide = MosaicConfig()  # H = 128's tiles
     assert wide.stages == 2 and smem_bytes(wide, 256, jnp.bfloat16) > SMEM_BYTES
-    for stages in (1, 2, 3):
-        assert tile_registers(MosaicConfig(stages=stages), 256) > TILE_REGISTERS
+    assert tile_registers(wide, 256) > TILE_REGISTERS
+    # "at any number of stages": the stages are buffers in shared memory, so the tiles' registers do not change
+    assert len({tile_registers(MosaicConfig(stages=stages), 256) for stages in (1, 2, 3)}) == 1
     assert smem_bytes(MosaicConfig(stages=1), 256, jnp.bfloat16) <= SMEM_BYTES  # one stage would fit in memory
     assert 2 * default_config(256).block_kv == wide.block_kv == default_config(128).block_kv
     assert "but so they do at H = 128, so a full budget alone does not set H = 256 apart" in text

@@ -1,5 +1,7 @@
 """Counting instruction families in PTX and SASS text (the GPU dump itself runs in the recorder)."""
 
+import os
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -152,7 +154,37 @@ def test_inspected_fp8_kernels_are_our_fp8_forward_and_the_rest_registry_entries
     for impl, dtype, causal, head_dim in kc.INSPECTED:
         assert impl in kc.FP8_PATHS or impl in IMPLEMENTATIONS, impl
         assert head_dim in (128, 256) and isinstance(causal, bool) and dtype in ("bfloat16", "float16")
-    assert set(kc.FP8_PATHS.values()) == {"smem", "registers"}
+    from attention_tutorial.kernels.mosaic_fp8 import P_VIA
+    from attention_tutorial.results.plotting import label
+
+    assert sorted(kc.FP8_PATHS.values()) == sorted(P_VIA)
+    for impl, p_via in kc.FP8_PATHS.items():  # each name means the path its label tells the reader
+        assert ("p in registers" in label(impl)) == (p_via == "registers")
+        assert ("p via shared memory" in label(impl)) == (p_via == "smem")
+
+
+@pytest.mark.parametrize("impl", ["mosaic_fp8", "mosaic_fp8_regs"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_code_child_compiles_our_fp8_forward_with_its_path_and_mask_and_no_xla_kernels(
+    impl, causal, tmp_path, monkeypatch
+):
+    import jax.experimental.serialize_executable as se
+
+    import attention_tutorial.kernels.mosaic_fp8 as mf
+
+    for name in ("MOSAIC_GPU_DUMP_TO", "MOSAIC_GPU_DUMP_PTX", "MOSAIC_GPU_DUMP_SASS", "MOSAIC_GPU_DUMP_PTXAS", "PATH"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))  # _child sets them: put back after the test
+    calls = []
+
+    def fake(q, k, v, *, p_via, is_causal):
+        calls.append((p_via, is_causal))
+        return q * 2
+
+    monkeypatch.setattr(mf, "mosaic_fp8_attention", fake)
+    monkeypatch.setattr(se, "serialize", lambda *a: pytest.fail("XLA's kernels read beside our FP8 forward"))
+    spec = {"impl": impl, "batch": 1, "seq_q": 128, "heads": 2, "head_dim": 128, "dtype": "bfloat16", "causal": causal}
+    kc._child(spec, str(tmp_path))
+    assert calls == [(kc.FP8_PATHS[impl], causal)] and not (tmp_path / "xla").exists()
 
 
 def test_fp8_warpgroup_matmuls_count_in_sass():

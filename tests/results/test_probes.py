@@ -235,24 +235,42 @@ def test_the_page_pipelined_tuning_claim_holds_in_the_h200_tuning():
         assert len(smaller) == 3 and max(smaller) < chosen
 
 
-def test_files_without_provenance_give_the_day_git_first_committed_them(tmp_path):
+def test_files_without_provenance_give_the_day_git_first_committed_them(tmp_path, monkeypatch):
+    import os
     import shutil
     import subprocess
 
     if shutil.which("git") is None:
         pytest.skip("needs git")
     (tmp_path / "old.json").write_text(json.dumps([entry()]))
-    env = {"GIT_AUTHOR_DATE": "2026-11-30T12:00:00Z", "GIT_COMMITTER_DATE": "2026-11-30T12:00:00Z",
-           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
-           "HOME": str(tmp_path), "PATH": __import__("os").environ["PATH"]}  # fmt: skip
-    for args in (["init", "-q"], ["add", "old.json"], ["commit", "-q", "-m", "probe"]):
-        subprocess.run(["git", *args], cwd=tmp_path, env=env, check=True)
+
+    def git(*args, author="2026-11-30T12:00:00Z", committer="2026-12-01T12:00:00Z", cwd=tmp_path):
+        env = {"GIT_AUTHOR_DATE": author, "GIT_COMMITTER_DATE": committer, "GIT_AUTHOR_NAME": "t",
+               "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+               "HOME": str(tmp_path), "PATH": os.environ["PATH"]}  # fmt: skip
+        subprocess.run(["git", *args], cwd=cwd, env=env, check=True)
+
+    git("init", "-q"), git("add", "old.json"), git("commit", "-q", "-m", "probe")
     (tmp_path / "new.json").write_text(json.dumps([entry()]))  # not committed: no day
     words = probes.provenance_words([tmp_path / "old.json", tmp_path / "new.json"])
+    # the author's day (when the probe's file was made), not the committer's (which a rebase moves)
     assert words.startswith("`scripts/old.json` (committed 2026-11-30), `scripts/new.json` were written before")
+    # a rename later keeps the first day
+    git("mv", "old.json", "moved.json"), git("commit", "-q", "-m", "mv", author="2026-12-02T12:00:00Z")
+    assert "(committed 2026-11-30)" in probes.provenance_words([tmp_path / "moved.json"])
     shallow = tmp_path / "shallow"
-    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{tmp_path}", str(shallow)], env=env, check=True)
-    assert "committed" not in probes.provenance_words([shallow / "old.json"])  # its one commit is not the first
+    git("clone", "-q", "--depth", "1", f"file://{tmp_path}", str(shallow))
+    assert "committed" not in probes.provenance_words([shallow / "moved.json"])  # its one commit is not the first
+    # a git too old for %as prints the format back: no day rather than "(committed %as)"
+    real = subprocess.run
+
+    def old_git(cmd, **kw):
+        if "log" in cmd:
+            return subprocess.CompletedProcess(cmd, 0, "%as\n", "")
+        return real(cmd, **kw)
+
+    monkeypatch.setattr(subprocess, "run", old_git)
+    assert "committed" not in probes.provenance_words([tmp_path / "moved.json"])
 
 
 def test_old_layout_reading_rejects_what_is_no_probe_and_notes_shared_code_only_for_two_masks(tmp_path):
