@@ -174,9 +174,9 @@ def test_the_page_ceiling_claim_holds_by_the_medians_not_the_spreads():
     assert all(min(probes.ratios(e)) > 1.05 for e in ceilings)
     assert min(probes.spread(e)[0] for e in ceilings) < 1.05
     assert max(probes.ratios(_probe("issue17_probe2_h200.json", "pipe", "noncausal"))) < 1.0
-    for name in ("issue17_probe_dyn_h200.json", "issue17_probe2_h200.json", "issue17_probe3_h200.json"):
-        entries = probes.load_probe(ROOT / "scripts" / name)
-        assert not [e for e in entries if "noexp" in e["variant"] and e["mask"] == "causal"]
+    if "nor did the probe run causal" in " ".join(page().split()):  # not in any probe file the repository holds
+        for path in sorted((ROOT / "scripts").glob("issue17_probe*.json")):
+            assert not [e for e in probes.load_probe(path) if "noexp" in e["variant"] and e["mask"] == "causal"], path
 
 
 def test_the_page_fp8_machine_code_claim_holds():
@@ -185,6 +185,9 @@ def test_the_page_fp8_machine_code_claim_holds():
     for mask in ("noncausal", "causal"):
         fp8 = _probe("issue17_probe_fp8_h200.json", "fp8", mask)
         assert probes.ptxas_warnings(fp8) == [] and not probes.spills(fp8)
+    if "the registers variant, the one judged above, was not probed" in " ".join(page().split()):
+        for path in sorted((ROOT / "scripts").glob("issue17_probe*.json")):  # in no probe file the repository holds
+            assert not [e for e in probes.load_probe(path) if e["variant"].startswith("fp8_regs")], path
 
 
 def test_the_page_fp8_stages_claim_holds_in_the_h200_tuning():
