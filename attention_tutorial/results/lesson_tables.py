@@ -506,9 +506,10 @@ CODE_NAMES = {"pallas": "our Triton-lowered", "jax_pallas": "JAX's Triton-lowere
 
 def code_name(key: str) -> str:
     """A ``kernel_code`` key ('mosaic_pipe bfloat16 causal H=256', see
-    :func:`attention_tutorial.measure.kernel_code.code_key`) in words: 'our Mosaic GPU, pipelined, causal, H = 256'."""
-    impl, _dtype, *rest = key.split()
-    words = [CODE_NAMES.get(impl, impl)]
+    :func:`attention_tutorial.measure.kernel_code.code_key`) in words: 'our Mosaic GPU, pipelined, causal, H = 256';
+    the input dtype named only where it is not bf16 (our FP8 forward's inputs are bf16: quantised inside)."""
+    impl, dtype, *rest = key.split()
+    words = [CODE_NAMES.get(impl, impl), *([dtype] if dtype != "bfloat16" else [])]
     words += ["causal" if r == "causal" else r.replace("=", " = ") for r in rest]
     return ", ".join(words)
 
@@ -517,13 +518,8 @@ def serialised_words(code: dict) -> str:
     """Which recorded kernels ``ptxas`` serialised (its C75xx warnings on the warpgroup matmuls), from the
     recorder's ``kernel_code`` entries ({"impl dtype[ causal]": {..., "wgmma_serialised": ["C7513: …"]}}); entries
     whose ``ptxas`` output was not read (no registers and no warning: recorded before the warnings were kept, or
-    compiled inside XLA) say nothing either way and are left out. Names the shape when all entries share one."""
-    from .plotting import label
-
-    def name(key: str) -> str:
-        impl, dtype, *rest = key.split()
-        return f"{label(impl)} ({', '.join([dtype, *(r.replace('=', ' = ') for r in rest)])})"
-
+    compiled inside XLA) say nothing either way and are left out. Names the shape when all entries share one, and
+    each kernel as the code table does (:func:`code_name`)."""
     # an empty list says "no warning" only where ptxas's output was read, i.e. where it gave registers too (the
     # kernels compiled inside XLA, the Triton-lowered ones, keep neither: not known)
     known = {key: rec["wgmma_serialised"] for key, rec in code.items()
@@ -537,5 +533,5 @@ def serialised_words(code: dict) -> str:
     if not bad:
         return (f"None of the {kernels} got a serialisation warning from `ptxas`." if n > 1 else
                 f"The {kernels} got no serialisation warning from `ptxas`.")  # fmt: skip
-    said = "; ".join(f"{name(key)}, warning {', '.join(codes)}" for key, codes in bad.items())
+    said = "; ".join(f"{code_name(key)} (warning {', '.join(codes)})" for key, codes in bad.items())
     return f"Of the {kernels}, `ptxas` serialised the warpgroup matmuls of {len(bad)}: {said}."

@@ -281,8 +281,7 @@ def test_serialised_words_name_the_kernels_ptxas_serialised_and_skip_unknown_one
             "old bfloat16": {**at, "registers": [40]}}  # recorded before the warnings were kept  # fmt: skip
     assert lt.serialised_words(code) == (
         "Of the 2 recorded kernels whose `ptxas` output was read (all at B = 4, T = 4096, N = 16, H = 128), `ptxas` "
-        "serialised the warpgroup matmuls of 1: our Pallas kernel (Mosaic GPU), pipelined (bfloat16, causal), "
-        "warning C7513."
+        "serialised the warpgroup matmuls of 1: our Mosaic GPU, pipelined, causal (warning C7513)."
     )
     assert lt.serialised_words({"mosaic bfloat16": {"wgmma_serialised": [], "registers": [168]}}) == (
         "The 1 recorded kernel whose `ptxas` output was read got no serialisation warning from `ptxas`."
@@ -297,8 +296,7 @@ def test_serialised_words_name_the_kernels_ptxas_serialised_and_skip_unknown_one
                                                   "registers": [168]}}  # fmt: skip
     assert lt.serialised_words({**two, **wide}) == (
         "Of the 3 recorded kernels whose `ptxas` output was read (all at B = 4, T = 4096, N = 16, H = 128 or 256), "
-        "`ptxas` serialised the warpgroup matmuls of 1: our Pallas kernel (Mosaic GPU), pipelined (bfloat16, causal, "
-        "H = 256), warning C7513."
+        "`ptxas` serialised the warpgroup matmuls of 1: our Mosaic GPU, pipelined, causal, H = 256 (warning C7513)."
     )
     assert lt.serialised_words({"pallas bfloat16": {"wgmma_serialised": [], "registers": []}}).startswith(
         "No recorded kernel says"
@@ -353,7 +351,7 @@ def test_code_name_words_a_kernel_code_key():
 
     assert lt.code_name("mosaic_pipe bfloat16 causal H=256") == "our Mosaic GPU, pipelined, causal, H = 256"
     assert lt.code_name("mosaic bfloat16") == "our Mosaic GPU"
-    assert lt.code_name("jax_mosaic float16") == "JAX's Mosaic GPU"
+    assert lt.code_name("jax_mosaic float16") == "JAX's Mosaic GPU, float16"  # bf16 goes unsaid, other dtypes not
     assert lt.code_name("mosaic_fp8_regs bfloat16 causal") == "our Mosaic GPU, FP8, p in registers, causal"
     assert lt.code_name("future_impl bfloat16") == "future_impl"
     names = [lt.code_name(code_key(*spec)) for spec in INSPECTED]  # every inspected kernel has its own words
