@@ -179,15 +179,18 @@ def probe_lines(picks, folder=None) -> str:
     folder = Path(folder) if folder is not None else probe_dir()
     if folder is None:
         return "*The probe files live in the repository's `scripts/` folder, not in the installed package.*"
-    lines = []
+    lines, loaded = [], {}  # each file read once
     for name, variant, mask, *what in picks:
         path = folder / name
-        entry = find(load_probe(path), variant, mask) if path.is_file() else None
+        if path.is_file() and name not in loaded:
+            loaded[name] = load_probe(path)
+        entry = find(loaded[name], variant, mask) if name in loaded else None
         if entry is None:
-            missing = f"not in `scripts/{name}`" if path.is_file() else f"`scripts/{name}` is missing"
-            lines.append(f"- {(what or [VARIANTS.get(variant, variant)])[0]}, {mask}: {missing}")
+            missing = f"not in `scripts/{name}`" if name in loaded else f"`scripts/{name}` is missing"
+            words = "causal" if mask == "causal" else "no mask"  # as probe_line says it
+            lines.append(f"- {(what or [VARIANTS.get(variant, variant)])[0]}, {words}: {missing}")
         else:
             lines.append(probe_line(entry, name, *what))
-    found = [folder / name for name in dict.fromkeys(pick[0] for pick in picks) if (folder / name).is_file()]
+    found = [folder / name for name in loaded]
     origin = provenance_words(found)
     return "\n".join(lines) + (f"\n\nWhere they come from: {origin}" if origin else "")

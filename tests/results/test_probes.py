@@ -68,11 +68,16 @@ def test_probe_line_words_the_variant_the_mask_both_runs_and_the_file():
     assert probes.probe_line(entry(), "p.json", "my words").startswith("- my words, causal: 80 % and 100 %")
 
 
-def test_probe_lines_reads_files_says_what_is_missing_and_rejects_what_is_no_probe(tmp_path):
+def test_probe_lines_reads_files_says_what_is_missing_and_rejects_what_is_no_probe(tmp_path, monkeypatch):
     (tmp_path / "a.json").write_text(json.dumps([entry("pipe", "causal", warned=True), entry("pipe", "noncausal")]))
+    read = []
+    monkeypatch.setattr(probes, "load_probe", lambda path, real=probes.load_probe: read.append(path) or real(path))
     text = probes.probe_lines([("a.json", "pipe", "causal"), ("a.json", "pipe_dyn", "causal"),
-                               ("b.json", "pipe", "causal", "mine")], folder=tmp_path)  # fmt: skip
+                               ("b.json", "pipe", "causal", "mine"), ("a.json", "pipe_dyn", "noncausal")],
+                              folder=tmp_path)  # fmt: skip
+    assert read == [tmp_path / "a.json"]  # each file read once
     lines = text.splitlines()
+    assert lines[3].endswith(", no mask: not in `scripts/a.json`")  # the mask worded as probe_line words it
     assert lines[0].endswith("`ptxas` warning C7513 (`scripts/a.json`)")
     assert (
         lines[1]
