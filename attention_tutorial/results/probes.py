@@ -130,6 +130,30 @@ def probe_line(entry, source: str, what: str | None = None) -> str:
     return f"- {what}, {mask}: {speed}; {ptxas} (`scripts/{source}`)"
 
 
+def ceiling_words(kernel, ceiling, target: float, what: str = "it") -> str:
+    """What a kernel's probe entry and its ceiling without exponentials (``*_noexp``: wrong numbers, the same
+    matmuls, copies and barriers) say about reaching ``target`` (ours over cuDNN, e.g. 1.05), by the medians of both
+    runs and the ceiling's spread: one clause, ``what`` naming the kernel, as 'pipelined, causal: by the medians …'.
+    """
+    pct = f"{100 * target:.0f} %"
+    k, c, band = (ratios(kernel) if kernel else None), (ratios(ceiling) if ceiling else None), None
+    if k is None or c is None:
+        return f"{what}: {'the kernel' if k is None else 'its ceiling'} did not run, so these records do not bound it"
+    if min(k) >= target:
+        return f"{what}: by the medians it reaches {pct} already, exponentials and all"
+    if max(c) < target:
+        return (f"{what}: even without the exponentials the medians stay below {pct}, so more than the exponentials "
+                f"stands between it and {pct}")  # fmt: skip
+    if min(c) < target:
+        return f"{what}: without the exponentials the two runs' medians fall either side of {pct}: not settled"
+    band = spread(ceiling)
+    tail = ("and so do the ceiling's spreads" if band[0] >= target else
+            "but the ceiling's spreads reach below it, so whether hiding every exponential would reach it these "
+            "records do not settle")  # fmt: skip
+    return (f"{what}: by the medians, the exponentials it does not hide are what keeps it below {pct} (without them "
+            f"it clears {pct}), {tail}")  # fmt: skip
+
+
 def _committed(path: Path) -> str | None:
     """The author day of the commit that first added ``path`` (following renames; the author date survives rebases
     and cherry-picks), or None outside a git checkout, in a shallow one (whose oldest commit seems to add every

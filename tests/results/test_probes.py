@@ -298,3 +298,31 @@ def test_a_wrong_numbers_variant_shows_no_difference_whatever_words_it_is_given(
     nowhere = entry("pipe_nowhere")
     nowhere["rows"][0]["max_abs_diff_vs_cudnn"] = 3.7
     assert "difference" not in probes.probe_line(nowhere, "p.json", "pipelined, no mask code")
+
+
+def test_ceiling_words_bound_the_kernel_by_its_ceiling_without_exponentials():
+    def e(ours, cudnn=(500.0, 500.0), variant="pipe", narrow=False):
+        got = entry(variant, "causal", ours=ours, cudnn=cudnn)
+        if narrow:  # slow and fast within 1 % of the median
+            for key in ("ours", "ours2", "cudnn", "cudnn2"):
+                got["rows"][0][key] = [got["rows"][0][key][0] * f for f in (1.0, 0.99, 1.01)]
+        return got
+
+    slow = e((450.0, 460.0))  # 90 % and 92 % of cuDNN
+    words = probes.ceiling_words(slow, e((560.0, 570.0), variant="pipe_noexp"), 1.05, "pipelined, causal")
+    assert words == ("pipelined, causal: by the medians, the exponentials it does not hide are what keeps it below "
+                     "105 % (without them it clears 105 %), but the ceiling's spreads reach below it, so whether "
+                     "hiding every exponential would reach it these records do not settle")  # fmt: skip
+    tight = probes.ceiling_words(slow, e((560.0, 570.0), narrow=True), 1.05)
+    assert tight.endswith("(without them it clears 105 %), and so do the ceiling's spreads")
+    assert probes.ceiling_words(slow, e((510.0, 520.0)), 1.05).endswith(
+        "even without the exponentials the medians stay below 105 %, so more than the exponentials stands between "
+        "it and 105 %"
+    )
+    assert probes.ceiling_words(slow, e((510.0, 530.0)), 1.05).endswith("fall either side of 105 %: not settled")
+    assert probes.ceiling_words(e((530.0, 540.0)), e((600.0, 600.0)), 1.05).endswith("reaches 105 % already, "
+                                                                                     "exponentials and all")  # fmt: skip
+    assert probes.ceiling_words(slow, None, 0.9).endswith("its ceiling did not run, so these records do not bound it")
+    assert probes.ceiling_words(entry(rc=1), slow, 0.9).startswith("it: the kernel did not run")
+    # FP8's goal is 90 %: the same words at that target
+    assert "clears 90 %" in probes.ceiling_words(e((400.0, 410.0)), e((470.0, 480.0), narrow=True), 0.90)
