@@ -154,6 +154,28 @@ def ceiling_words(kernel, ceiling, target: float, what: str = "it") -> str:
             f"it clears {pct}), {tail}")  # fmt: skip
 
 
+def ceiling_lines(pairs, target: float, folder=None) -> str:
+    """Markdown bullets of :func:`ceiling_words`, one per ``(what, kernel pick, ceiling pick)``, each pick a (file
+    name, variant, mask) in ``folder`` (the repository's ``scripts/``); 'not in the probe files' where one is not."""
+    folder = Path(folder) if folder is not None else probe_dir()
+    if folder is None:
+        return "*The probe files live in the repository's `scripts/` folder, not in the installed package.*"
+    loaded: dict[str, list] = {}
+
+    def pick(name, variant, mask):
+        if name not in loaded:
+            loaded[name] = load_probe(folder / name) if (folder / name).is_file() else []
+        return find(loaded[name], variant, mask)
+
+    lines = []
+    for what, kernel, ceiling in pairs:
+        k, c = pick(*kernel), pick(*ceiling)
+        missing = [f"`scripts/{p[0]}` has no {p[1]}, {p[2]}" for p, e in ((kernel, k), (ceiling, c)) if e is None]
+        lines.append(f"- {what}: not in the probe files ({'; '.join(missing)})" if missing else
+                     f"- {ceiling_words(k, c, target, what)}")  # fmt: skip
+    return "\n".join(lines)
+
+
 def _committed(path: Path) -> str | None:
     """The author day of the commit that first added ``path`` (following renames; the author date survives rebases
     and cherry-picks), or None outside a git checkout, in a shallow one (whose oldest commit seems to add every
