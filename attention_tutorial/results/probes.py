@@ -123,9 +123,12 @@ def probe_line(entry, source: str, what: str | None = None) -> str:
         ptxas += " (ptxas's output covers both masks' kernels, compiled together)"
     if spills(entry):
         ptxas += ", registers spilled"
-    diff = (_row(entry) or {}).get("max_abs_diff_vs_cudnn")
+    row = _row(entry) or {}
+    diff, errors = row.get("max_abs_diff_vs_cudnn"), (row.get("rel_error_ours"), row.get("rel_error_cudnn_fp8"))
     wrong = "wrong numbers" in VARIANTS.get(entry["variant"], "") or "wrong numbers" in what
-    if _is_number(diff) and not wrong:  # NaN: a diagnostic's wrong numbers
+    if all(map(_is_number, errors)) and not wrong:  # FP8: each against float32 (cuDNN's own output is E4M3-rounded)
+        ptxas += f"; relative error against float32 {errors[0]:.3f} (cuDNN's FP8: {errors[1]:.3f})"
+    elif _is_number(diff) and not wrong:  # NaN: a diagnostic's wrong numbers
         ptxas += f"; largest difference from cuDNN's output {diff:.1e}"
     return f"- {what}, {mask}: {speed}; {ptxas} (`scripts/{source}`)"
 
@@ -147,11 +150,16 @@ def ceiling_words(kernel, ceiling, target: float, what: str = "it") -> str:
     if min(c) < target:
         return f"{what}: without the exponentials the two runs' medians fall either side of {pct}: not settled"
     band = spread(ceiling)
-    tail = ("and so do the ceiling's spreads" if band[0] >= target else
+    tail = ("the ceiling's spreads clear it too" if band[0] >= target else
             "but the ceiling's spreads reach below it, so whether hiding every exponential would reach it these "
             "records do not settle")  # fmt: skip
-    return (f"{what}: by the medians, the exponentials it does not hide are what keeps it below {pct} (without them "
-            f"it clears {pct}), {tail}")  # fmt: skip
+    return (f"{what}: with its exponentials the medians stay below {pct} ({_pcts(k)}), without them they clear it "
+            f"({_pcts(c)}), so by the medians the exponentials it does not hide are what keeps it below {pct}; "
+            f"{tail}")  # fmt: skip
+
+
+def _pcts(pair) -> str:
+    return " and ".join(f"{100 * x:.0f} %" for x in pair)
 
 
 def ceiling_lines(pairs, target: float, folder=None) -> str:
