@@ -194,7 +194,8 @@ def code_facts(folder):
 
 
 def provenance(variants):
-    """Where the entries come from: the commit (and whether the tree differed from it), the machine's versions, the
+    """Where the entries come from: the digest of the code run (git-free: the GPU machine's git can be older than
+    its tree), the commit its git reports (and whether tracked files differ from it), the machine's versions, the
     probe's shape and the variants asked for."""
     root = Path(__file__).resolve().parents[1]
 
@@ -211,7 +212,11 @@ def provenance(variants):
     }
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     machine = json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else {"error": run.stderr[-300:]}
-    return {**machine, "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain")),
+    sys.path.insert(0, str(root))  # the package beside this script, as the variants' processes import it
+    from attention_tutorial.results.probes import sources_digest  # imports JAX, but starts no backend
+
+    return {**machine, "sources_sha256": sources_digest(root), "commit": git("rev-parse", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
             "shape": dict(zip(("batch", "seq", "heads", "head_dim"), SHAPE)), "dtype": "bfloat16",
             "variants": list(variants)}  # fmt: skip
 

@@ -203,16 +203,34 @@ def _committed(path: Path) -> str | None:
     return days[-1] if days and re.fullmatch(r"\d{4}-\d\d-\d\d", days[-1]) else None
 
 
+def sources_digest(root) -> str:
+    """A digest of the code a probe runs — the package's and ``scripts/``' Python files under ``root`` (the
+    repository), names and contents in sorted order — that needs no git: the GPU machine's copy of the tree can
+    carry a git history older than its files (probe 4 saw commit 466af4d while it ran a later tree)."""
+    import hashlib
+
+    root, digest = Path(root), hashlib.sha256()
+    for path in sorted([*root.glob("attention_tutorial/**/*.py"), *root.glob("scripts/*.py")]):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def provenance_words(paths) -> str:
-    """Where the probe files at ``paths`` come from: each file's GPU, versions, date and commit where it kept them;
-    the files written before the probe kept its provenance named as such."""
+    """Where the probe files at ``paths`` come from: each file's GPU, versions, date, and the code it ran (the
+    sources' digest, :func:`sources_digest`, where it kept one, else the commit its machine's git reported); the
+    files written before the probe kept its provenance named as such."""
     said, bare = [], []
     for path in map(Path, paths):
         data = _read(path)
         prov = data.get("provenance") if isinstance(data, dict) else None
         if prov:
-            commit = f", commit {prov['commit'][:7]}{' with changes' if prov.get('dirty') else ''}" if prov.get(
-                "commit") else ""  # fmt: skip
+            if prov.get("sources_sha256"):
+                commit = f", sources sha256 {prov['sources_sha256'][:12]}"
+            elif prov.get("commit"):  # the machine's git, which may be older than the tree it ran
+                commit = (f", the GPU machine's git at commit {prov['commit'][:7]}"
+                          f"{', the tree changed from it' if prov.get('dirty') else ''}")  # fmt: skip
+            else:
+                commit = ""
             machine = describe(prov) if {"jax", "jaxlib", "python", "created"} <= set(prov) else "its versions unread"
             said.append(f"`scripts/{path.name}`: {machine}{commit}")
         else:

@@ -119,7 +119,8 @@ def test_probe_lines_end_with_where_each_file_comes_from(tmp_path):
     assert len(bullets.splitlines()) == len(picks)
     assert origin == (
         "Where they come from: `scripts/new.json`: NVIDIA H200 (driver 580.159.04), JAX 0.11.2 / jaxlib 0.11.2, "
-        "cuDNN 9.19.0, Python 3.12.3, recorded 2026-12-03, commit 0123456 with changes; `scripts/bad.json`: its "
+        "cuDNN 9.19.0, Python 3.12.3, recorded 2026-12-03, the GPU machine's git at commit 0123456, the tree changed "
+        "from it; `scripts/bad.json`: its "
         "versions unread; `scripts/old.json`, `scripts/old2.json` were written before the probe kept its provenance: "
         "the GPU's driver and versions were not saved with them."
     )
@@ -328,3 +329,24 @@ def test_fp8_probe_lines_give_both_errors_against_float32_not_the_difference_fro
     noexp = entry("fp8_regs_noexp", "noncausal")
     noexp["rows"][0].update(rel_error_ours=float("nan"), rel_error_cudnn_fp8=0.0596, max_abs_diff_vs_cudnn=0.5)
     assert "error" not in probes.probe_line(noexp, "p.json") and "difference" not in probes.probe_line(noexp, "p.json")
+
+
+def test_probes_name_the_code_they_ran_by_a_digest_of_the_sources_that_needs_no_git(tmp_path):
+    for name, text in (("attention_tutorial/kernels/k.py", "a = 1\n"), ("scripts/probe.py", "b = 2\n"),
+                       ("docs/page.md", "not code"), ("scripts/data.json", "{}")):  # fmt: skip
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    first = probes.sources_digest(tmp_path)
+    assert len(first) == 64 and first == probes.sources_digest(tmp_path)  # no git needed, the same each time
+    (tmp_path / "docs/page.md").write_text("changed")
+    (tmp_path / "scripts/data.json").write_text("[]")
+    assert probes.sources_digest(tmp_path) == first  # only the Python code counts
+    (tmp_path / "attention_tutorial/kernels/k.py").write_text("a = 2\n")
+    assert probes.sources_digest(tmp_path) != first
+    (tmp_path / "p.json").write_text(json.dumps({"provenance": {**MACHINE, "sources_sha256": first,
+                                                                "commit": "0123456789", "dirty": True},
+                                                 "entries": [entry()]}))  # fmt: skip
+    assert probes.provenance_words([tmp_path / "p.json"]).endswith(f"recorded 2026-12-03, sources sha256 {first[:12]}.")
+    # the probe script writes it (digest of the repository it runs in, before any variant)
+    script = (ROOT / "scripts" / "gpu_issue17_probe.py").read_text()
+    assert '"sources_sha256": sources_digest(root)' in script
