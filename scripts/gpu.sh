@@ -3,6 +3,7 @@
 #   bash scripts/gpu.sh tests            GPU-marked tests (and TE ones, when TE is installed)
 #   bash scripts/gpu.sh tune KERNEL      tile sizes of our kernels against cuDNN (pallas, mosaic, pipe, fp8)
 #   bash scripts/gpu.sh issue17          issue 17's GPU tests and machine-code probe in one call (~8 min)
+#   bash scripts/gpu.sh issue17_h256     the probe at H = 256: both kernels as they are and without exponentials
 #   bash scripts/gpu.sh record NAME...   the recorder for these grids and extras (record.EXTRAS: fp8, train, …),
 #                                        merging into /tmp/results
 #   bash scripts/gpu.sh notebook PAGE    one page converted to the reader's .ipynb and executed (carry .whl)
@@ -25,6 +26,11 @@ case "$step" in
       tests/kernels/test_mosaic_flash.py tests/kernels/test_mosaic_fp8.py 2>&1 | tail -8
     timeout 400 python3 scripts/gpu_issue17_probe.py "$OUT/issue17_probe4.json" plain_noexp:causal pipe_noexp:causal \
       pipe:causal fp8_regs fp8_regs_noexp 2>&1 | tail -20 ;;
+  issue17_h256)
+    # the H = 256 kernels at the probe's shape otherwise, as they are and without exponentials: what holds them below
+    # cuDNN (about 5 minutes)
+    PROBE_HEAD_DIM=256 timeout 420 python3 scripts/gpu_issue17_probe.py "$OUT/issue17_probe5_h256.json" plain \
+      plain_noexp pipe:causal pipe_noexp:causal 2>&1 | tail -12 ;;
   record)
     known=" $(python3 -c 'from attention_tutorial.results.record import EXTRAS; print(*EXTRAS)') "
     extras=(); grids=()

@@ -17,7 +17,7 @@ plain_noexp, pipe_noexp: diagnostic, wrong numbers: exp2 dropped from the softma
 exponentials' cost removed: if it is no faster, the exponentials are not what holds the no-mask kernel at cuDNN's pace.
 fp8: our FP8 forward (kernels/mosaic_fp8.py) against cuDNN's FP8 (P scale 448), with each one's relative error
 against float32 ("highest" precision); fp8_regs the same with p kept in registers (p_via="registers").
-Usage: python3 scripts/gpu_issue17_probe.py OUT_JSON [variant[:causal|:noncausal] ...]
+Usage: [PROBE_HEAD_DIM=256] python3 scripts/gpu_issue17_probe.py OUT_JSON [variant[:causal|:noncausal] ...]
 """
 
 import functools
@@ -31,7 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
-SHAPE = (4, 8192, 16, 128)  # B, T = S, N, H; bfloat16 (attention_tutorial.results.probes.PROBE_SHAPE words it)
+# B, T = S, N, H; bfloat16 (attention_tutorial.results.probes.PROBE_SHAPE words it); PROBE_HEAD_DIM=256 probes the
+# H = 256 kernels (their own tiles, default_config(256)), the provenance's shape saying so
+SHAPE = (4, 8192, 16, int(os.environ.get("PROBE_HEAD_DIM", "128")))
 VARIANTS = [
     "plain", "pipe", "plain_r240", "pipe_r240", "pipe_nowhere", "pipe_dyn", "pipe_unroll2", "pipe_static", "plain_noexp", "pipe_noexp",
     "fp8", "fp8_regs", "fp8_regs_noexp",
@@ -134,13 +136,13 @@ def child(variant, folder, causal_flags=(False, True)):
     import jax.numpy as jnp
 
     from attention_tutorial.inputs import make_qkv
-    from attention_tutorial.kernels.mosaic_flash import MosaicConfig, mosaic_flash_attention
+    from attention_tutorial.kernels.mosaic_flash import default_config, mosaic_flash_attention
     from attention_tutorial.measure.flops import attention_flops
     from attention_tutorial.measure.timing import time_fn
 
     patch(variant)
-    cfg = MosaicConfig(pipeline=variant.startswith("pipe"))
     B, T, N, H = SHAPE
+    cfg = default_config(H, pipeline=variant.startswith("pipe"))  # at H = 128, MosaicConfig(pipeline=...)
     q, k, v = make_qkv(B, T, N, H, dtype=jnp.bfloat16, seed=1)
     rows = []
     for causal in causal_flags:

@@ -130,12 +130,23 @@ def test_probe_lines_end_with_where_each_file_comes_from(tmp_path):
     assert "Where" not in probes.probe_lines([("gone.json", "pipe", "causal")], folder=tmp_path)
 
 
-def test_the_probe_shape_named_on_the_page_is_the_probe_scripts():
-    import re
+def _probe_script(monkeypatch, head_dim=None):
+    import importlib.util
 
-    script = (ROOT / "scripts" / "gpu_issue17_probe.py").read_text()
-    b, t, n, h = map(int, re.search(r"^SHAPE = \((\d+), (\d+), (\d+), (\d+)\)", script, re.M).groups())
+    if head_dim is None:
+        monkeypatch.delenv("PROBE_HEAD_DIM", raising=False)
+    else:
+        monkeypatch.setenv("PROBE_HEAD_DIM", str(head_dim))
+    spec = importlib.util.spec_from_file_location("probe_script", ROOT / "scripts" / "gpu_issue17_probe.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # its top level imports the standard library only
+    return module
+
+
+def test_the_probe_shape_named_on_the_page_is_the_probe_scripts(monkeypatch):
+    b, t, n, h = _probe_script(monkeypatch).SHAPE
     assert probes.PROBE_SHAPE == f"B = {b}, T = S = {t}, N = {n}, H = {h}, bfloat16"
+    assert _probe_script(monkeypatch, 256).SHAPE == (b, t, n, 256)  # the H = 256 probe: only H differs
 
 
 def test_probe_dir_is_the_repository_scripts_folder():
