@@ -145,21 +145,24 @@ def ceiling_words(kernel, ceiling, target: float, what: str = "it") -> str:
     if min(k) >= target:
         return f"{what}: by the medians it reaches {pct} already, exponentials and all"
     if max(c) < target:
-        return (f"{what}: even without the exponentials the medians stay below {pct}, so more than the exponentials "
-                f"stands between it and {pct}")  # fmt: skip
+        return (f"{what}: even without the exponentials the medians stay below {pct} ({_pcts(c, target)}), so more "
+                f"than the exponentials stands between it and {pct}")  # fmt: skip
     if min(c) < target:
-        return f"{what}: without the exponentials the two runs' medians fall either side of {pct}: not settled"
+        return (f"{what}: without the exponentials the two runs' medians fall either side of {pct} "
+                f"({_pcts(c, target)}): not settled")  # fmt: skip
     band = spread(ceiling)
     tail = ("the ceiling's spreads clear it too" if band[0] >= target else
             "but the ceiling's spreads reach below it, so whether hiding every exponential would reach it these "
             "records do not settle")  # fmt: skip
-    return (f"{what}: with its exponentials the medians stay below {pct} ({_pcts(k)}), without them they clear it "
-            f"({_pcts(c)}), so by the medians the exponentials it does not hide are what keeps it below {pct}; "
+    return (f"{what}: with its exponentials the medians stay below {pct} ({_pcts(k, target)}), without them they "
+            f"clear it ({_pcts(c, target)}), so by the medians the exponentials it does not hide are what keeps it below {pct}; "
             f"{tail}")  # fmt: skip
 
 
-def _pcts(pair) -> str:
-    return " and ".join(f"{100 * x:.0f} %" for x in pair)
+def _pcts(pair, target: float) -> str:
+    """'96 % and 99 %'; with a decimal where a whole per cent would put a value on the other side of ``target``."""
+    digits = 0 if all((round(100 * x) >= 100 * target) == (x >= target) for x in pair) else 1
+    return " and ".join(f"{100 * x:.{digits}f} %" for x in pair)
 
 
 def ceiling_lines(pairs, target: float, folder=None) -> str:

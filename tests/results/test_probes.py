@@ -304,10 +304,15 @@ def test_ceiling_words_bound_the_kernel_by_its_ceiling_without_exponentials():
     tight = probes.ceiling_words(slow, e((560.0, 570.0), narrow=True), 1.05)
     assert tight.endswith("are what keeps it below 105 %; the ceiling's spreads clear it too")
     assert probes.ceiling_words(slow, e((510.0, 520.0)), 1.05).endswith(
-        "even without the exponentials the medians stay below 105 %, so more than the exponentials stands between "
-        "it and 105 %"
+        "even without the exponentials the medians stay below 105 % (102 % and 104 %), so more than the exponentials "
+        "stands between it and 105 %"
     )
-    assert probes.ceiling_words(slow, e((510.0, 530.0)), 1.05).endswith("fall either side of 105 %: not settled")
+    assert probes.ceiling_words(slow, e((510.0, 530.0)), 1.05).endswith(
+        "fall either side of 105 % (102 % and 106 %): not settled"
+    )
+    # 99.7 % would print as 100 %, on the wrong side of a 100 % target: a decimal then
+    assert probes.ceiling_words(slow, e((498.5, 510.5)), 1.0).endswith("either side of 100 % (99.7 % and 102.1 %): "
+                                                                       "not settled")  # fmt: skip
     assert probes.ceiling_words(e((530.0, 540.0)), e((600.0, 600.0)), 1.05).endswith("reaches 105 % already, "
                                                                                      "exponentials and all")  # fmt: skip
     assert probes.ceiling_words(slow, None, 0.9).endswith("its ceiling did not run, so these records do not bound it")
