@@ -366,3 +366,18 @@ def test_probes_name_the_code_they_ran_by_a_digest_of_the_sources_that_needs_no_
     # the probe script writes it (digest of the repository it runs in, before any variant)
     script = (ROOT / "scripts" / "gpu_issue17_probe.py").read_text()
     assert '"sources_sha256": sources_digest(root)' in script
+
+
+def test_the_page_h256_claim_holds_in_the_h256_probe():
+    """'What else holds the kernel without a mask below cuDNN at H = 256, these records do not isolate; the halved
+    key block ...': in the cited probe, H = 256, the no-mask kernel's medians stay below cuDNN's with and without its
+    exponentials; H = 256's key block is half H = 128's."""
+    from attention_tutorial.kernels.mosaic_flash import default_config
+
+    text = " ".join(page().split())
+    assert "What else holds the kernel without a mask below cuDNN at H = 256, these records do not isolate" in text
+    path = ROOT / "scripts" / "issue17_probe5_h256_h200.json"
+    assert json.loads(path.read_text())["provenance"]["shape"]["head_dim"] == 256
+    for variant in ("plain", "plain_noexp"):
+        assert max(probes.ratios(probes.find(probes.load_probe(path), variant, "noncausal"))) < 1.0
+    assert 2 * default_config(256).block_kv == default_config(128).block_kv
