@@ -3,7 +3,8 @@
 #   bash scripts/gpu.sh tests            GPU-marked tests (and TE ones, when TE is installed)
 #   bash scripts/gpu.sh tune KERNEL      tile sizes of our kernels against cuDNN (pallas, mosaic, pipe, fp8)
 #   bash scripts/gpu.sh issue17          issue 17's GPU tests and machine-code probe in one call (~8 min)
-#   bash scripts/gpu.sh issue17_h256     the probe at H = 256: both kernels as they are and without exponentials
+#   bash scripts/gpu.sh issue17_h256     the probe at H = 256: plain both masks, pipelined causal, each with its ceiling
+#   bash scripts/gpu.sh issue17_pairs    the remaining kernel/ceiling pairs, each pair from one file (~5 min)
 #   bash scripts/gpu.sh record NAME...   the recorder for these grids and extras (record.EXTRAS: fp8, train, …),
 #                                        merging into /tmp/results
 #   bash scripts/gpu.sh notebook PAGE    one page converted to the reader's .ipynb and executed (carry .whl)
@@ -27,10 +28,17 @@ case "$step" in
     timeout 400 python3 scripts/gpu_issue17_probe.py "$OUT/issue17_probe4.json" plain_noexp:causal pipe_noexp:causal \
       pipe:causal fp8_regs fp8_regs_noexp 2>&1 | tail -20 ;;
   issue17_h256)
-    # the H = 256 kernels at the probe's shape otherwise, as they are and without exponentials: what holds them below
-    # cuDNN (about 5 minutes)
+    # the H = 256 kernels at the probe's shape otherwise (plain both masks, pipelined causal), as they are and without
+    # exponentials: what holds them below cuDNN (about 2 minutes)
     PROBE_HEAD_DIM=256 timeout 420 python3 scripts/gpu_issue17_probe.py "$OUT/issue17_probe5_h256.json" plain \
       plain_noexp pipe:causal pipe_noexp:causal 2>&1 | tail -12 ;;
+  issue17_pairs)
+    # each kernel beside its ceiling in one file: H = 128 plain both masks and pipelined without a mask (probe 4 ran
+    # the pipelined causal pair), H = 256 pipelined without a mask (probe 5 ran the rest)
+    timeout 300 python3 scripts/gpu_issue17_probe.py "$OUT/issue17_probe6.json" plain plain_noexp pipe:noncausal \
+      pipe_noexp:noncausal 2>&1 | grep -v "^{" | tail -12
+    PROBE_HEAD_DIM=256 timeout 150 python3 scripts/gpu_issue17_probe.py "$OUT/issue17_probe6_h256.json" \
+      pipe:noncausal pipe_noexp:noncausal 2>&1 | tail -6 ;;
   record)
     known=" $(python3 -c 'from attention_tutorial.results.record import EXTRAS; print(*EXTRAS)') "
     extras=(); grids=()
