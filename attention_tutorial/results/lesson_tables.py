@@ -319,15 +319,23 @@ def fp8_error_words(
             f"{where})")  # fmt: skip
     if not points:
         return head + "; no recorded point has both kernels' errors to set it beside."
+    # each point named by its mask, T and whatever else sets it apart from points of the same mask and T (B = 2, …)
+    short = {"batch": "B", "seq_kv": "S", "heads": "N", "kv_heads": "K", "head_dim": "H"}
+    at_t: dict[tuple, list] = {}
+    for key in points:
+        at_t.setdefault((key[POINT_FIELDS.index("causal")], key[POINT_FIELDS.index("seq_q")]), []).append(key)
+    differ = [f for i, f in enumerate(POINT_FIELDS) if any(len({k[i] for k in keys}) > 1 for keys in at_t.values())]
     pairs = []  # (where, ours raw, ours with the rounding, theirs), by mask then T
     for p in sorted(points.values(), key=lambda p: (bool(p["rec"]["causal"]), p["rec"]["seq_q"])):
         mine, theirs_ = statistics.median(p["ours"]), statistics.median(p["theirs"])
-        at = f"{_mask_words('causal' if p['rec']['causal'] else 'none')} (T = {p['rec']['seq_q']})"
+        extra = "".join(f", {short.get(f, f)} = {p['rec'].get(f)}" for f in differ)
+        at = f"{_mask_words('causal' if p['rec']['causal'] else 'none')} (T = {p['rec']['seq_q']}{extra})"
         pairs.append((at, mine, math.hypot(mine, rounding), theirs_))
     each = "; ".join(f"{c:.3f} against {t:.3f} {at}" for at, _, c, t in pairs)
 
     def word(c, t):
-        return "alike" if abs(c / t - 1) <= 0.1 else "smaller" if c / t < 0.9 else "larger"
+        x = c / t if t else math.inf
+        return "alike" if abs(x - 1) <= 0.1 else "smaller" if x < 0.9 else "larger"
 
     words = [word(c, t) for _, _, c, t in pairs]
     if set(words) == {"alike"}:

@@ -77,16 +77,24 @@ def find(entries, variant: str, mask: str) -> dict | None:
 
 
 def _row(entry) -> dict | None:
+    """The entry's one timed row, or None where it did not run or a timing is not a positive finite number."""
     rows = [r for r in entry.get("rows", []) if "error" not in r]
     if entry.get("rc") or len(rows) != 1 or not all(k in rows[0] for k in ("ours", "cudnn", "ours2", "cudnn2")):
         return None
-    return rows[0]
+    timings = [x for k in ("ours", "cudnn", "ours2", "cudnn2") for x in rows[0][k]]
+    return rows[0] if all(_is_number(x) and x > 0 for x in timings) else None
 
 
 def ratios(entry) -> tuple[float, float] | None:
     """Ours over cuDNN's median TFLOP/s in each of the entry's two runs, or None where it did not run."""
     r = _row(entry)
     return None if r is None else (r["ours"][0] / r["cudnn"][0], r["ours2"][0] / r["cudnn2"][0])
+
+
+def tflops(entry, side: str = "cudnn") -> tuple[float, float] | None:
+    """``side``'s ("ours" or "cudnn") median TFLOP/s in each of the entry's two runs, or None where it did not run."""
+    r = _row(entry)
+    return None if r is None else (r[side][0], r[f"{side}2"][0])
 
 
 def spread(entry) -> tuple[float, float] | None:
@@ -126,64 +134,128 @@ def probe_line(entry, source: str, what: str | None = None) -> str:
     row = _row(entry) or {}
     diff, errors = row.get("max_abs_diff_vs_cudnn"), (row.get("rel_error_ours"), row.get("rel_error_cudnn_fp8"))
     wrong = "wrong numbers" in VARIANTS.get(entry["variant"], "") or "wrong numbers" in what
-    if all(map(_is_number, errors)) and not wrong:  # FP8: each against float32 (cuDNN's own output is E4M3-rounded)
-        ptxas += f"; relative error against float32 {errors[0]:.3f} (cuDNN's FP8: {errors[1]:.3f})"
+    if "rel_error_ours" in row and not wrong:  # FP8: each against float32 (cuDNN's own output is E4M3-rounded)
+        ours_ = f"{errors[0]:.3f}" if _is_number(errors[0]) else "not a finite number (wrong numbers)"
+        ptxas += f"; relative error against float32 {ours_}" + (
+            f" (cuDNN's FP8: {errors[1]:.3f})" if _is_number(errors[1]) else " (cuDNN's FP8: not recorded)"
+        )
     elif _is_number(diff) and not wrong:  # NaN: a diagnostic's wrong numbers
         ptxas += f"; largest difference from cuDNN's output {diff:.1e}"
+    elif not wrong and "max_abs_diff_vs_cudnn" in row:  # a kernel that should be right, whose output is not finite
+        ptxas += "; its output is not finite (wrong numbers)"
     return f"- {what}, {mask}: {speed}; {ptxas} (`scripts/{source}`)"
 
 
 def ceiling_words(kernel, ceiling, target: float, what: str = "it") -> str:
     """What a kernel's probe entry and its ceiling without exponentials (``*_noexp``: wrong numbers, the same
     matmuls, copies and barriers) say about reaching ``target`` (ours over cuDNN, e.g. 1.05), by the medians of both
-    runs and the ceiling's spread: one clause, ``what`` naming the kernel, as 'pipelined, causal: by the medians …'.
-    """
+    runs and the ceiling's spread, hedged wherever the two runs or the spread fall either side: one clause, ``what``
+    naming the kernel, as 'pipelined, causal: with its exponentials …'."""
     pct = f"{100 * target:.0f} %"
-    k, c, band = (ratios(kernel) if kernel else None), (ratios(ceiling) if ceiling else None), None
+    k, c = (ratios(kernel) if kernel else None), (ratios(ceiling) if ceiling else None)
     if k is None or c is None:
         return f"{what}: {'the kernel' if k is None else 'its ceiling'} did not run, so these records do not bound it"
     if min(k) >= target:
-        return f"{what}: by the medians it reaches {pct} already, exponentials and all"
+        return f"{what}: by the medians it reaches {pct} already, exponentials and all ({_pcts(k, target)})"
+    if max(k) >= target:
+        return (f"{what}: with its exponentials the two runs' medians fall either side of {pct} "
+                f"({_pcts(k, target)}): not settled")  # fmt: skip
+    if max(c) <= min(k):
+        return (f"{what}: without the exponentials it runs no faster ({_pcts(c, target)} against {_pcts(k, target)}), "
+                "so this ceiling bounds nothing")  # fmt: skip
+    low, high = spread(ceiling)
     if max(c) < target:
-        return (f"{what}: even without the exponentials the medians stay below {pct} ({_pcts(c, target)}), so more "
-                f"than the exponentials stands between it and {pct}")  # fmt: skip
+        hedge = ("" if high < target else
+                 "; the ceiling's spread reaches it, though, so these records do not settle it")  # fmt: skip
+        return (f"{what}: even without the exponentials the medians stay below {pct} ({_pcts(c, target)}), so by the "
+                f"medians more than the exponentials stands between it and {pct}{hedge}")  # fmt: skip
     if min(c) < target:
         return (f"{what}: without the exponentials the two runs' medians fall either side of {pct} "
                 f"({_pcts(c, target)}): not settled")  # fmt: skip
-    band = spread(ceiling)
-    tail = ("the ceiling's spreads clear it too" if band[0] >= target else
+    tail = ("the ceiling's spreads clear it too" if low >= target else
             "but the ceiling's spreads reach below it, so whether hiding every exponential would reach it these "
             "records do not settle")  # fmt: skip
     return (f"{what}: with its exponentials the medians stay below {pct} ({_pcts(k, target)}), without them they "
-            f"clear it ({_pcts(c, target)}), so by the medians the exponentials it does not hide are what keeps it below {pct}; "
-            f"{tail}")  # fmt: skip
+            f"clear it ({_pcts(c, target)}), so by the medians the exponentials it does not hide are what keeps it "
+            f"below {pct}; {tail}")  # fmt: skip
 
 
 def _pcts(pair, target: float) -> str:
-    """'96 % and 99 %'; with a decimal where a whole per cent would put a value on the other side of ``target``."""
-    digits = 0 if all((round(100 * x) >= 100 * target) == (x >= target) for x in pair) else 1
+    """'96 % and 99 %'; with as many decimals (up to 3) as it takes to print each value on its own side of
+    ``target``."""
+    for digits in range(4):
+        if all((round(100 * x, digits) >= round(100 * target, digits)) == (x >= target) for x in pair):
+            break
     return " and ".join(f"{100 * x:.{digits}f} %" for x in pair)
+
+
+def head_gain_words(small, large, small_h: int, large_h: int) -> str:
+    """How cuDNN's and our speed change from head size ``small_h`` to ``large_h``, from two probe entries of the same
+    kernel and mask: each side's median TFLOP/s in both runs, and which gains more, said only where the ranges from
+    the percentiles (the slow run of one head size against the fast of the other) do not overlap."""
+    rows = _row(small), _row(large)
+    if None in rows:
+        return "one of the two probes did not run, so these records do not compare the head sizes"
+
+    def gain(side):  # (low, high) of large over small from the percentiles, and the two medians' words
+        a, b = rows
+        low = min(b[k][1] for k in (side, f"{side}2")) / max(a[k][2] for k in (side, f"{side}2"))
+        high = max(b[k][2] for k in (side, f"{side}2")) / min(a[k][1] for k in (side, f"{side}2"))
+        speeds = (f"{a[side][0]:.0f} and {a[f'{side}2'][0]:.0f} TFLOP/s at H = {small_h}, "
+                  f"{b[side][0]:.0f} and {b[f'{side}2'][0]:.0f} at H = {large_h}")  # fmt: skip
+        return low, high, speeds
+
+    theirs, ours = gain("cudnn"), gain("ours")
+    if theirs[0] > ours[1]:
+        verdict = "cuDNN gains more from the larger head than ours does"
+    elif ours[0] > theirs[1]:
+        verdict = "ours gains more from the larger head than cuDNN does"
+    else:
+        verdict = "within the spreads the two gain alike"
+    return f"cuDNN runs at {theirs[2]}; ours at {ours[2]}: {verdict}"
+
+
+def head_gain_lines(pairs, small_h: int, large_h: int, mask: str = "noncausal", folder=None) -> str:
+    """Markdown bullets of :func:`head_gain_words`, one per ``(what, (file, variant) at small_h, (file, variant) at
+    large_h)`` from ``folder`` (the repository's ``scripts/``), each ending with its files."""
+    folder = Path(folder) if folder is not None else probe_dir()
+    if folder is None:
+        return "*The probe files live in the repository's `scripts/` folder, not in the installed package.*"
+    lines = []
+    for what, small, large in pairs:
+        paths = [folder / name for name, _ in (small, large)]
+        files = ", ".join(f"`scripts/{p.name}`" for p in paths)
+        if missing := [f"`scripts/{p.name}` is missing" for p in paths if not p.is_file()]:
+            lines.append(f"- {what}: {'; '.join(missing)}")
+            continue
+        small_e, large_e = (find(load_probe(p), v, mask) for p, (_, v) in zip(paths, (small, large)))
+        lines.append(f"- {what}: {head_gain_words(small_e or {}, large_e or {}, small_h, large_h)} ({files})")
+    return "\n".join(lines)
 
 
 def ceiling_lines(pairs, target: float, folder=None) -> str:
     """Markdown bullets of :func:`ceiling_words`, one per ``(what, kernel pick, ceiling pick)``, each pick a (file
-    name, variant, mask) in ``folder`` (the repository's ``scripts/``); 'not in the probe files' where one is not."""
+    name, variant, mask) in ``folder`` (the repository's ``scripts/``), each line ending with its file(s); says so
+    where a file is missing or an entry is not in it."""
     folder = Path(folder) if folder is not None else probe_dir()
     if folder is None:
         return "*The probe files live in the repository's `scripts/` folder, not in the installed package.*"
-    loaded: dict[str, list] = {}
+    loaded: dict[str, list | None] = {}
 
     def pick(name, variant, mask):
         if name not in loaded:
-            loaded[name] = load_probe(folder / name) if (folder / name).is_file() else []
-        return find(loaded[name], variant, mask)
+            loaded[name] = load_probe(folder / name) if (folder / name).is_file() else None
+        return find(loaded[name], variant, mask) if loaded[name] is not None else None
 
     lines = []
     for what, kernel, ceiling in pairs:
         k, c = pick(*kernel), pick(*ceiling)
-        missing = [f"`scripts/{p[0]}` has no {p[1]}, {p[2]}" for p, e in ((kernel, k), (ceiling, c)) if e is None]
-        lines.append(f"- {what}: not in the probe files ({'; '.join(missing)})" if missing else
-                     f"- {ceiling_words(k, c, target, what)}")  # fmt: skip
+        files = " and ".join(f"`scripts/{name}`" for name in dict.fromkeys((kernel[0], ceiling[0])))
+        missing = [f"`scripts/{p[0]}` is missing" if loaded[p[0]] is None else
+                   f"`scripts/{p[0]}` has no {p[1]}, {'causal' if p[2] == 'causal' else 'no mask'}"
+                   for p, e in ((kernel, k), (ceiling, c)) if e is None]  # fmt: skip
+        lines.append(f"- {what}: not in the probe files ({'; '.join(dict.fromkeys(missing))})" if missing else
+                     f"- {ceiling_words(k, c, target, what)} ({files})")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -230,8 +302,8 @@ def provenance_words(paths) -> str:
             if prov.get("sources_sha256"):
                 commit = f", sources sha256 {prov['sources_sha256'][:12]}"
             elif prov.get("commit"):  # the machine's git, which may be older than the tree it ran
-                commit = (f", the GPU machine's git at commit {prov['commit'][:7]}"
-                          f"{', the tree changed from it' if prov.get('dirty') else ''}")  # fmt: skip
+                commit = (f", the code it ran not recorded (the GPU machine's git reported commit {prov['commit'][:7]}"
+                          f"{' with changes' if prov.get('dirty') else ''}, which can be older than its files)")  # fmt: skip
             else:
                 commit = ""
             machine = describe(prov) if {"jax", "jaxlib", "python", "created"} <= set(prov) else "its versions unread"

@@ -413,3 +413,10 @@ def test_fp8_error_words_pool_several_recordings_of_a_point_by_their_median():
     assert lt.fp8_error_words(recs, 0.02, "x").endswith(
         "ours is about as large as cuDNN's with no mask (T = 4096); smaller than cuDNN's with no mask (T = 8192), "
         "causal (T = 4096).")  # fmt: skip
+    # two batch sizes at one T: each point named by what sets it apart; a cuDNN error of 0 is no crash
+    two = [r("mosaic_fp8_regs", 4096, False, 1.0, err=0.01), r("cudnn_fp8_s448", 4096, False, 1.0, err=0.05),
+           {**r("mosaic_fp8_regs", 4096, False, 1.0, err=0.08), "batch": 2},
+           {**r("cudnn_fp8_s448", 4096, False, 1.0, err=0.0), "batch": 2}]  # fmt: skip
+    words = lt.fp8_error_words(two, 0.0, "x")
+    assert "with no mask (T = 4096, B = 8)" in words and "with no mask (T = 4096, B = 2)" in words, words
+    assert words.endswith("larger than cuDNN's with no mask (T = 4096, B = 2).")

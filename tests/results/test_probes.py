@@ -119,8 +119,8 @@ def test_probe_lines_end_with_where_each_file_comes_from(tmp_path):
     assert len(bullets.splitlines()) == len(picks)
     assert origin == (
         "Where they come from: `scripts/new.json`: NVIDIA H200 (driver 580.159.04), JAX 0.11.2 / jaxlib 0.11.2, "
-        "cuDNN 9.19.0, Python 3.12.3, recorded 2026-12-03, the GPU machine's git at commit 0123456, the tree changed "
-        "from it; `scripts/bad.json`: its "
+        "cuDNN 9.19.0, Python 3.12.3, recorded 2026-12-03, the code it ran not recorded (the GPU machine's git "
+        "reported commit 0123456 with changes, which can be older than its files); `scripts/bad.json`: its "
         "versions unread; `scripts/old.json`, `scripts/old2.json` were written before the probe kept its provenance: "
         "the GPU's driver and versions were not saved with them."
     )
@@ -303,9 +303,22 @@ def test_ceiling_words_bound_the_kernel_by_its_ceiling_without_exponentials():
                      "exponential would reach it these records do not settle")  # fmt: skip
     tight = probes.ceiling_words(slow, e((560.0, 570.0), narrow=True), 1.05)
     assert tight.endswith("are what keeps it below 105 %; the ceiling's spreads clear it too")
+    assert probes.ceiling_words(slow, e((500.0, 510.0), narrow=True), 1.05).endswith(
+        "even without the exponentials the medians stay below 105 % (100 % and 102 %), so by the medians more than the "
+        "exponentials stands between it and 105 %"
+    )
+    # the same medians with a spread that reaches the target: hedged, as the other way round is
     assert probes.ceiling_words(slow, e((510.0, 520.0)), 1.05).endswith(
-        "even without the exponentials the medians stay below 105 % (102 % and 104 %), so more than the exponentials "
-        "stands between it and 105 %"
+        "stands between it and 105 %; the ceiling's spread reaches it, though, so these records do not settle it"
+    )
+    # the kernel's own runs either side of the target: not settled, whatever the ceiling
+    assert probes.ceiling_words(e((520.0, 530.0)), e((600.0, 600.0)), 1.05).endswith(
+        "with its exponentials the two runs' medians fall either side of 105 % (104 % and 106 %): not settled"
+    )
+    # a "ceiling" no faster than the kernel bounds nothing
+    assert probes.ceiling_words(e((450.0, 460.0)), e((440.0, 450.0)), 1.05).endswith(
+        "without the exponentials it runs no faster (88 % and 90 % against 90 % and 92 %), so this ceiling bounds "
+        "nothing"
     )
     assert probes.ceiling_words(slow, e((510.0, 530.0)), 1.05).endswith(
         "fall either side of 105 % (102 % and 106 %): not settled"
@@ -313,8 +326,9 @@ def test_ceiling_words_bound_the_kernel_by_its_ceiling_without_exponentials():
     # 99.7 % would print as 100 %, on the wrong side of a 100 % target: a decimal then
     assert probes.ceiling_words(slow, e((498.5, 510.5)), 1.0).endswith("either side of 100 % (99.7 % and 102.1 %): "
                                                                        "not settled")  # fmt: skip
-    assert probes.ceiling_words(e((530.0, 540.0)), e((600.0, 600.0)), 1.05).endswith("reaches 105 % already, "
-                                                                                     "exponentials and all")  # fmt: skip
+    assert probes.ceiling_words(e((530.0, 540.0)), e((600.0, 600.0)), 1.05).endswith(
+        "reaches 105 % already, exponentials and all (106 % and 108 %)"
+    )
     assert probes.ceiling_words(slow, None, 0.9).endswith("its ceiling did not run, so these records do not bound it")
     assert probes.ceiling_words(entry(rc=1), slow, 0.9).startswith("it: the kernel did not run")
     # FP8's goal is 90 %: the same words at that target
@@ -333,8 +347,9 @@ def test_ceiling_lines_pair_picks_from_the_files_and_say_what_is_missing(tmp_pat
     ], 1.05, folder=tmp_path)  # fmt: skip
     first, second = text.splitlines()
     assert first.startswith("- plain, causal: with its exponentials the medians stay below 105 % (90 % and 92 %)")
-    assert second == ("- plain, no mask: not in the probe files (`scripts/k.json` has no plain, noncausal; "
-                      "`scripts/gone.json` has no plain_noexp, noncausal)")  # fmt: skip
+    assert second == ("- plain, no mask: not in the probe files (`scripts/k.json` has no plain, no mask; "
+                      "`scripts/gone.json` is missing)")  # fmt: skip
+    assert first.endswith("(`scripts/k.json` and `scripts/c.json`)")  # each line names its files
 
 
 def test_fp8_probe_lines_give_both_errors_against_float32_not_the_difference_from_cudnn():
@@ -363,21 +378,88 @@ def test_probes_name_the_code_they_ran_by_a_digest_of_the_sources_that_needs_no_
                                                                 "commit": "0123456789", "dirty": True},
                                                  "entries": [entry()]}))  # fmt: skip
     assert probes.provenance_words([tmp_path / "p.json"]).endswith(f"recorded 2026-12-03, sources sha256 {first[:12]}.")
-    # the probe script writes it (digest of the repository it runs in, before any variant)
-    script = (ROOT / "scripts" / "gpu_issue17_probe.py").read_text()
-    assert '"sources_sha256": sources_digest(root)' in script
 
 
-def test_the_page_h256_claim_holds_in_the_h256_probe():
-    """'What else holds the kernel without a mask below cuDNN at H = 256, these records do not isolate; the halved
-    key block ...': in the cited probe, H = 256, the no-mask kernel's medians stay below cuDNN's with and without its
-    exponentials; H = 256's key block is half H = 128's."""
+def test_the_probe_script_records_the_digest_of_the_repository_it_runs_in(monkeypatch):
+    prov = _probe_script(monkeypatch).provenance(["plain"])  # its versions from a child process: no GPU needed
+    assert prov["sources_sha256"] == probes.sources_digest(ROOT) and prov["variants"] == ["plain"]
+
+
+def test_the_page_h256_work_per_step_claim_holds():
+    """'Nor does the work between two waits: 64 keys of 256 dimensions are as many multiply-adds per step as 128 keys
+    of 128': the default tiles at H = 256 and H = 128, pipelined or not; and the H = 256 probe files the page cites
+    were run at H = 256."""
     from attention_tutorial.kernels.mosaic_flash import default_config
 
     text = " ".join(page().split())
-    assert "What else holds the kernel without a mask below cuDNN at H = 256, these records do not isolate" in text
-    path = ROOT / "scripts" / "issue17_probe5_h256_h200.json"
-    assert json.loads(path.read_text())["provenance"]["shape"]["head_dim"] == 256
-    for variant in ("plain", "plain_noexp"):
-        assert max(probes.ratios(probes.find(probes.load_probe(path), variant, "noncausal"))) < 1.0
-    assert 2 * default_config(256).block_kv == default_config(128).block_kv
+    assert "64 keys of 256 dimensions are as many multiply-adds per step as 128 keys of 128" in text
+    for pipeline in (False, True):
+        wide, narrow = default_config(256, pipeline=pipeline), default_config(128, pipeline=pipeline)
+        assert (wide.block_kv, narrow.block_kv) == (64, 128) and wide.block_q == narrow.block_q
+        assert wide.block_kv * 256 == narrow.block_kv * 128
+    for name in ("issue17_probe5_h256_h200.json", "issue17_probe6_h256_h200.json"):
+        assert name in text
+        assert json.loads((ROOT / "scripts" / name).read_text())["provenance"]["shape"]["head_dim"] == 256
+
+
+def test_per_cents_print_each_value_on_its_own_side_of_the_target_and_bad_timings_give_no_ratio():
+    assert probes._pcts((0.96, 0.99), 1.0) == "96 % and 99 %"
+    assert probes._pcts((0.997, 1.021), 1.0) == "99.7 % and 102.1 %"
+    assert probes._pcts((0.9996, 1.02), 1.0) == "99.96 % and 102.00 %"
+    assert probes._pcts((1.0496, 1.06), 1.05) == "104.96 % and 106.00 %"
+    for bad in (float("nan"), 0.0):
+        broken = entry()
+        broken["rows"][0]["cudnn"][0] = bad
+        assert probes.ratios(broken) is None and probes.spread(broken) is None
+        assert probes.ceiling_words(broken, entry(), 1.0).endswith("the kernel did not run, so these records do not "
+                                                                   "bound it")  # fmt: skip
+
+
+def test_fp8_probe_lines_flag_a_non_finite_error_and_a_missing_cudnn_error():
+    broken = entry("fp8_regs", "noncausal")
+    broken["rows"][0].update(rel_error_ours=float("nan"), rel_error_cudnn_fp8=0.0596, max_abs_diff_vs_cudnn=0.1)
+    assert "relative error against float32 not a finite number (wrong numbers) (cuDNN's FP8: 0.060)" in (
+        probes.probe_line(broken, "p.json"))  # fmt: skip
+    alone = entry("fp8_regs", "noncausal")
+    alone["rows"][0].update(rel_error_ours=0.0536, rel_error_cudnn_fp8=None, max_abs_diff_vs_cudnn=0.1)
+    line = probes.probe_line(alone, "p.json")
+    assert "relative error against float32 0.054 (cuDNN's FP8: not recorded)" in line and "difference" not in line
+    nan_out = entry("pipe", "causal")
+    nan_out["rows"][0]["max_abs_diff_vs_cudnn"] = float("nan")  # a kernel meant to be right, NaN output
+    assert "its output is not finite (wrong numbers)" in probes.probe_line(nan_out, "p.json")
+
+
+def test_head_gain_words_say_who_gains_more_only_outside_the_spreads():
+    def e(ours, cudnn, width=0.01):
+        got = entry("plain", "noncausal", ours=ours, cudnn=cudnn)
+        for key in ("ours", "ours2", "cudnn", "cudnn2"):
+            got["rows"][0][key] = [got["rows"][0][key][0] * f for f in (1.0, 1 - width, 1 + width)]
+        return got
+
+    small, large = e((570.0, 575.0), (590.0, 595.0)), e((580.0, 585.0), (640.0, 645.0))
+    words = probes.head_gain_words(small, large, 128, 256)
+    assert words == ("cuDNN runs at 590 and 595 TFLOP/s at H = 128, 640 and 645 at H = 256; ours at 570 and 575 "
+                     "TFLOP/s at H = 128, 580 and 585 at H = 256: cuDNN gains more from the larger head than ours "
+                     "does")  # fmt: skip
+    wide = probes.head_gain_words(e((570.0, 575.0), (590.0, 595.0), 0.05), e((585.0, 590.0), (640.0, 645.0), 0.05),
+                                  128, 256)  # fmt: skip
+    assert wide.endswith("within the spreads the two gain alike")
+    assert probes.head_gain_words(large, small, 256, 128).endswith("ours gains more from the larger head than cuDNN "
+                                                                   "does")  # fmt: skip
+    assert "did not run" in probes.head_gain_words(entry(rc=1), large, 128, 256)
+
+
+def test_head_gain_lines_read_both_files_and_say_what_is_missing(tmp_path):
+    (tmp_path / "a.json").write_text(
+        json.dumps([entry("plain", "noncausal", ours=(570.0, 575.0), cudnn=(590.0, 595.0))])
+    )
+    (tmp_path / "b.json").write_text(
+        json.dumps([entry("plain", "noncausal", ours=(580.0, 585.0), cudnn=(640.0, 645.0))])
+    )
+    text = probes.head_gain_lines([("plain", ("a.json", "plain"), ("b.json", "plain")),
+                                   ("pipe", ("a.json", "pipe"), ("b.json", "plain")),
+                                   ("gone", ("a.json", "plain"), ("c.json", "plain"))], 128, 256, folder=tmp_path)  # fmt: skip
+    plain, pipe, gone = text.splitlines()
+    assert plain.startswith("- plain: cuDNN runs at 590 and 595 TFLOP/s at H = 128, 640 and 645 at H = 256; ours at")
+    assert plain.endswith("(`scripts/a.json`, `scripts/b.json`)")
+    assert "did not run" in pipe and gone == "- gone: `scripts/c.json` is missing"
