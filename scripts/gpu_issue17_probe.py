@@ -216,12 +216,15 @@ def provenance(variants):
     machine = json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else {"error": run.stderr[-300:]}
     sys.path.insert(0, str(root))  # the package beside this script, as the variants' processes import it
     try:
-        from attention_tutorial.results.probes import sources_digest  # imports JAX, but starts no backend
+        from attention_tutorial.kernels.mosaic_flash import default_config  # imports JAX, but starts no backend
+        from attention_tutorial.results.probes import sources_digest
 
         digest = sources_digest(root)
+        tiles = {kind: {f: getattr(default_config(SHAPE[3], pipeline=kind == "pipe"), f)
+                        for f in ("block_q", "block_kv", "stages")} for kind in ("plain", "pipe")}  # fmt: skip
     except Exception as err:  # a broken package still lets the variants run and report their own errors
-        digest = f"unread: {type(err).__name__}"
-    return {**machine, "sources_sha256": digest, "commit": git("rev-parse", "HEAD"),
+        digest, tiles = f"unread: {type(err).__name__}", None
+    return {**machine, "sources_sha256": digest, "tiles": tiles, "commit": git("rev-parse", "HEAD"),
             "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
             "shape": dict(zip(("batch", "seq", "heads", "head_dim"), SHAPE)), "dtype": "bfloat16",
             "variants": list(variants)}  # fmt: skip

@@ -383,6 +383,10 @@ def test_probes_name_the_code_they_ran_by_a_digest_of_the_sources_that_needs_no_
 def test_the_probe_script_records_the_digest_of_the_repository_it_runs_in(monkeypatch):
     prov = _probe_script(monkeypatch).provenance(["plain"])  # its versions from a child process: no GPU needed
     assert prov["sources_sha256"] == probes.sources_digest(ROOT) and prov["variants"] == ["plain"]
+    assert prov["tiles"] == {"plain": {"block_q": 64, "block_kv": 128, "stages": 2},
+                             "pipe": {"block_q": 64, "block_kv": 128, "stages": 2}}  # fmt: skip
+    wide = _probe_script(monkeypatch, 256).provenance(["plain"])  # the H = 256 probe keeps H = 256's own tiles
+    assert wide["shape"]["head_dim"] == 256 and wide["tiles"]["plain"]["block_kv"] == 64
 
 
 def test_the_page_h256_work_per_step_claim_holds():
