@@ -467,3 +467,15 @@ def test_head_gain_lines_read_both_files_and_say_what_is_missing(tmp_path):
     assert plain.startswith("- plain: cuDNN runs at 590 and 595 TFLOP/s at H = 128, 640 and 645 at H = 256; ours at")
     assert plain.endswith("(`scripts/a.json`, `scripts/b.json`)")
     assert "did not run" in pipe and gone == "- gone: `scripts/c.json` is missing"
+
+
+def test_the_page_says_the_probed_fp8_path_is_the_package_default():
+    """'the FP8 forward with p in registers (the package's default)': the probe's fp8_regs variant and
+    mosaic_fp8_attention's default."""
+    import inspect
+
+    from attention_tutorial.kernels.mosaic_fp8 import mosaic_fp8_attention
+
+    assert "the FP8 forward with p in registers (the package's default)" in " ".join(page().split())
+    assert inspect.signature(mosaic_fp8_attention).parameters["p_via"].default == "registers"
+    assert "p in registers" in probes.VARIANTS["fp8_regs"]
