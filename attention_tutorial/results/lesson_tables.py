@@ -305,6 +305,7 @@ def fp8_error_words(
     of a point pooled by their median (non-finite errors skipped). Alike within 10 %; where the points disagree,
     each is named."""
     from .claims import POINT_FIELDS
+    from .plotting import _fmt_key
 
     def ok(r, impl):
         return r.get("impl") == impl and r.get("status") == "ok" and store._is_number(r.get("rel_error"))
@@ -320,7 +321,6 @@ def fp8_error_words(
     if not points:
         return head + "; no recorded point has both kernels' errors to set it beside."
     # each point named by its mask, T and whatever else sets it apart from points of the same mask and T (B = 2, …)
-    short = {"batch": "B", "seq_kv": "S", "heads": "N", "kv_heads": "K", "head_dim": "H"}
     at_t: dict[tuple, list] = {}
     for key in points:
         at_t.setdefault((key[POINT_FIELDS.index("causal")], key[POINT_FIELDS.index("seq_q")]), []).append(key)
@@ -328,7 +328,7 @@ def fp8_error_words(
     pairs = []  # (where, ours raw, ours with the rounding, theirs), by mask then T
     for p in sorted(points.values(), key=lambda p: (bool(p["rec"]["causal"]), p["rec"]["seq_q"])):
         mine, theirs_ = statistics.median(p["ours"]), statistics.median(p["theirs"])
-        extra = "".join(f", {short.get(f, f)} = {p['rec'].get(f)}" for f in differ)
+        extra = "".join(f", {_fmt_key(f, p['rec'].get(f))}" for f in differ)
         at = f"{_mask_words('causal' if p['rec']['causal'] else 'none')} (T = {p['rec']['seq_q']}{extra})"
         pairs.append((at, mine, math.hypot(mine, rounding), theirs_))
     each = "; ".join(f"{c:.3f} against {t:.3f} {at}" for at, _, c, t in pairs)

@@ -91,12 +91,6 @@ def ratios(entry) -> tuple[float, float] | None:
     return None if r is None else (r["ours"][0] / r["cudnn"][0], r["ours2"][0] / r["cudnn2"][0])
 
 
-def tflops(entry, side: str = "cudnn") -> tuple[float, float] | None:
-    """``side``'s ("ours" or "cudnn") median TFLOP/s in each of the entry's two runs, or None where it did not run."""
-    r = _row(entry)
-    return None if r is None else (r[side][0], r[f"{side}2"][0])
-
-
 def spread(entry) -> tuple[float, float] | None:
     """The ratio's range over both runs from the percentiles: (our slow over cuDNN's fast, our fast over cuDNN's
     slow), or None where it did not run."""
@@ -144,6 +138,23 @@ def probe_line(entry, source: str, what: str | None = None) -> str:
     elif not wrong and "max_abs_diff_vs_cudnn" in row:  # a kernel that should be right, whose output is not finite
         ptxas += "; its output is not finite (wrong numbers)"
     return f"- {what}, {mask}: {speed}; {ptxas} (`scripts/{source}`)"
+
+
+_NOT_INSTALLED = "*The probe files live in the repository's `scripts/` folder, not in the installed package.*"
+
+
+def _reader(folder: Path):
+    """``pick(name, variant, mask) -> (the file's entries or None where it is missing, the entry or None)``, each file
+    of ``folder`` read once; and the cache, {name: entries or None}, in the order first asked."""
+    cache: dict[str, list | None] = {}
+
+    def pick(name, variant, mask):
+        if name not in cache:
+            cache[name] = load_probe(folder / name) if (folder / name).is_file() else None
+        entries = cache[name]
+        return entries, (find(entries, variant, mask) if entries is not None else None)
+
+    return pick, cache
 
 
 def ceiling_words(kernel, ceiling, target: float, what: str = "it") -> str:
@@ -220,15 +231,17 @@ def head_gain_lines(pairs, small_h: int, large_h: int, mask: str = "noncausal", 
     large_h)`` from ``folder`` (the repository's ``scripts/``), each ending with its files."""
     folder = Path(folder) if folder is not None else probe_dir()
     if folder is None:
-        return "*The probe files live in the repository's `scripts/` folder, not in the installed package.*"
+        return _NOT_INSTALLED
+    pick, _ = _reader(folder)
     lines = []
     for what, small, large in pairs:
-        paths = [folder / name for name, _ in (small, large)]
-        files = ", ".join(f"`scripts/{p.name}`" for p in paths)
-        if missing := [f"`scripts/{p.name}` is missing" for p in paths if not p.is_file()]:
+        (small_f, small_e), (large_f, large_e) = pick(*small, mask), pick(*large, mask)
+        files = ", ".join(f"`scripts/{name}`" for name, _ in (small, large))
+        if missing := [
+            f"`scripts/{name}` is missing" for (name, _), f in ((small, small_f), (large, large_f)) if f is None
+        ]:
             lines.append(f"- {what}: {'; '.join(missing)}")
             continue
-        small_e, large_e = (find(load_probe(p), v, mask) for p, (_, v) in zip(paths, (small, large)))
         lines.append(f"- {what}: {head_gain_words(small_e or {}, large_e or {}, small_h, large_h)} ({files})")
     return "\n".join(lines)
 
@@ -239,17 +252,11 @@ def ceiling_lines(pairs, target: float, folder=None) -> str:
     where a file is missing or an entry is not in it."""
     folder = Path(folder) if folder is not None else probe_dir()
     if folder is None:
-        return "*The probe files live in the repository's `scripts/` folder, not in the installed package.*"
-    loaded: dict[str, list | None] = {}
-
-    def pick(name, variant, mask):
-        if name not in loaded:
-            loaded[name] = load_probe(folder / name) if (folder / name).is_file() else None
-        return find(loaded[name], variant, mask) if loaded[name] is not None else None
-
+        return _NOT_INSTALLED
+    pick, loaded = _reader(folder)
     lines = []
     for what, kernel, ceiling in pairs:
-        k, c = pick(*kernel), pick(*ceiling)
+        (_, k), (_, c) = pick(*kernel), pick(*ceiling)
         files = " and ".join(f"`scripts/{name}`" for name in dict.fromkeys((kernel[0], ceiling[0])))
         missing = [f"`scripts/{p[0]}` is missing" if loaded[p[0]] is None else
                    f"`scripts/{p[0]}` has no {p[1]}, {'causal' if p[2] == 'causal' else 'no mask'}"
@@ -325,19 +332,17 @@ def probe_lines(picks, folder=None) -> str:
     missing."""
     folder = Path(folder) if folder is not None else probe_dir()
     if folder is None:
-        return "*The probe files live in the repository's `scripts/` folder, not in the installed package.*"
-    lines, loaded = [], {}  # each file read once
+        return _NOT_INSTALLED
+    pick, loaded = _reader(folder)
+    lines = []
     for name, variant, mask, *what in picks:
-        path = folder / name
-        if path.is_file() and name not in loaded:
-            loaded[name] = load_probe(path)
-        entry = find(loaded[name], variant, mask) if name in loaded else None
+        entries, entry = pick(name, variant, mask)
         if entry is None:
-            missing = f"not in `scripts/{name}`" if name in loaded else f"`scripts/{name}` is missing"
+            missing = f"not in `scripts/{name}`" if entries is not None else f"`scripts/{name}` is missing"
             words = "causal" if mask == "causal" else "no mask"  # as probe_line says it
             lines.append(f"- {(what or [VARIANTS.get(variant, variant)])[0]}, {words}: {missing}")
         else:
             lines.append(probe_line(entry, name, *what))
-    found = [folder / name for name in loaded]
+    found = [folder / name for name, entries in loaded.items() if entries is not None]
     origin = provenance_words(found)
     return "\n".join(lines) + (f"\n\nWhere they come from: {origin}" if origin else "")
