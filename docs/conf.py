@@ -31,6 +31,7 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.viewcode",
     "sphinx_copybutton",
+    "sphinx_design",
     "sphinx_sitemap",
     "sphinxext.opengraph",
     "publish",  # docs/_ext: pages as notebooks (download, Colab), a "last executed" stamp on each page
