@@ -1,0 +1,99 @@
+"""Every built page reads in twenty minutes: open text and open tables within budget, no lab words in the open.
+
+"Open" is what a reader sees without clicking: the page's article less everything inside ``<details>`` (sphinx-design
+dropdowns and myst-nb's hidden outputs are ``<details>``). Code listings and printed outputs count as words.
+Run on a built site (``nox -s docs`` first; CI sets ATTENTION_TUTORIAL_REQUIRE_HTML=1 so that a missing build fails),
+or as a script on any built pages: ``python tests/test_pages.py docs/_build/html/*.html``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HTML = ROOT / "docs" / "_build" / "html"
+MAX_WORDS, MAX_TABLES = 4500, 8
+# Pages that are reference lists, not lessons: read by lookup, not start to end.
+REFERENCE_PAGES = {"api", "glossary", "genindex", "search", "404", "py-modindex"}
+LAB_WORDS = ("by the medians", "twin", "ceiling's spreads", "do not settle", "lease", "probe", "review r")
+ISSUE_NUMBER = re.compile(r"\bissue\s*#?\d+|\bissue\d+", re.IGNORECASE)
+HEX_ID = re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{12,64}\b")  # digests and commit hashes
+
+
+def open_parts(html: str):
+    """(open words, open tables, open text) of one built page."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(html, "html.parser")
+    article = soup.find("article") or soup.body or soup
+    for hidden in article.find_all(["details", "script", "style"]):
+        hidden.decompose()
+    for link in article.find_all("a", class_="headerlink"):
+        link.decompose()
+    text = article.get_text(" ")
+    words = [w for w in text.split() if any(c.isalnum() for c in w)]
+    return len(words), len(article.find_all("table")), text
+
+
+def _pages():
+    if not HTML.exists():
+        return []
+    return sorted(p for p in HTML.glob("*.html") if p.stem not in REFERENCE_PAGES)
+
+
+def _require_html():
+    if not _pages():
+        if os.environ.get("ATTENTION_TUTORIAL_REQUIRE_HTML"):
+            pytest.fail(f"no built site under {HTML}: run `nox -s docs` first")
+        pytest.skip("the site is not built (nox -s docs)")
+
+
+def test_the_counter_skips_what_is_folded():
+    html = (
+        "<html><body><article><h1>Title<a class='headerlink'>¶</a></h1><p>one two three</p>"
+        "<details><summary>More</summary><p>hidden words here</p><table></table></details>"
+        "<table><tr><td>4</td></tr></table><script>var x = 1;</script></article></body></html>"
+    )
+    words, tables, text = open_parts(html)
+    assert (words, tables) == (5, 1), text  # Title, one, two, three, 4
+
+
+@pytest.mark.parametrize("page", _pages() or [None], ids=lambda p: p.stem if p else "unbuilt")
+def test_each_page_fits_its_budget(page):
+    _require_html()
+    words, tables, _ = open_parts(page.read_text(encoding="utf-8"))
+    assert words <= MAX_WORDS, f"{page.name}: {words} open words (budget {MAX_WORDS}): fold evidence or split the page"
+    assert tables <= MAX_TABLES, f"{page.name}: {tables} open tables (budget {MAX_TABLES}): fold them into dropdowns"
+
+
+@pytest.mark.parametrize("page", _pages() or [None], ids=lambda p: p.stem if p else "unbuilt")
+def test_no_lab_vocabulary_in_open_text(page):
+    _require_html()
+    _, _, text = open_parts(page.read_text(encoding="utf-8"))
+    lower = " ".join(text.lower().split())
+    found = [w for w in LAB_WORDS if re.search(rf"\b{re.escape(w)}", lower)]
+    found += HEX_ID.findall(text) + ISSUE_NUMBER.findall(text)
+    found += re.findall(r"scripts/\S+", text)
+    assert not found, f"{page.name} says {found} in its open text"
+
+
+def main(paths: list[str]) -> int:
+    worst = 0
+    for path in paths:
+        words, tables, text = open_parts(Path(path).read_text(encoding="utf-8"))
+        lower = " ".join(text.lower().split())
+        lab = [w for w in LAB_WORDS if re.search(rf"\b{re.escape(w)}", lower)] + HEX_ID.findall(text) + ISSUE_NUMBER.findall(text)
+        over = words > MAX_WORDS or tables > MAX_TABLES
+        worst |= over
+        print(f"{Path(path).stem:28} {words:6d} words {tables:3d} tables{'  OVER' if over else ''}"
+              f"{'  lab words: ' + ', '.join(lab) if lab else ''}")  # fmt: skip
+    return int(worst)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
