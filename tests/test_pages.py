@@ -87,7 +87,11 @@ def main(paths: list[str]) -> int:
     for path in paths:
         words, tables, text = open_parts(Path(path).read_text(encoding="utf-8"))
         lower = " ".join(text.lower().split())
-        lab = [w for w in LAB_WORDS if re.search(rf"\b{re.escape(w)}", lower)] + HEX_ID.findall(text) + ISSUE_NUMBER.findall(text)
+        lab = (
+            [w for w in LAB_WORDS if re.search(rf"\b{re.escape(w)}", lower)]
+            + HEX_ID.findall(text)
+            + ISSUE_NUMBER.findall(text)
+        )
         over = words > MAX_WORDS or tables > MAX_TABLES
         worst |= over
         print(f"{Path(path).stem:28} {words:6d} words {tables:3d} tables{'  OVER' if over else ''}"
