@@ -8,11 +8,20 @@ padding (the pairs inside each row's lengths). The count is exact: a causal T = 
 not the T²/2 of FlashAttention's convention (they differ by 1/T). The backward pass does five such matmuls to
 the forward's two: ×2.5, so a forward+backward step is 3.5× the forward. Softmax FLOPs are not counted.
 
-Peaks (:func:`peak_for`): bf16/fp16/f32 results are judged against the bf16 matmul ceiling measured in the same
-run; FP8 results against twice it (Hopper's FP8 tensor cores do twice the bf16 rate), stated in ``peak_basis``.
+Bytes: :func:`attention_bytes` is the fewest a forward pass can move to and from HBM (q, k, v read once, the output
+written once: what a fused kernel moves); :func:`materialised_bytes` adds the (B, N, T, S) scores and softmax
+weights that an unfused path (the naive version, XLA's) writes to HBM and reads back. FLOPs over bytes is the
+arithmetic intensity a roofline is read by.
+
+Peaks, two bases. :func:`peak_for`: bf16/fp16/f32 results are judged against the bf16 matmul ceiling measured in the
+same run; FP8 results against twice it (Hopper's FP8 tensor cores do twice the bf16 rate), stated in ``peak_basis``.
+:func:`datasheet_peak`: the same dtypes against the vendor's dense tensor-core figure (:data:`DATASHEET`), the basis
+the FlashAttention papers quote. A CPU has no datasheet peak.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -23,6 +32,29 @@ from ..kernels.masks import MASK_KINDS, WINDOW, mask_args
 PASSES = ("fwd", "fwd+bwd")
 BF16_PEAK = "bf16 matmul (measured)"
 FP8_PEAK = "fp8 = 2 × bf16 matmul (measured)"
+
+
+class Datasheet(NamedTuple):
+    """A GPU's datasheet figures: dense (no 2:4 sparsity) tensor-core TFLOP/s for bf16 (fp16 is the same) and FP8
+    (None where the chip has no FP8 tensor cores), and the HBM bandwidth in GB/s."""
+
+    bf16_tflops: float
+    fp8_tflops: float | None
+    hbm_gbps: float
+
+
+#: Datasheet figures by the device name JAX reports (``jax.devices()[0].device_kind``, a result file's ``gpu``).
+#: NVIDIA quotes tensor-core rates "with sparsity"; these are the dense halves. H100 SXM and H200 share one compute
+#: die and clocks (132 SMs at 1.83 GHz: 989.4 bf16, 1978.9 FP8); the H200 has more and faster HBM.
+DATASHEET = {
+    "NVIDIA H200": Datasheet(989.4, 1978.9, 4800.0),
+    "NVIDIA H100 80GB HBM3": Datasheet(989.4, 1978.9, 3350.0),
+    "NVIDIA A100-SXM4-80GB": Datasheet(312.0, None, 2039.0),
+    "NVIDIA A100-SXM4-40GB": Datasheet(312.0, None, 1555.0),
+    "NVIDIA L4": Datasheet(121.0, 242.5, 300.0),
+}
+DATASHEET_BF16 = "dense bf16 tensor cores (datasheet)"
+DATASHEET_FP8 = "dense fp8 tensor cores (datasheet)"
 
 
 def kept_positions(seq_q, seq_kv, *, causal=False, window=None, q_lengths=None, kv_lengths=None) -> int:
@@ -89,12 +121,34 @@ def peak_for(dtype: str, bf16_peak: float | None) -> tuple[float | None, str]:
     return bf16_peak, BF16_PEAK
 
 
+def datasheet_peak(gpu: str | None, dtype: str) -> tuple[float | None, str]:
+    """(TFLOP/s, basis) of the datasheet peak to judge a ``dtype`` result on ``gpu`` by: dense FP8 for FP8 results,
+    dense bf16 for every other dtype (as :func:`peak_for` judges them against the measured bf16 matmul). The peak is
+    None for a device not in :data:`DATASHEET` (a CPU, an unlisted GPU) or an FP8 result on a chip without FP8."""
+    sheet = DATASHEET.get(gpu) if gpu else None
+    if is_fp8(dtype):
+        return (sheet.fp8_tflops if sheet else None), DATASHEET_FP8
+    return (sheet.bf16_tflops if sheet else None), DATASHEET_BF16
+
+
 def attention_bytes(batch, seq_q, seq_kv, heads, kv_heads, head_dim, dtype) -> int:
     """The fewest bytes a forward pass must move: read q, k, v once and write the output once."""
     item = jnp.dtype(dtype).itemsize
     q_and_out = 2 * batch * seq_q * heads * head_dim
     k_and_v = 2 * batch * seq_kv * kv_heads * head_dim
     return (q_and_out + k_and_v) * item
+
+
+def materialised_bytes(batch, seq_q, seq_kv, heads, kv_heads, head_dim, dtype, *, score_dtype="float32",
+                       weight_dtype=None) -> int:  # fmt: skip
+    """The fewest bytes a forward pass that materialises the scores must move: :func:`attention_bytes` plus the
+    (B, N, T, S) scores written once and read once (``score_dtype``: float32, as the naive version and XLA compute
+    them) and the softmax weights written once and read once (``weight_dtype``, default ``dtype``: both cast the
+    weights to v's dtype before the second matmul). A mask does not shrink it: these paths compute every score."""
+    weight_dtype = dtype if weight_dtype is None else weight_dtype
+    per_score = 2 * (jnp.dtype(score_dtype).itemsize + jnp.dtype(weight_dtype).itemsize)  # write + read of each
+    scores = batch * heads * seq_q * seq_kv
+    return attention_bytes(batch, seq_q, seq_kv, heads, kv_heads, head_dim, dtype) + scores * per_score
 
 
 def kv_cache_bytes(kv_heads, head_dim, dtype, *, tokens=1, batch=1, layers=1) -> int:

@@ -7,13 +7,18 @@ from attention_tutorial.inputs import AttentionShape
 from attention_tutorial.kernels.masks import MASK_KINDS, mask_args, split_static
 from attention_tutorial.measure.flops import (
     BF16_PEAK,
+    DATASHEET,
+    DATASHEET_BF16,
+    DATASHEET_FP8,
     FP8_PEAK,
     attention_bytes,
     attention_flops,
+    datasheet_peak,
     gemm_flops,
     kept_positions,
     kv_cache_bytes,
     mask_kept_positions,
+    materialised_bytes,
     peak_for,
 )
 
@@ -103,3 +108,36 @@ def test_kv_cache_bytes_llama_like():
     assert kv_cache_bytes(8, 128, jnp.bfloat16, layers=32, tokens=4096, batch=2) == 131_072 * 8192
     assert kv_cache_bytes(32, 128, jnp.bfloat16) == 4 * kv_cache_bytes(8, 128, jnp.bfloat16)  # MHA vs GQA-8
     assert kv_cache_bytes(1, 128, jnp.float32) == 2 * 128 * 4
+
+
+def test_materialised_bytes_add_the_scores_and_weights_written_and_read_once():
+    # B=2, T=S=64, N=4, H=32, bf16: 2·4·64·64 = 32768 scores, each float32 (4 B) and bf16 weights (2 B), both ways
+    fused = attention_bytes(2, 64, 64, 4, 4, 32, jnp.bfloat16)
+    assert fused == (2 * 2 * 64 * 4 * 32 + 2 * 2 * 64 * 4 * 32) * 2
+    assert materialised_bytes(2, 64, 64, 4, 4, 32, jnp.bfloat16) == fused + 32768 * 2 * (4 + 2)
+    # float32 inputs keep float32 weights; a bf16 score buffer halves that part
+    f32 = attention_bytes(2, 64, 64, 4, 4, 32, "float32")
+    assert materialised_bytes(2, 64, 64, 4, 4, 32, "float32") == f32 + 32768 * 2 * (4 + 4)
+    assert materialised_bytes(2, 64, 64, 4, 4, 32, "float32", score_dtype="bfloat16") == f32 + 32768 * 2 * (2 + 4)
+
+
+def test_materialised_traffic_grows_with_s_while_the_fused_minimum_does_not_at_fixed_t():
+    grow = [materialised_bytes(1, 128, s, 8, 8, 64, "bfloat16") - attention_bytes(1, 128, s, 8, 8, 64, "bfloat16")
+            for s in (1024, 2048, 4096)]  # fmt: skip
+    assert grow[1] == 2 * grow[0] and grow[2] == 2 * grow[1]  # the score part is linear in S
+
+
+def test_datasheet_peaks_by_device_name_and_dtype():
+    assert datasheet_peak("NVIDIA H200", "bfloat16") == (989.4, DATASHEET_BF16)
+    assert round(datasheet_peak("NVIDIA H200", "float16")[0]) == 989  # the figure FlashAttention-3 divides by
+    assert datasheet_peak("NVIDIA H200", "float32")[0] == 989.4  # judged against bf16, as peak_for does
+    assert datasheet_peak("NVIDIA H200", "float8_e4m3fn") == (1978.9, DATASHEET_FP8)
+    assert datasheet_peak("NVIDIA A100-SXM4-80GB", "float8_e5m2")[0] is None  # no FP8 tensor cores
+    assert datasheet_peak(None, "bfloat16")[0] is None and datasheet_peak("cpu", "bfloat16")[0] is None
+
+
+def test_datasheet_fp8_is_twice_bf16_where_a_chip_has_it():
+    for name, sheet in DATASHEET.items():
+        assert sheet.bf16_tflops > 0 and sheet.hbm_gbps > 0, name
+        if sheet.fp8_tflops is not None:
+            assert sheet.fp8_tflops == pytest.approx(2 * sheet.bf16_tflops, rel=1e-2), name  # rounded figures
