@@ -1,0 +1,125 @@
+"""The page "TransformerEngine and FP8": TE against JAX's cuDNN path, FP8 against bf16, and the formats drawn.
+
+Functions return rows and small summaries (ratios with their range over runs, verdict counts); the page's markdown
+holds the sentences.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+
+from ..results import claims
+from ..results.plotting import PALETTE
+
+
+@dataclass(frozen=True)
+class Versus:
+    """A's speed against B's at several points: B's time / A's time (above 1: A faster)."""
+
+    low: float  # the smallest median ratio over the points
+    high: float  # the largest
+    words: dict  # verdict ("faster", "on par", "slower") -> number of points
+    points: int
+
+    @property
+    def verdict(self) -> str:
+        """One word for all points: the common verdict, or "mixed"."""
+        return next(iter(self.words)) if len(self.words) == 1 else "mixed"
+
+
+def _summary(rows) -> Versus | None:
+    if not rows:
+        return None
+    ratios = [r["ratio"] for r in rows]
+    return Versus(min(ratios), max(ratios), dict(Counter(r["word"] for r in rows)), len(rows))
+
+
+def te_vs_cudnn(te_records, all_records) -> list[dict]:
+    """One row per ok TE record that JAX's cuDNN path also measured at the same point: the ratio cuDNN time / TE
+    time (median), its range from the two p10–p90 spreads, and the verdict word (:func:`claims.compare`)."""
+    rows = []
+    for r in te_records or []:
+        if r.get("impl") != "te" or r.get("status") != "ok":
+            continue
+        same = claims.same_point(all_records, r, impl="cudnn")
+        if same:
+            c = claims.compare([r], same)
+            rows.append({**r, "ratio": c.value, "low": c.low, "high": c.high, "word": c.word})
+    return rows
+
+
+def summary(rows) -> Versus | None:
+    """The rows of :func:`te_vs_cudnn` or :func:`fp8_speedups` in one :class:`Versus` (None without rows)."""
+    return _summary(rows)
+
+
+def fp8_speedups(fp8_records, fp8_impl: str = "cudnn_fp8_s448", base: str = "cudnn") -> list[dict]:
+    """bf16 cuDNN's time over FP8 cuDNN's at every (T, mask) both recorded: above 1, FP8 is faster."""
+    ok = [r for r in fp8_records or [] if r.get("status") == "ok"]
+    rows = []
+    for f in (r for r in ok if r["impl"] == fp8_impl):
+        b = [r for r in ok if r["impl"] == base and r["seq_q"] == f["seq_q"] and r["causal"] == f["causal"]]
+        if b:
+            c = claims.compare([f], b)
+            rows.append({"seq_q": f["seq_q"], "causal": f["causal"], "ratio": c.value, "low": c.low,
+                         "high": c.high, "word": c.word})  # fmt: skip
+    return sorted(rows, key=lambda r: (r["causal"], r["seq_q"]))
+
+
+def fp8_speedup_figure(rows):
+    """bf16 time / FP8 time against T, one line per mask, the range over runs as error bars; 1 = the same speed."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for i, causal in enumerate((False, True)):
+        rs = [r for r in rows if r["causal"] == causal]
+        if not rs:
+            continue
+        x = [r["seq_q"] for r in rs]
+        y = [r["ratio"] for r in rs]
+        err = [[r["ratio"] - r["low"] for r in rs], [r["high"] - r["ratio"] for r in rs]]
+        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, color=PALETTE[3 if causal else 0],
+                    linestyle="--" if causal else "-", label="causal" if causal else "no mask")  # fmt: skip
+    ax.axhline(1.0, color="#555555", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("T = S")
+    ax.set_ylabel("bf16 time / FP8 time")
+    ax.set_title("cuDNN's FP8 attention against its bf16 attention", fontsize=10)
+    ax.legend(frameon=False)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+# (sign, exponent, stored mantissa) bits and the largest finite value of each format
+FORMATS = {
+    "float32": (1, 8, 23, 3.4028235e38),
+    "bfloat16": (1, 8, 7, 3.3895314e38),
+    "float16": (1, 5, 10, 65504.0),
+    "FP8 E4M3": (1, 4, 3, 448.0),
+    "FP8 E5M2": (1, 5, 2, 57344.0),
+}
+
+
+def formats_figure(names=("bfloat16", "float16", "FP8 E4M3", "FP8 E5M2")):
+    """The bit fields of each format, one row each: sign, exponent (range), stored mantissa (precision)."""
+    fig, ax = plt.subplots(figsize=(7.5, 0.55 * len(names) + 0.6))
+    colours = {"sign": "#7F7F7F", "exponent": PALETTE[0], "mantissa": PALETTE[1]}
+    for row, name in enumerate(reversed(names)):
+        sign, exp, man, largest = FORMATS[name]
+        start = 0
+        for part, width in (("sign", sign), ("exponent", exp), ("mantissa", man)):
+            ax.barh(row, width, left=start, color=colours[part], edgecolor="white")
+            start += width
+        ax.text(start + 0.3, row, f"max {largest:.4g}", va="center", fontsize=9)
+    ax.set_yticks(range(len(names)), list(reversed(names)))
+    ax.set_xlabel("bits")
+    ax.set_xlim(0, 22)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
+    ax.legend(handles, ["sign", "exponent: range", "stored mantissa: precision"], frameon=False, ncol=3,
+              loc="upper center", bbox_to_anchor=(0.5, 1.35), fontsize=9)  # fmt: skip
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,48 @@
+import ml_dtypes
+import numpy as np
+import pytest
+
+from attention_tutorial.site import transformer_engine as page
+
+
+def _rec(impl, T, causal, ms, spread=0.01, **extra):
+    point = {"batch": 1, "seq_q": T, "seq_kv": T, "heads": 16, "kv_heads": 16, "head_dim": 128,
+             "dtype": "bfloat16", "causal": causal, "pass": "fwd"}
+    return {"impl": impl, "status": "ok", "median_ms": ms, "p10_ms": ms * (1 - spread), "p90_ms": ms * (1 + spread),
+            **point, **extra}
+
+
+def test_te_vs_cudnn_pairs_points_and_reads_spreads():
+    te = [_rec("te", 1024, True, 1.0), _rec("te", 2048, True, 2.0), _rec("te", 4096, True, 9.0, status="error")]
+    cudnn = [_rec("cudnn", 1024, True, 1.0), _rec("cudnn", 2048, True, 3.0)]
+    rows = page.te_vs_cudnn(te, te + cudnn)
+    assert [r["seq_q"] for r in rows] == [1024, 2048]  # the failed TE point and unmatched points are left out
+    assert [r["ratio"] for r in rows] == pytest.approx([1.0, 1.5])
+    assert [r["word"] for r in rows] == ["on par", "faster"]
+    s = page.summary(rows)
+    assert (s.low, s.high, s.points, s.verdict) == (pytest.approx(1.0), pytest.approx(1.5), 2, "mixed")
+    assert s.words == {"on par": 1, "faster": 1}
+    assert page.summary([]) is None
+
+
+def test_fp8_speedups_and_their_figure():
+    recs = [_rec("cudnn", 4096, False, 2.0), _rec("cudnn_fp8_s448", 4096, False, 1.0),
+            _rec("cudnn", 4096, True, 1.0), _rec("cudnn_fp8_s448", 4096, True, 1.25), _rec("cudnn_fp8_s448", 8192, True, 1.0)]
+    rows = page.fp8_speedups(recs)
+    assert [(r["seq_q"], r["causal"]) for r in rows] == [(4096, False), (4096, True)]
+    assert [r["ratio"] for r in rows] == pytest.approx([2.0, 0.8])
+    assert [r["word"] for r in rows] == ["faster", "slower"]
+    fig = page.fp8_speedup_figure(rows)
+    ys = [float(c.lines[0].get_ydata()[0]) for c in fig.axes[0].containers]
+    assert ys == pytest.approx([2.0, 0.8])  # no mask, then causal
+
+
+@pytest.mark.parametrize("name, dtype", [("bfloat16", ml_dtypes.bfloat16), ("float16", np.float16),
+                                         ("FP8 E4M3", ml_dtypes.float8_e4m3fn), ("FP8 E5M2", ml_dtypes.float8_e5m2)])
+def test_formats_match_the_dtypes(name, dtype):
+    sign, exp, man, largest = page.FORMATS[name]
+    info = ml_dtypes.finfo(dtype)
+    assert (exp, man) == (info.nexp, info.nmant)
+    assert largest == pytest.approx(float(info.max), rel=1e-6)
+    fig = page.formats_figure()
+    assert len(fig.axes[0].patches) == 3 * 4
