@@ -1,13 +1,18 @@
 """Try tile sizes and pipelining for one of our kernels against cuDNN on the GPU; print and save a table.
 
-python scripts/tune.py pallas OUT.json   block_q, block_k, warps, stages of the Triton-lowered kernel
-python scripts/tune.py mosaic OUT.json   block_kv and stages of the Mosaic GPU kernel
+python scripts/tune.py pallas [OUT.json]   block_q, block_k, warps, stages of the Triton-lowered kernel
+python scripts/tune.py mosaic [OUT.json]   block_kv and stages of the Mosaic GPU kernel
 (GPU only; a minute or two each). B=8, T=4096, N=16, bf16; H = 128 and 64, causal and not.
-python scripts/tune.py pipe OUT.json     block_kv and stages of the pipelined Mosaic forward (issue 17's target
-shape: B=4, T=8192, N=16, H=128, bf16), the plain kernel's default beside it.
-python scripts/tune.py fp8 OUT.json      block_kv and stages of our FP8 forward against cuDNN's FP8 (P scale 448), same shape.
-python scripts/tune.py bwd OUT.json      forward+backward (jax.vjp) of our two kernels against cuDNN's:
+python scripts/tune.py pipe [OUT.json]     block_kv and stages of the pipelined Mosaic forward (B=4, T=8192, N=16,
+H=128, bf16), the plain kernel's default beside it.
+python scripts/tune.py fp8 [OUT.json]      block_kv and stages of our FP8 forward against cuDNN's FP8 (P scale 448),
+same shape.
+python scripts/tune.py bwd [OUT.json]      forward+backward (jax.vjp) of our two kernels against cuDNN's:
 B·T = 16k, T = 4096 and 8192, N=16, H=128, bf16, causal and not; each row is saved as soon as it is measured.
+
+Without OUT.json a table goes where the package reads its tuning tables,
+attention_tutorial/results/data/tuning/<kernel>_<gpu>.json (say, pipe_nvidia-h200.json); an existing file is never
+overwritten (the new one gets the time in its name: rename it over the old one to change what the pages cite).
 """
 
 import functools
@@ -138,8 +143,29 @@ def backward(out):
                 save(rows, out)
 
 
+TUNING_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "attention_tutorial", "results", "data",
+                          "tuning")  # fmt: skip
+
+
+def default_out(kernel: str) -> str:
+    """Where the package reads the tuning table of ``kernel`` measured on this GPU."""
+    from attention_tutorial.env import environment
+    from attention_tutorial.results.store import slug
+
+    gpu = environment()["gpu"]
+    if not gpu:
+        raise SystemExit("tune.py times kernels on a GPU; this machine has none (jax.devices() lists no GPU).")
+    return os.path.normpath(os.path.join(TUNING_DIR, f"{kernel}_{slug(gpu)}.json"))
+
+
 if __name__ == "__main__":
+    kernels = ("pallas", "mosaic", "pipe", "fp8", "bwd")
+    if len(sys.argv) not in (2, 3) or sys.argv[1] not in kernels:
+        raise SystemExit(f"usage: python scripts/tune.py {{{'|'.join(kernels)}}} [OUT.json]")
+    out = fresh(sys.argv[2] if len(sys.argv) == 3 else default_out(sys.argv[1]))
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    print(f"saving to {out}", flush=True)
     if sys.argv[1] == "bwd":
-        backward(fresh(sys.argv[2]))
+        backward(out)
         sys.exit()
-    main(sys.argv[1], fresh(sys.argv[2]))
+    main(sys.argv[1], out)
