@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16: context parallelism measured on every GPU of one host (2 or 4 H200s), through the recorder.
+# Context parallelism measured on every GPU of one host (2 or 4 H200s), through the recorder.
 #
 # On the multi-GPU machine (device tool kind nvidia-h200-x2, or nvidia-h200-x4), from the repository root:
 #   bash scripts/cp_multi_gpu.sh            the measurement (below)

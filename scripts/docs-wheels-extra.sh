@@ -1,6 +1,6 @@
 #!/bin/bash
 # The extra wheels the docs build needs on the GPU machine (Python 3.12, no network there), beyond what
-# ../shared/gpu/docs-wheels.sh fetches: the publishing extensions of docs/conf.py (issue 18). All pure Python:
+# ../shared/gpu/docs-wheels.sh fetches: the publishing extensions of docs/conf.py. All pure Python:
 # fetched with --no-deps (their own dependencies — nbformat, markdown-it-py, mdit-py-plugins, pyyaml, packaging —
 # already come with myst-nb).
 #   bash ../shared/gpu/docs-wheels.sh && bash scripts/docs-wheels-extra.sh   -> ./.whl/

@@ -126,7 +126,7 @@ def cudnn_fp8_records(peak=None, **timing) -> list[dict]:
                     variants.append((f"cudnn_fp8_s{int(s)}", "float8_e4m3fn",
                                      lambda q, k, v, s=s: cudnn_fp8_attention(q, k, v, is_causal=causal, scale_s=s),
                                      {"scale_s": s}))  # fmt: skip
-                # ours (issue 17): the Mosaic GPU kernel in bf16 and our FP8 forward (P scale 448, as cuDNN's best)
+                # ours: the Mosaic GPU kernel in bf16 and our FP8 forward (P scale 448, as cuDNN's best)
                 variants.append(("mosaic", "bfloat16", functools.partial(mosaic_flash_attention, is_causal=causal),
                                  {}))  # fmt: skip
                 for impl, p_via in FP8_PATHS.items():  # "mosaic_fp8": p via shared memory (the name predates the

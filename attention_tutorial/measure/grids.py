@@ -118,7 +118,7 @@ def _grids(gpu: bool) -> dict[str, list[Point]]:
                 causal=(False, True),
                 masks=MASK_KINDS,
             ),
-            # issue 17's race: our Mosaic GPU forward, plain and with FA3's intra-warpgroup pipelining, against cuDNN
+            # the race: our Mosaic GPU forward, plain and with FA3's intra-warpgroup pipelining, against cuDNN
             "beyond": grid(
                 ("mosaic", "mosaic_pipe", "cudnn"),
                 seq_q=(4 * KIB, 8 * KIB, 16 * KIB, 32 * KIB, 64 * KIB),

@@ -133,7 +133,7 @@ def test_lse_cotangent_reaches_the_inputs():
 
 
 def test_runs_with_x64_enabled():
-    """JAX_ENABLE_X64=1 turns Python ints into int64: the loop bounds must stay int32 (issue 13)."""
+    """JAX_ENABLE_X64=1 turns Python ints into int64: the loop bounds must stay int32."""
     q, k, v = make_qkv(1, 32, 2, 16, seed=2)
     with jax.enable_x64(True):
         out = flash_attention(q, k, v, is_causal=True, block_q=16, block_k=16, interpret=True)
