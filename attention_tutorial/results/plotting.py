@@ -41,6 +41,7 @@ SCALE = {"temp_bytes": 2**20}  # plotted in the unit of its axis label (bytes as
 YLABELS = {
     "tflops": "TFLOP/s",
     "pct_peak": "% of measured bf16 matmul peak",
+    "pct_datasheet": "% of datasheet dense bf16 peak",
     "gbps": "GB/s (fewest bytes / time)",
     "median_ms": "ms per call (median)",
     "temp_bytes": "compiled temporaries (MiB)",
@@ -203,7 +204,8 @@ COLUMNS = {
     "dispatch_ms": ("dispatch (ms)", lambda v: f"{v:.3g}"),
     "compile_s": ("compile (s)", lambda v: f"{v:.2f}"),
     "tflops": ("TFLOP/s", lambda v: f"{v:.4g}"),
-    "pct_peak": ("% of bf16 peak", lambda v: f"{v:.1f}"),
+    "pct_peak": ("% of measured peak", lambda v: f"{v:.1f}"),
+    "pct_datasheet": ("% of datasheet peak", lambda v: f"{v:.1f}"),
     "gbps": ("GB/s", lambda v: f"{v:.4g}"),
     "pct_read": ("% read ceiling", lambda v: f"{v:.1f}"),
     "temp_bytes": ("temporaries", lambda v: size_text(v)),
@@ -253,7 +255,7 @@ def markdown_table(records, columns) -> str:
     status column, else in its first missing value) and "–" in the other value columns."""
     head = [cell(COLUMNS.get(c, (c, str))[0]) for c in columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(columns)]
-    values = ("median_ms", "tflops", "gbps", "pct_peak")
+    values = ("median_ms", "tflops", "gbps", "pct_peak", "pct_datasheet")
     for r in records:
         cells = []
         said = "status" in columns  # the status column says it already

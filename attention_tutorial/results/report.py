@@ -13,12 +13,13 @@ import jax
 import matplotlib.pyplot as plt
 
 from ..env import environment
+from ..measure.flops import datasheet_peak
 from ..measure.grids import points
 from ..measure.sweep import run_sweep
 from ..train import TWIN
 from . import store
 from .claims import POINT_FIELDS, same_point
-from .plotting import label, markdown_table, plot_records
+from .plotting import _legend, label, markdown_table, plot_records
 
 REFERENCE_GPU = "nvidia-h200"
 
@@ -125,14 +126,50 @@ def live_failures(live, recorded) -> list[dict]:
     return rows
 
 
-def run_peaks(records, provenance) -> list[float]:
-    """The bf16 matmul peaks that the bf16/f16 ``records``' % of peak divides by: one per recording run (each run
-    measures its own, stored in the provenance of its grids), sorted, unrounded."""
-    from ..measure.flops import BF16_PEAK
+def with_datasheet(records, gpu: str | None) -> list[dict]:
+    """``records`` with ``pct_datasheet`` beside ``pct_peak``: their TFLOP/s as a % of ``gpu``'s datasheet peak for
+    their dtype (:func:`~attention_tutorial.measure.flops.datasheet_peak`: dense bf16, dense FP8 for FP8 records),
+    where ``pct_peak`` divides by the bf16 matmul measured in the recording run. None where a record has no TFLOP/s
+    or the device has no datasheet figure (a CPU)."""
+    out = []
+    for r in records:
+        peak, _ = datasheet_peak(gpu, r.get("dtype") or "bfloat16")
+        out.append({**r, "pct_datasheet": 100 * r["tflops"] / peak if peak and r.get("tflops") else None})
+    return out
 
-    grids = provenance.get("grids", {})
-    return sorted({grids.get(r["grid"], provenance).get("matmul_bf16_tflops", provenance["matmul_bf16_tflops"])
-                   for r in records if r.get("pct_peak") and r.get("peak_basis") == BF16_PEAK})  # fmt: skip
+
+def datasheet_factor(records, gpu: str | None) -> float | None:
+    """The one factor that turns ``records``' % of the measured peak into % of ``gpu``'s datasheet peak (their
+    measured peak / the datasheet's); None when they were judged against different measured peaks (several
+    recording runs, or bf16 and FP8 mixed), have no % of peak, or the device has no datasheet figure."""
+    factors = {round(r["pct_datasheet"] / r["pct_peak"], 9) for r in with_datasheet(records, gpu)
+               if r.get("pct_peak") and r.get("pct_datasheet")}  # fmt: skip
+    return factors.pop() if len(factors) == 1 else None
+
+
+def datasheet_axis(fig, factor: float, peak: float) -> None:
+    """Give ``fig`` (drawn in % of the measured peak; panels share their y axis) a right-hand axis in % of the
+    datasheet peak ``peak`` (TFLOP/s), ``factor`` = measured peak / datasheet peak; the legend moves right."""
+    axes = list(fig.axes)
+    if not axes:
+        return
+    sec = axes[-1].secondary_yaxis("right", functions=(lambda p: p * factor, lambda p: p / factor))
+    sec.set_ylabel(f"% of datasheet peak ({peak:.0f} TFLOP/s)")
+    legend = axes[-1].get_legend() if axes else None
+    if legend is not None:
+        legend.set_bbox_to_anchor((1.16, 1.0))
+
+
+def datasheet_line(fig, peak: float, label: str = "datasheet dense bf16 peak") -> None:
+    """Draw the datasheet peak ``peak`` (TFLOP/s) on each axes of ``fig`` (a TFLOP/s plot) beside the measured one,
+    and name it in the figure's legend."""
+    axes = list(fig.axes)
+    for a in axes:
+        a.axhline(peak, color="#999999", linestyle=(0, (2, 2)), linewidth=1.2, label=label)
+    legend = axes[-1].get_legend() if axes else None
+    if legend is not None:
+        legend.remove()
+    _legend(fig, axes, len(axes) > 1)
 
 
 def device_pair_words(records, a_impl: str, b_impl: str, a_name: str, b_name: str) -> str:
@@ -268,20 +305,37 @@ def read_ceiling(records, provenance) -> tuple[float | None, str]:
     return None, ""
 
 
-def _show(records, columns, plot, title):
+def _show(records, columns, plot, title, gpu=None):
     from IPython.display import Markdown, display
 
     display(Markdown(markdown_table(records, columns)))
     if plot:
-        _plot(records, plot, title)
+        _plot(records, plot, title, gpu)
 
 
-def _plot(records, plot, title):
+def _plot(records, plot, title, gpu=None):
     from IPython.display import display
 
     fig = plot_records(records, title=title, **plot)
+    both_bases(fig, records, plot, gpu)
     display(fig)
     plt.close(fig)
+
+
+def both_bases(fig, records, plot: dict, gpu: str | None) -> None:
+    """Put the datasheet basis on a figure of ``records`` drawn as ``plot`` describes (``plot_records``' options):
+    a right-hand axis in % of the datasheet peak on a % of peak plot, and the datasheet line beside a measured
+    peak line on a TFLOP/s plot. Nothing for a device without a datasheet figure (a CPU) or, on a % plot, records
+    judged against different measured peaks (no one factor converts them)."""
+    y = plot.get("y")
+    dtypes = {r.get("dtype") for r in records if r.get("status") == "ok"}
+    peak = datasheet_peak(gpu, dtypes.pop() if len(dtypes) == 1 else "bfloat16")[0]
+    if peak is None:
+        return
+    if y == "pct_peak" and (factor := datasheet_factor(records, gpu)):
+        datasheet_axis(fig, factor, peak)
+    elif y == "tflops" and plot.get("hline"):
+        datasheet_line(fig, peak)
 
 
 def show_live(records, columns, *, plot=None, title="") -> None:
@@ -316,6 +370,8 @@ def show_recorded(grid_name, columns, *, plot=None, title="", peak_line=False, i
         if not recs:
             continue
         display(Markdown(f"**Recorded on the GPU:** {store.describe(prov, grid_name)}. Shapes: {shapes(recs)}."))
+        recs = with_datasheet(recs, prov.get("gpu"))  # % of peak on both bases, wherever it is shown
+        cols = [c for col in columns for c in ((col, "pct_datasheet") if col == "pct_peak" else (col,))]
         p = plot
         if p and peak_line:
             peak = prov.get("grids", {}).get(grid_name, {}).get("matmul_bf16_tflops", prov["matmul_bf16_tflops"])
@@ -341,9 +397,9 @@ def show_recorded(grid_name, columns, *, plot=None, title="", peak_line=False, i
                 display(Markdown("Recorded points that did not run, and why:\n\n"
                                  + markdown_table(failed, [*keys, "status", "reason"])))  # fmt: skip
             if p:
-                _plot(recs, p, f"{title} — recorded, {prov['gpu']}")
+                _plot(recs, p, f"{title} — recorded, {prov['gpu']}", prov.get("gpu"))
         else:
-            _show(recs, columns, p, f"{title} — recorded, {prov['gpu']}")
+            _show(recs, cols, p, f"{title} — recorded, {prov['gpu']}", prov.get("gpu"))
         shown.append(recs)
     if not shown:
         display(Markdown("*No recorded GPU results are committed yet (`python -m attention_tutorial record`).*"))

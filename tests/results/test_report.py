@@ -25,7 +25,9 @@ RECORDS = [_rec("flash", "mosaic", 4096), _rec("flash", "mosaic", 4096, 64), _re
 def recorded(monkeypatch):
     monkeypatch.setattr(store, "recorded", lambda gpu: {"provenance": PROV, "records": RECORDS})
     shown = []
-    monkeypatch.setattr(report, "_show", lambda recs, columns, plot, title: shown.append((recs, plot)))
+    monkeypatch.setattr(
+        report, "_show", lambda recs, columns, plot, title, gpu=None: shown.append((recs, plot, columns))
+    )
     return shown
 
 
@@ -42,7 +44,7 @@ def test_show_recorded_includes_other_grids_at_the_same_shapes(recorded):
 def test_peak_line_uses_the_grid_s_own_run(recorded):
     report.show_recorded("te", ["impl"], plot={"x": "seq_q", "y": "tflops"}, peak_line=True)
     report.show_recorded("flash", ["impl"], plot={"x": "seq_q", "y": "tflops"}, peak_line=True)
-    assert [plot["hline"] for _, plot in recorded] == [680.0, 700.0]
+    assert [plot["hline"] for _, plot, _ in recorded] == [680.0, 700.0]
 
 
 def test_result_files_put_the_reference_gpu_first(monkeypatch):
@@ -73,16 +75,58 @@ def test_live_failures_keep_live_failures_the_recording_ran():
     assert [(r["impl"], r["seq_q"], r["status"], r["recorded_ms"]) for r in rows] == [("xla", 4096, "oom", 1.0)]
 
 
-def test_run_peaks_one_per_run_unrounded():
-    from attention_tutorial.measure.flops import BF16_PEAK
+def test_show_recorded_puts_the_datasheet_basis_beside_every_percent_of_peak(recorded):
+    # 100 TFLOP/s of the H200's 989.4 dense bf16: 10.1 %, next to the measured basis wherever that is shown
+    report.show_recorded("seq_long", ["impl", "pct_peak", "median_ms"])
+    recs, _, columns = recorded[-1]
+    assert columns == ["impl", "pct_peak", "pct_datasheet", "median_ms"]
+    assert all(r["pct_datasheet"] == pytest.approx(100 * 100.0 / 989.4) for r in recs)
+    report.show_recorded("seq_long", ["impl", "median_ms"])
+    assert recorded[-1][2] == ["impl", "median_ms"]  # no % of peak shown: none added
 
-    prov = {
-        **PROV,
-        "grids": {**PROV["grids"], "a": {"matmul_bf16_tflops": 695.94}, "b": {"matmul_bf16_tflops": 696.41}},
-    }
-    recs = [{"grid": g, "pct_peak": 50.0, "peak_basis": BF16_PEAK} for g in ("a", "b", "b", "seq_long")]
-    recs.append({"grid": "te", "pct_peak": 50.0, "peak_basis": "fp8"})  # another basis: not counted
-    assert report.run_peaks(recs, prov) == [695.94, 696.41, 700.0]
+
+def test_with_datasheet_divides_by_the_dtype_s_datasheet_peak():
+    bf16 = {"dtype": "bfloat16", "tflops": 494.7, "pct_peak": 70.65}
+    fp8 = {"dtype": "float8_e4m3fn", "tflops": 989.45, "pct_peak": 70.65}
+    out = report.with_datasheet([bf16, fp8, {"dtype": "bfloat16", "status": "oom"}], "NVIDIA H200")
+    assert [r["pct_datasheet"] for r in out] == [pytest.approx(50.0), pytest.approx(50.0), None]
+    assert report.with_datasheet([bf16], None)[0]["pct_datasheet"] is None  # a CPU: no datasheet peak
+
+
+def test_datasheet_factor_needs_one_measured_peak():
+    one = [{"dtype": "bfloat16", "tflops": t, "pct_peak": 100 * t / 700.0} for t in (100.0, 350.0)]
+    assert report.datasheet_factor(one, "NVIDIA H200") == pytest.approx(700.0 / 989.4)
+    two = [*one, {"dtype": "bfloat16", "tflops": 100.0, "pct_peak": 100 * 100.0 / 680.0}]
+    assert report.datasheet_factor(two, "NVIDIA H200") is None
+    assert report.datasheet_factor(one, None) is None
+
+
+def test_both_bases_on_a_percent_plot_and_on_a_tflops_plot():
+    import matplotlib.pyplot as plt
+
+    from attention_tutorial.results.plotting import plot_records
+
+    recs = [{**_rec("seq_long", "cudnn", t), "tflops": 600.0, "pct_peak": 100 * 600.0 / 700.0} for t in (1024, 4096)]
+    plot = {"x": "seq_q", "y": "pct_peak", "by": ("impl",)}
+    fig = plot_records(recs, **plot)
+    report.both_bases(fig, recs, plot, "NVIDIA H200")
+    (right,) = [c for c in fig.axes[0].child_axes]  # the secondary axis: % of the datasheet peak
+    assert right.get_ylabel().startswith("% of datasheet peak (989")
+    fig.canvas.draw()  # the secondary axis takes its limits from the main one, converted
+    low, high = fig.axes[0].get_ylim()
+    assert right.get_ylim() == pytest.approx((low * 700.0 / 989.4, high * 700.0 / 989.4))
+    plt.close(fig)
+    plot = {"x": "seq_q", "y": "tflops", "by": ("impl",), "hline": 700.0, "hline_label": "measured"}
+    fig = plot_records(recs, **plot)
+    report.both_bases(fig, recs, plot, "NVIDIA H200")
+    levels = sorted(line.get_ydata()[0] for line in fig.axes[0].lines if len(set(line.get_ydata())) == 1)
+    assert levels == [600.0, 700.0, 989.4]  # the data (flat here), the measured peak, the datasheet's
+    assert "datasheet dense bf16 peak" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    plt.close(fig)
+    fig = plot_records(recs, **plot)
+    report.both_bases(fig, recs, plot, None)  # a CPU: nothing added
+    assert len(fig.axes[0].lines) == 2
+    plt.close(fig)
 
 
 def test_shapes_in_words():
