@@ -116,6 +116,7 @@ def formats_figure(names=("bfloat16", "float16", "FP8 E4M3", "FP8 E5M2")):
     ax.set_yticks(range(len(names)), list(reversed(names)))
     ax.set_xlabel("bits")
     ax.set_xlim(0, 22)
+    ax.set_xticks(range(0, 17, 4))
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
     ax.legend(handles, ["sign", "exponent: range", "stored mantissa: precision"], frameon=False, ncol=3,
               loc="upper center", bbox_to_anchor=(0.5, 1.35), fontsize=9)  # fmt: skip
