@@ -299,33 +299,6 @@ def _profile_point(point: Point, peak_tflops, profiled_calls, seed, timing) -> d
     return timed_record(rec, t, flops=flops, peak_tflops=peak_tflops, **fields)
 
 
-AGREE_PCT = 3.0  # the target: host (pipelined) and device time agree within this, for calls of MIN_MS or more
-MIN_MS = 1.0
-
-
-def summary_row(rec: dict) -> dict:
-    """A record's comparison as table cells (readable keys, formatted numbers; '–' where not measured)."""
-
-    def fmt(v, spec):
-        return "–" if v is None else format(v, spec)
-
-    src = {"device": "GPU kernels", "host": "host XLA ops (no device plane)"}.get(rec.get("time_source"), "–")
-    ratio, busy = same_calls_ratio(rec), occupancy(rec)
-    same = "–" if ratio is None else f"{rec['traced_wall_ms']:.4g} / {rec['device_ms']:.4g} = {ratio:.3f}"
-    busy_cell = "–" if busy is None else f"{100 * busy:.0f} %"
-    return {
-        "impl": rec["impl"], "causal": rec["causal"], "status": rec["status"],
-        "pipelined median (ms)": fmt(rec.get("median_ms"), ".4g"),
-        "p10–p90 (ms)": "–" if rec.get("p10_ms") is None else f"{rec['p10_ms']:.4g}–{rec['p90_ms']:.4g}",
-        "pipelined ms (p10–p90)": "–" if rec.get("median_ms") is None else
-        f"{rec['median_ms']:.4g} ({rec['p10_ms']:.4g}–{rec['p90_ms']:.4g})",
-        "summed profile (ms)": fmt(rec.get("device_ms"), ".4g"), "summed over": src,
-        "pipelined / summed": fmt(rec.get("device_ratio"), ".3f"),
-        "profiled calls: host / kernels (ms)": same, "GPU busy": busy_cell,
-        "dispatch (ms)": fmt(rec.get("dispatch_ms"), ".3g"), "reason": rec.get("reason"),
-    }  # fmt: skip
-
-
 def kernel_rows(records, top: int = 3) -> list[dict]:
     """The ``top`` longest kernels (or host ops) of each ok record, as table cells."""
     return [
@@ -337,58 +310,6 @@ def kernel_rows(records, top: int = 3) -> list[dict]:
 
 def _short(name: str, width: int = 110) -> str:  # cuDNN's kernel names differ only past character 100
     return name if len(name) <= width else name[: width - 1] + "…"
-
-
-def _share_range(shares) -> str:
-    """Shares (0–1) as a percent range: '91–100 %'."""
-    lo, hi = 100 * min(shares), 100 * max(shares)
-    return f"{lo:.0f} %" if round(lo) == round(hi) else f"{lo:.0f}–{hi:.0f} %"
-
-
-def _ratio_range(records) -> str:
-    """The summed kernel time as a share of the pipelined median, over ``records``: '91–99 %'."""
-    return _share_range([1 / r["device_ratio"] for r in records])
-
-
-def agreement_sentence(records, *, within: float = AGREE_PCT, min_ms: float = MIN_MS) -> str:
-    """What the records say about pipelined vs summed device time, worded from the data."""
-    ok = [r for r in records if r.get("status") == "ok" and r.get("device_ratio") is not None]
-    long = [r for r in ok if r.get("time_source") == "device" and r["device_ms"] >= min_ms]
-    if not ok:
-        return "No call was profiled here."
-    if not long:
-        lo, hi = min(r["device_ratio"] for r in ok), max(r["device_ratio"] for r in ok)
-        what = "host XLA op times (no device plane)" if ok[0]["time_source"] == "host" else "device time"
-        return (f"No call here did {min_ms:g} ms or more of GPU work, so the {within:g} % agreement is not tested on "
-                f"this build. The summed profile here is {what}; pipelined / summed ranges over "
-                f"{lo:.2f}–{hi:.2f} for the {len(ok)} profiled calls.")  # fmt: skip
-    same = all(same_calls_ratio(r) is not None for r in long)  # host and kernel time of the very same calls
-    pct_of = agreement_pct if same else (lambda r: 100 * abs(r["device_ratio"] - 1))
-    worst = max(long, key=pct_of)
-    pct = pct_of(worst)
-    inside = sum(pct_of(r) <= within for r in long)
-    verdict = (f"inside the {within:g} % target" if pct <= within else
-               f"outside the {within:g} % target for {len(long) - inside} of them")  # fmt: skip
-    agree = f"agree within {pct:.1f} %" if pct <= within else f"differ by up to {pct:.1f} %"
-    mask = "causal" if worst["causal"] else "no mask"
-    if same:
-        busy = [occupancy(r) for r in long if occupancy(r) is not None]
-        busy_text = (f" The kernels kept the GPU busy for {_share_range(busy)} of those calls' span (first start to "
-                     "last end); the rest is time the GPU sat idle between kernels." if busy else "")  # fmt: skip
-        text = (f"For the {len(long)} calls with {min_ms:g} ms or more of GPU work, the host time of the profiled calls "
-                f"(issued back to back, waited for once, as the pipelined method does; under the profiler XLA runs its "
-                f"command buffers op by op) and their summed kernel time {agree} ({verdict}; the largest gap: "
-                f"{worst['impl']}, {mask}).{busy_text} Against the pipelined median of a separate run, the summed "
-                f"kernel time is {_ratio_range(long)} (a clock change between runs, or the profiler's op-by-op mode, "
-                "could explain the difference; neither is measured here).")  # fmt: skip
-    else:
-        text = (f"For the {len(long)} calls with {min_ms:g} ms or more of GPU work, the pipelined median and the "
-                f"summed kernel time {agree} ({verdict}; the largest gap: {worst['impl']}, {mask}).")  # fmt: skip
-    short = [r["device_ratio"] for r in ok if r.get("time_source") == "device" and r["device_ms"] < min_ms]
-    if short:
-        text += (f" For the {len(short)} shorter calls, pipelined / summed ranges over "
-                 f"{min(short):.2f}–{max(short):.2f}.")  # fmt: skip
-    return text
 
 
 # Reading two profiled records side by side: which kernel did the work, and what else each call launched.

@@ -130,41 +130,10 @@ def _rec(impl, ratio, dev_ms, source="device", causal=False):
             "time_source": source}  # fmt: skip
 
 
-def test_agreement_sentence_is_worded_from_the_data():
-    recs = [_rec("cudnn", 1.012, 2.0), _rec("xla", 0.975, 5.0, causal=True), _rec("te", 1.5, 0.2)]
-    text = profile.agreement_sentence(recs)
-    assert "2 calls with 1 ms or more" in text and "agree within 2.5 %" in text and "inside the 3 % target" in text
-    assert "largest gap: xla, causal" in text and "1 shorter calls" in text and "1.50–1.50" in text
-    worse = profile.agreement_sentence([*recs, _rec("mosaic", 1.04, 3.0)])
-    assert "differ by up to 4.0 %" in worse and "outside the 3 % target for 1 of them" in worse
-    assert "mosaic, no mask" in worse
-    cpu = profile.agreement_sentence([_rec("xla", 1.2, 3.0, "host"), _rec("blockwise", 0.9, 0.5, "host")])
-    assert "not tested on this build" in cpu and "host XLA op times" in cpu and "0.90–1.20" in cpu
-    assert profile.agreement_sentence([{"status": "unsupported"}]) == "No call was profiled here."
-
-
-def test_agreement_sentence_prefers_the_same_calls_comparison():
-    recs = [{**_rec("cudnn", 1.08, 2.0), "traced_wall_ms": 2.02, "device_span_ms": 2.01},
-            {**_rec("xla", 0.95, 4.0), "traced_wall_ms": 4.08, "device_span_ms": 4.4}]  # fmt: skip
-    text = profile.agreement_sentence(recs)
-    assert "and their summed kernel time agree within 2.0 % (inside the 3 % target; the largest gap: xla" in text
-    assert "busy for 91–100 % of those calls' span" in text and "the summed kernel time is 93–105 %" in text
-    worse = profile.agreement_sentence([*recs, {**_rec("blockwise", 1.0, 6.0), "traced_wall_ms": 6.6}])
-    assert "differ by up to 10.0 % (outside the 3 % target for 1 of them; the largest gap: blockwise" in worse
-
-
-def test_table_rows_format_records():
+def test_kernel_rows_format_records():
     rec = {**_rec("cudnn", 1.0123, 2.5), "median_ms": 2.53, "p10_ms": 2.5, "p90_ms": 2.6, "dispatch_ms": 0.012,
            "kernels": [{"name": "k" * 200, "us": 12345.6, "count": 1.0, "kind": "kernel"},
                        {"name": "fmha", "us": 99.94, "count": 2.0, "kind": "kernel"}]}  # fmt: skip
-    row = profile.summary_row(rec)
-    assert row["pipelined / summed"] == "1.012" and row["p10–p90 (ms)"] == "2.5–2.6"
-    assert row["pipelined ms (p10–p90)"] == "2.53 (2.5–2.6)" and row["profiled calls: host / kernels (ms)"] == "–"
-    same = profile.summary_row({**rec, "traced_wall_ms": 2.55, "device_span_ms": 2.6})
-    assert same["profiled calls: host / kernels (ms)"] == "2.55 / 2.5 = 1.020" and same["GPU busy"] == "96 %"
-    assert row["summed over"] == "GPU kernels" and row["dispatch (ms)"] == "0.012"
-    skipped = profile.summary_row({"impl": "te", "causal": True, "status": "unsupported", "reason": "no TE"})
-    assert skipped["pipelined median (ms)"] == "–" and skipped["reason"] == "no TE"
     rows = profile.kernel_rows([rec, {"status": "unsupported"}], top=2)
     assert [r["µs per call"] for r in rows] == ["12346", "99.94"] and rows[1]["launches per call"] == "2"
     assert len(rows[0]["kernel or op"]) == 110 and rows[0]["kernel or op"].endswith("…")

@@ -1,0 +1,130 @@
+"""The timing page's numbers: calls summarised, the figure's points, dispatch against the call, host against device."""
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+
+from attention_tutorial.results import store
+from attention_tutorial.site import timing
+
+TIMES = timing.CallTimes(
+    compile_s=0.25,
+    warmup_ms=(9.0, 1.1, 1.0),
+    no_wait_ms=0.05,
+    waited_ms=(1.2, 1.3, 1.25),
+    samples_ms=(1.0, 1.02, 0.98, 1.01, 0.99, 1.5, 1.0, 1.0, 1.03, 0.97),
+    inner=10,
+)
+
+
+def test_summary_of_the_calls():
+    s = timing.summarize_calls(TIMES)
+    p10, median, p90 = np.percentile(TIMES.samples_ms, [10, 50, 90])
+    assert (s.median_ms, s.p10_ms, s.p90_ms) == pytest.approx((median, p10, p90))
+    assert s.spread_pct == pytest.approx(100 * (p90 - p10) / median)
+    assert s.mean_over_median == pytest.approx(np.mean(TIMES.samples_ms) / median)  # the one 1.5 ms sample pulls it
+    assert s.mean_over_median > 1.04
+    assert s.no_wait_pct == pytest.approx(100 * 0.05 / 1.25)
+    assert s.compile_calls == pytest.approx(250 / median)
+    assert s.first_over_median == pytest.approx(9.0 / median)
+    assert s.dispatch_ms == pytest.approx(1.25 - median) and s.samples == 10
+
+
+def test_a_waited_call_faster_than_the_pipelined_one_has_no_negative_dispatch():
+    fast = timing.CallTimes(0.1, (1.0,), 0.01, (0.5,), (1.0, 1.0), inner=2)
+    assert timing.summarize_calls(fast).dispatch_ms == 0.0
+
+
+@pytest.mark.parametrize("bad", [{"samples_ms": ()}, {"waited_ms": (1.0, float("nan"))}, {"warmup_ms": (-1.0,)}])
+def test_call_times_refuse_missing_or_bad_times(bad):
+    fields = {**TIMES.__dict__, **bad}
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        timing.CallTimes(**fields)
+    with pytest.raises(ValueError, match="inner"):
+        timing.CallTimes(**{**TIMES.__dict__, "inner": 0})
+
+
+def test_the_figure_draws_every_call_in_order_with_the_median_and_band():
+    fig = timing.calls_figure(TIMES)
+    ax = fig.axes[0]
+    points = [line for line in ax.lines if line.get_linestyle() == "None"]
+    assert [len(line.get_xdata()) for line in points] == [1, 3, 1, 3, 10]  # compile, warm-up, unwaited, waited, samples
+    xs = np.concatenate([line.get_xdata() for line in points])
+    assert list(xs) == list(range(18))  # one x per call, in the order they ran
+    assert points[0].get_ydata()[0] == pytest.approx(250.0)  # the compilation, in ms
+    assert list(points[4].get_ydata()) == list(TIMES.samples_ms)
+    (median,) = [c for c in ax.collections if c.get_label().startswith("median")]
+    assert median.get_segments()[0][0][1] == pytest.approx(timing.summarize_calls(TIMES).median_ms)
+    assert ax.get_yscale() == "log"
+    plt.close(fig)
+
+
+def test_dispatch_share_counts_calls_whose_dispatch_outlasts_them():
+    recs = [{"status": "ok", "median_ms": 0.05, "dispatch_ms": 0.08}, {"status": "ok", "median_ms": 1.0,
+            "dispatch_ms": 0.1}, {"status": "unsupported"}]  # fmt: skip
+    d = timing.dispatch_share(recs)
+    assert (d.over, d.ok) == (1, 2) and d.largest_ratio == pytest.approx(1.6)
+    assert timing.dispatch_share([]) == timing.DispatchShare(0, 0, None)
+
+
+def test_dispatch_share_of_the_recorded_codelab_shape():
+    data = store.recorded()
+    if data is None:
+        pytest.skip("no recorded results")
+    recs = store.select(data["records"], grid="seed_shape", status="ok")
+    d = timing.dispatch_share(recs)
+    assert d.ok == len(recs) == 7
+    assert d.over == sum(r["single_call_ms"] - r["median_ms"] > r["median_ms"] for r in recs)
+
+
+def _rec(impl, ratio, dev_ms, source="device", causal=False, **kw):
+    return {"impl": impl, "causal": causal, "status": "ok", "device_ratio": ratio, "device_ms": dev_ms,
+            "time_source": source, **kw}  # fmt: skip
+
+
+def test_agreement_from_the_separate_timing_run():
+    recs = [_rec("cudnn", 1.012, 2.0), _rec("xla", 0.975, 5.0, causal=True), _rec("te", 1.5, 0.2)]
+    a = timing.agreement(recs)
+    assert (a.long, a.worst_impl, a.worst_causal, a.within, a.same_calls) == (2, "xla", True, True, False)
+    assert a.worst_pct == pytest.approx(2.5) and a.short == 1 and a.short_ratio == (1.5, 1.5)
+    assert a.separate == pytest.approx((1 / 1.012, 1 / 0.975)) and a.busy is None
+    worse = timing.agreement([*recs, _rec("mosaic", 1.04, 3.0)])
+    assert worse.worst_impl == "mosaic" and worse.worst_pct == pytest.approx(4.0) and not worse.within
+
+
+def test_agreement_prefers_the_same_profiled_calls():
+    recs = [_rec("cudnn", 1.08, 2.0, traced_wall_ms=2.02, device_span_ms=2.01),
+            _rec("xla", 0.95, 4.0, traced_wall_ms=4.08, device_span_ms=4.4)]  # fmt: skip
+    a = timing.agreement(recs)
+    assert a.same_calls and a.worst_impl == "xla" and a.worst_pct == pytest.approx(2.0) and a.within
+    assert a.busy == pytest.approx((4.0 / 4.4, 2.0 / 2.01)) and a.separate == pytest.approx((1 / 1.08, 1 / 0.95))
+
+
+def test_agreement_on_a_cpu_tests_nothing_long():
+    a = timing.agreement([_rec("xla", 1.2, 3.0, "host"), _rec("blockwise", 0.9, 0.5, "host")])
+    assert (a.long, a.source, a.short, a.short_ratio, a.within) == (0, "host", 2, (0.9, 1.2), False)
+    assert timing.agreement([{"status": "unsupported"}]).source is None
+
+
+def test_the_recorded_device_time_agrees_within_the_target_on_the_same_calls():
+    data = store.recorded()
+    if data is None:
+        pytest.skip("no recorded results")
+    recs = store.select(data["records"], grid="device_time")
+    a = timing.agreement(recs)
+    long = [r for r in recs if r.get("status") == "ok" and r["device_ms"] >= timing.MIN_MS]
+    gaps = [100 * abs(r["traced_wall_ms"] / r["device_ms"] - 1) for r in long]
+    assert a.long == len(long) and a.same_calls and a.worst_pct == pytest.approx(max(gaps))
+    assert a.within == (max(gaps) <= timing.AGREE_PCT)
+
+
+def test_device_row_formats_a_record():
+    rec = _rec("cudnn", 1.0123, 2.5, median_ms=2.53, p10_ms=2.5, p90_ms=2.6, dispatch_ms=0.012)
+    row = timing.device_row(rec)
+    assert row["pipelined / summed"] == "1.012" and row["pipelined ms (p10–p90)"] == "2.53 (2.5–2.6)"
+    assert row["profiled calls: host / kernels (ms)"] == "–" and row["dispatch (ms)"] == "0.012"
+    same = timing.device_row({**rec, "traced_wall_ms": 2.55, "device_span_ms": 2.6})
+    assert same["profiled calls: host / kernels (ms)"] == "2.55 / 2.5 = 1.020" and same["GPU busy"] == "96 %"
+    skipped = timing.device_row({"impl": "te", "causal": True, "status": "unsupported", "reason": "no TE"})
+    assert skipped["pipelined ms (p10–p90)"] == "–" and skipped["reason"] == "no TE"
+    assert set(row) == set(timing.DEVICE_COLUMNS)
