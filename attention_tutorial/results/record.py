@@ -85,7 +85,7 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
         seconds = round(time.perf_counter() - t0, 1)
         _tag(recs, name, ceilings)
         prov["grids"] = {name: {**_grid_provenance(env, seconds, command, peak), **GRID_DETAILS.get(name, dict)()}}
-        store.save(out, prov, recs)
+        store.save(out, prov, recs, replace_grids=True)  # each grid is measured whole: its old records go
         ok = sum(r["status"] == "ok" for r in recs)
         print(f"{name}: {ok}/{len(recs)} ok in {seconds:.0f} s", flush=True)
     if "kernel_code" in extras:  # instruction counts of the Pallas kernels, kept in the provenance

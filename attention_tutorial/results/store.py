@@ -3,27 +3,39 @@
 A result file is JSON with two keys. ``provenance``: backend ("gpu" when absent, or "cpu"), gpu, driver, jax,
 jaxlib, cudnn, transformer_engine, python, created, command, and the ceilings matmul_bf16_tflops and copy_gbps
 measured in the same run (null when not measured; gpu, driver and cudnn are null on a CPU), plus per-grid details
-under ``grids``, instruction counts of the Pallas kernels under ``kernel_code``, the small lessons of :mod:`~attention_tutorial.measure.lessons` under ``lessons`` and what scripts did to the file
-under ``history``. ``records``: one dict per measured point, built and checked by
-:mod:`attention_tutorial.measure.sweep` (the one owner of the record schema), each tagged with its ``grid``.
+under ``grids``, instruction counts of the Pallas kernels under ``kernel_code``, the small lessons of
+:mod:`~attention_tutorial.measure.lessons` under ``lessons`` and what scripts did to the file under ``history``.
+``records``: one dict per measured point, built and checked by :mod:`attention_tutorial.measure.sweep` (the one
+owner of the record schema), each tagged with its ``grid``.
 
 Files are written atomically (a temporary file in the same folder, flushed and fsynced, then ``os.replace``): a
-write killed at any moment leaves the previous file whole. An existing file is merged into, never silently
-replaced, and one that is not a result file is never merged into (:class:`ResultFileError`).
+write killed at any moment leaves the previous file whole, and the next save removes the temporary file it left.
+Saves to one file are serialised by a lock (``fcntl.flock`` on a lock file beside it, where the OS has it), so
+processes saving at once keep every point. An existing file is merged into, never silently replaced: one that is
+not a result file is never merged into, nor one of another device, nor one whose records would be relabelled with
+this run's versions (:class:`ResultFileError`). A symlink is followed (its target is written, the link kept); a
+read-only file is refused. JSON is written strict: a NaN or infinity becomes null, and a ``note`` beside it says so.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import json
 import math
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
 
 from ..measure.sweep import check_record, point_key
+
+try:
+    import fcntl
+except ImportError:  # no advisory locks on this OS (Windows): saves to one file are not serialised there
+    fcntl = None
 
 PROVENANCE_FIELDS = {
     "gpu": str, "driver": str, "jax": str, "jaxlib": str, "cudnn": str, "transformer_engine": (str, type(None)),
@@ -33,6 +45,9 @@ GPU_ONLY = ("gpu", "driver", "cudnn")  # null on a CPU
 CEILINGS = ("matmul_bf16_tflops", "copy_gbps")  # present in every file; null when the run did not measure them
 # Provenance entries a later run adds to instead of replacing: per-grid details, kernel instruction counts, history.
 MERGED_PROVENANCE = ("grids", "kernel_code", "lessons")
+# What a record is labelled with (the top-level provenance, or its grid's entry where that names them): a merge
+# that would change any of these for an old record is refused.
+LABEL_FIELDS = ("backend", "gpu", "cpu", "driver", "jax", "jaxlib", "cudnn", "transformer_engine", "python")
 REFERENCE_GPU = "nvidia-h200"
 RESULTS_DIR = Path(os.environ.get("ATTENTION_TUTORIAL_RESULTS", Path(__file__).resolve().parent / "data"))
 
@@ -112,11 +127,37 @@ def validate(data) -> list[str]:
     return problems
 
 
+def _check_path(path) -> None:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a file name (a str or a Path); got {type(path).__name__} {path!r}")
+
+
+FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a device"),
+              (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in FILE_KINDS if test(mode)), "not a regular file")
+
+
 def load(path) -> dict:
     """Read and validate a result file; :class:`ResultFileError` (a ``ValueError``) names the file and what is
-    wrong with it (empty, truncated or not JSON, not a result file, or each way it breaks the schema)."""
+    wrong with it (not a regular file, empty, truncated or not JSON, not a result file, or each way it breaks the
+    schema). A named pipe or a device is refused without reading from it (it could block forever)."""
+    _check_path(path)
     path = Path(path)
-    raw = path.read_bytes()
+    try:  # non-blocking: opening a named pipe must not wait for a writer
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as err:
+        if err.errno == errno.ENXIO:  # a socket
+            raise ResultFileError(f"{path} is a socket, not a regular file; name a result file (.json).") from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise ResultFileError(f"{path} is {_kind(mode)}, not a regular file; name a result file (.json).")
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read()
     if not raw.strip():
         raise ResultFileError(f"{path} is empty ({len(raw)} bytes), not a result file.") from None
     try:
@@ -143,8 +184,32 @@ def load(path) -> dict:
     return data
 
 
-def _merge(old: dict, provenance: dict, records: list[dict], replace_grids: bool) -> tuple[dict, list[dict]]:
-    """(provenance, records) of ``old`` with the new ones merged in (see :func:`save`)."""
+def _value(prov: dict, field: str):
+    return prov.get(field, "gpu" if field == "backend" else None)
+
+
+def _label(prov: dict, grid) -> dict:
+    """What a record of ``grid`` is labelled with in a file of provenance ``prov`` (as :func:`describe` reads it)."""
+    entry = prov.get("grids", {}).get(grid) if isinstance(grid, str) else None
+    p = {**prov, "transformer_engine": None, **entry} if entry else prov
+    return {f: _value(p, f) for f in LABEL_FIELDS}
+
+
+def _device(prov: dict) -> tuple:
+    """The device results were measured on: (backend, GPU name), or (backend, processor) off a GPU."""
+    backend = _value(prov, "backend")
+    return backend, prov.get("gpu") if backend == "gpu" else prov.get("cpu")
+
+
+def _merge(old: dict, provenance: dict, records: list[dict], replace_grids: bool, path) -> tuple[dict, list[dict]]:
+    """(provenance, records) of ``old`` with the new ones merged in (see :func:`save`); :class:`ResultFileError`
+    where the merge would put another device's results beside these, or relabel an old record."""
+    before = old["provenance"]
+    if _device(before) != _device(provenance):
+        raise ResultFileError(
+            f"refusing to merge into {path}: it holds results of {'/'.join(map(str, _device(before)))}, this run "
+            f"is {'/'.join(map(str, _device(provenance)))}; write another file (results of one device per file)."
+        )
     if replace_grids:
         new_grids = {r.get("grid") for r in records}
         keep = [r for r in old["records"] if r.get("grid") not in new_grids]
@@ -153,69 +218,223 @@ def _merge(old: dict, provenance: dict, records: list[dict], replace_grids: bool
         keep = [r for r in old["records"] if point_key(r) not in new_points]
     prov = {**provenance}
     for key in MERGED_PROVENANCE:
-        merged = {**old["provenance"].get(key, {}), **provenance.get(key, {})}
+        merged = {**before.get(key, {}), **provenance.get(key, {})}
         if merged:
             prov[key] = merged
-    history = old["provenance"].get("history", []) + [h for h in provenance.get("history", [])
-                                                      if h not in old["provenance"].get("history", [])]  # fmt: skip
+    # an old grid entry that does not name the versions it ran with was labelled by the old top level: keep that
+    for name, entry in before.get("grids", {}).items():
+        if name not in provenance.get("grids", {}) and isinstance(entry, dict):
+            filled = {f: _value(before, f) for f in LABEL_FIELDS if f != "transformer_engine" and f not in entry
+                      and _value(before, f) != _value(provenance, f)}  # fmt: skip
+            if filled:
+                prov["grids"][name] = {**entry, **filled}
+    moved = [r for r in keep if _label(before, r.get("grid")) != _label(prov, r.get("grid"))]
+    if moved:
+        was, now = _label(before, moved[0].get("grid")), _label(prov, moved[0].get("grid"))
+        diff = ", ".join(f"{f} {was[f]} -> {now[f]}" for f in LABEL_FIELDS if was[f] != now[f])
+        grids = sorted({str(r.get("grid", "no grid")) for r in moved})
+        raise ResultFileError(
+            f"refusing to merge into {path}: {len(moved)} of its records ({', '.join(grids)}) were measured in "
+            f"another environment and would be relabelled with this run's ({diff}); save to another file, or "
+            "re-measure them here (overwrite=True, --force on the command line, replaces the file)."
+        )
+    history = before.get("history", []) + [
+        h for h in provenance.get("history", []) if h not in before.get("history", [])
+    ]
     if history:
         prov["history"] = history
     return prov, keep + records
 
 
-def _device(prov: dict) -> tuple:
-    return prov.get("backend", "gpu"), prov.get("gpu")
+def check_target(path) -> list[str]:
+    """What would stop :func:`save` writing ``path``, checked before anything is measured: an empty name or one
+    not ending in .json, a folder, device or pipe, a folder that is not writable, a read-only file. Messages
+    start with what is wrong (the caller names the argument)."""
+    try:
+        target = _target(path)
+    except (TypeError, ValueError) as err:
+        return [str(err)]
+    if target.exists() and not target.is_file():
+        return [f"{target} is {_kind(target.stat().st_mode)}, not a regular file; name a .json file"]
+    folder = target.parent
+    if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+        return [f"the folder {folder} is not writable; choose a path in a folder you can write"]
+    if target.is_file() and _read_only(target):
+        return [f"{target} is read-only; make it writable (chmod u+w {target}) or choose another path"]
+    return []
 
 
-def save(path, provenance: dict, records: list[dict], *, replace_grids=True, overwrite=False) -> dict:
+def check_merge(path, provenance: dict) -> str | None:
+    """Why saving this run's results (``provenance``) into the existing ``path`` would be refused, or None: checked
+    before measuring, as if no old point were measured again (each old record keeps its label)."""
+    target = _target(path)
+    if not target.is_file():
+        return None
+    try:
+        _merge(load(target), provenance, [], False, path)
+    except ResultFileError as err:
+        return str(err).removeprefix(f"refusing to merge into {path}: ")
+    return None
+
+
+def _target(path) -> Path:
+    """The file a save to ``path`` writes: a .json name, through any symlink to its target."""
+    _check_path(path)
+    if not os.fspath(path).strip():
+        raise ValueError("the path is empty; name a result file such as results.json")
+    path = Path(path)
+    if path.suffix.lower() != ".json":
+        raise ValueError(f"{str(path)!r} does not end in .json: a result file is JSON; name it e.g. "
+                         f"{str(path.with_name(path.stem + '.json'))!r}")  # fmt: skip
+    return Path(os.path.realpath(path))
+
+
+def _read_only(target: Path) -> bool:
+    """True for a file nobody may write (no write bit: refused even for root, whom ``os.access`` always lets)."""
+    return not target.stat().st_mode & 0o222 or not os.access(target, os.W_OK)
+
+
+def save(path, provenance: dict, records: list[dict], *, replace_grids=False, overwrite=False) -> dict:
     """Write a result file atomically and return what was written.
 
-    An existing result file is merged into, never replaced: with ``replace_grids`` (the recorder) the grids in
-    ``records`` replace those grids' old records and every other grid is kept; with ``replace_grids=False`` every
-    old record is kept except one for the very same point (see ``point_key``), which its new measurement replaces.
-    A file that is not a valid result file, or holds another device's results, is refused (``ResultFileError``)
-    unless ``overwrite``, which writes ``provenance`` and ``records`` alone. Invalid data is never written.
+    An existing result file is merged into, never replaced: every old record is kept except one for the very same
+    point as a new record (see ``point_key``), which its new measurement replaces; with ``replace_grids`` (the
+    recorder, which measures grids whole) the grids in ``records`` replace all of those grids' old records. A file
+    that is not a valid result file, holds another device's results, or whose records would be relabelled with
+    this run's versions is refused (``ResultFileError``) unless ``overwrite``, which writes ``provenance`` and
+    ``records`` alone. ``path`` must end in .json; a symlink is followed; a read-only file is refused
+    (``PermissionError``). Invalid data is never written; a NaN or infinity outside the checked fields is written
+    as null with a ``note``. Processes saving to one file at once are serialised by a lock.
     """
-    path = Path(path)
-    if path.exists() and not overwrite:
-        try:
-            old = load(path)
-        except ResultFileError as err:
-            raise ResultFileError(f"refusing to merge into {path}: {err}") from None
-        if _device(old["provenance"]) != _device(provenance):
-            raise ResultFileError(
-                f"refusing to merge into {path}: it holds results of {_device(old['provenance'])}, this run is "
-                f"{_device(provenance)}; write another file (results of one device per file)."
-            )
-        provenance, records = _merge(old, provenance, records, replace_grids)
-    data = {"provenance": provenance, "records": records}
-    problems = validate(data)
-    if problems:
-        raise ValueError(f"refusing to write an invalid result file to {path}: " + "; ".join(problems[:5]))
-    write_atomic(path, json.dumps(data, indent=1) + "\n")
+    target = _target(path)
+    if not isinstance(provenance, dict):
+        raise TypeError(f"provenance must be a dict (the run's provenance); got {type(provenance).__name__}")
+    if not isinstance(records, (list, tuple)):
+        raise TypeError(f"records must be a list of record dicts; got {type(records).__name__}")
+    records = list(records)
+    with _locked(target):
+        if target.is_file() and _read_only(target):
+            raise PermissionError(f"refusing to write {target}: it is read-only; make it writable (chmod u+w) or "
+                                  "save to another path")  # fmt: skip
+        if target.exists() and not target.is_file():
+            raise ResultFileError(f"refusing to write {target}: it is {_kind(target.stat().st_mode)}, not a file")
+        if target.exists() and not overwrite:
+            try:
+                old = load(target)
+            except ResultFileError as err:
+                raise ResultFileError(f"refusing to merge into {path}: {err}") from None
+            provenance, records = _merge(old, provenance, records, replace_grids, path)
+        data = {"provenance": provenance, "records": records}
+        problems = validate(data)
+        if problems:
+            raise ValueError(f"refusing to write an invalid result file to {path}: " + "; ".join(problems[:5]))
+        data, _ = _strict(data, "")
+        _write(target, json.dumps(data, indent=1, allow_nan=False) + "\n")
     return data
 
 
-def write_atomic(path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a crash at any moment leaves either the old file or the new one: a
-    temporary file in the same folder, flushed and fsynced, then ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def _strict(value, where: str):
+    """``value`` as strict JSON: each NaN or infinity becomes None, named in a ``note`` of the object that held it;
+    NumPy scalars and arrays become numbers and lists. Returns (value, [(path below value, original)])."""
+    if hasattr(value, "tolist") and type(value).__module__.split(".")[0] in ("numpy", "jax", "jaxlib"):
+        value = value.tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None, [("", value)]
+    if value is None or isinstance(value, (str, int, float)):
+        return value, []
+    if isinstance(value, (list, tuple)):
+        items, nulled = [], []
+        for i, v in enumerate(value):
+            clean, bad = _strict(v, f"{where}[{i}]")
+            items.append(clean)
+            nulled += [(f"[{i}]{p}", x) for p, x in bad]
+        return items, nulled
+    if isinstance(value, dict):
+        out, nulled = {}, []
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{where or 'the data'} has a key {k!r} of type {type(k).__name__}; JSON keys are "
+                                "strings: convert it with str()")  # fmt: skip
+            out[k], bad = _strict(v, f"{where}.{k}" if where else k)
+            nulled += [(f"{k}{p}" if not p or p[0] == "[" else f"{k}.{p}", x) for p, x in bad]
+        if nulled:
+            words = "not finite, written as null: " + ", ".join(f"{p} ({x})" for p, x in nulled)
+            key = "note" if isinstance(out.get("note", ""), str) else "note_not_finite"
+            out[key] = f"{out[key]}; {words}" if out.get(key) else words
+        return out, []
+    raise TypeError(f"{where or 'the data'} is a {type(value).__name__}, which a result file (JSON) cannot hold; "
+                    "convert it to a number, string, list or dict")  # fmt: skip
+
+
+@contextlib.contextmanager
+def _locked(target: Path):
+    """Hold an exclusive lock for saving ``target``: ``flock`` on the lock file ``.<name>.lock`` beside it, removed
+    by its holder (a waiter that then holds a removed file's lock takes the new one). Without fcntl: no lock."""
+    if fcntl is None:
+        yield
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = target.with_name(f".{target.name}.lock")
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                held = os.stat(lock).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                held = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if held:
+            break
+        os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+        os.close(fd)
+
+
+def write_atomic(path, text: str) -> None:
+    """Write ``text`` to ``path`` (through a symlink, to its target) so that a crash at any moment leaves either the
+    old file or the new one: a temporary file in the same folder, flushed and fsynced, then ``os.replace``; under
+    the file's lock, which also removes a temporary file a killed write left."""
+    _check_path(path)
+    target = Path(os.path.realpath(path))
+    with _locked(target):
+        _write(target, text)
+
+
+def _write(target: Path, text: str) -> None:
+    """Write under the lock: stale temporary files of ``target`` removed, then atomically replaced."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    stale = re.compile(rf"\.{re.escape(target.name)}\.[a-z0-9_]{{8}}\.tmp")  # tempfile's names, from a killed write
+    for entry in os.scandir(target.parent):
+        if stale.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+    mode = target.stat().st_mode & 0o777 if target.exists() else 0o644
+    data = text.encode("utf-8")
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
+        os.replace(tmp, target)
+    except BaseException as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            raise OSError(err.errno, f"no space left on the disk of {target.parent} to write {target.name} "
+                          f"({len(data) / 2**20:.1f} MiB); the file is unchanged: free some space, or save to "
+                          "another disk") from None  # fmt: skip
         raise
     with contextlib.suppress(OSError):  # make the rename itself durable where the OS allows it
-        dir_fd = os.open(path.parent, os.O_RDONLY)
+        dir_fd = os.open(target.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
         finally:
@@ -247,6 +466,8 @@ def select(records, **where) -> list[dict]:
 def describe(provenance: dict, grid: str | None = None) -> str:
     """One line naming where results came from: GPU, driver, JAX, cuDNN, TE, date — of ``grid``'s own run where
     the file records it (each grid keeps the versions it was measured with), else of the latest run."""
+    if not isinstance(provenance, dict):
+        raise TypeError(f"provenance must be a result file's provenance dict; got {type(provenance).__name__}")
     entry = provenance.get("grids", {}).get(grid) if grid else None
     # a grid entry written before per-grid versions were kept does not say whether TE was there: name none
     p = {**provenance, "transformer_engine": None, **entry} if entry else provenance
@@ -256,6 +477,6 @@ def describe(provenance: dict, grid: str | None = None) -> str:
         device += f" ({p['cpu']})"
     cudnn = f", cuDNN {p['cudnn']}" if p.get("cudnn") else ""
     return (
-        f"{device}, JAX {p['jax']} / jaxlib {p['jaxlib']}{cudnn}{te}, Python {p['python']}, "
-        f"recorded {p['created'][:10]}"
+        f"{device}, JAX {p.get('jax')} / jaxlib {p.get('jaxlib')}{cudnn}{te}, Python {p.get('python')}, "
+        f"recorded {str(p.get('created'))[:10]}"
     )

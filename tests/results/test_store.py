@@ -221,6 +221,11 @@ def test_a_writer_killed_mid_write_leaves_the_previous_file_whole(tmp_path):
             proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     assert path.read_bytes() == before and [r["grid"] for r in results.load(path)["records"]] == ["a"]
+    (left,) = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # the killed write's temporary file
+    assert left.stat().st_size > 100
+    results.save(path, GOOD["provenance"], [_rec("c")])  # the next save removes it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu.json"]
+    assert [r["grid"] for r in results.load(path)["records"]] == ["a", "c"]
 
 
 @pytest.mark.parametrize(
@@ -267,7 +272,7 @@ def test_merge_modes_never_drop_records_they_were_not_asked_to(tmp_path):
     assert sorted((r["grid"], r["impl"], r["median_ms"]) for r in recs) == [
         ("a", "cudnn", 1.0), ("a", "xla", 5.0), ("b", "cudnn", 1.0), ("c", "cudnn", 1.0)]  # fmt: skip
     # grid merge (the recorder): grid a is re-measured as a whole, b and c stay
-    results.save(path, GOOD["provenance"], [dict(a2, **_ms(7.0))])
+    results.save(path, GOOD["provenance"], [dict(a2, **_ms(7.0))], replace_grids=True)
     recs = results.load(path)["records"]
     assert sorted((r["grid"], r["impl"], r["median_ms"]) for r in recs) == [
         ("a", "cudnn", 7.0), ("b", "cudnn", 1.0), ("c", "cudnn", 1.0)]  # fmt: skip
@@ -306,3 +311,189 @@ def test_no_committed_record_exceeds_its_own_peak(path):
         assert rec["peak_basis"] == basis, where
         assert rec["pct_peak"] == pytest.approx(100 * rec["tflops"] / peak, rel=1e-9), where
         assert rec["pct_peak"] <= 100, where
+
+
+# --- what save and load refuse, and what they keep ---------------------------------------------------------------
+
+
+def test_save_replaces_only_the_points_it_is_given(tmp_path):
+    path = tmp_path / "gpu.json"
+    grid = [_rec("a", seq_q=8 * (i + 1)) for i in range(30)]
+    results.save(path, GOOD["provenance"], grid)
+    results.save(path, GOOD["provenance"], [dict(grid[4], **_ms(2.0))])
+    recs = results.load(path)["records"]
+    assert len(recs) == 30 and sorted(r["median_ms"] for r in recs) == [1.0] * 29 + [2.0]
+    results.save(path, GOOD["provenance"], [dict(grid[4], **_ms(3.0))], replace_grids=True)  # the recorder's way
+    assert [r["median_ms"] for r in results.load(path)["records"]] == [3.0]
+
+
+SAVER = """
+import sys, time
+from pathlib import Path
+from attention_tutorial.results import store
+path, go, me, n = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+print("ready", flush=True)
+while not go.exists():
+    time.sleep(0.002)
+for i in range(n):
+    store.save(path, {prov!r}, [dict({rec!r}, seq_q=me * 1000 + i + 1)])
+"""
+
+
+@pytest.mark.slow  # three processes import JAX: about 7 s on two cores
+def test_processes_saving_to_one_file_at_once_keep_every_point(tmp_path):
+    path, go, workers, each = tmp_path / "same.json", tmp_path / "go", 3, 12
+    code = SAVER.format(prov=GOOD["provenance"], rec=_rec("a"))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "JAX_PLATFORMS": "cpu"}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), str(go), str(w), str(each)], env=env,
+                              stdout=subprocess.PIPE, text=True) for w in range(workers)]  # fmt: skip
+    try:
+        assert [p.stdout.readline().strip() for p in procs] == ["ready"] * workers
+        go.touch()  # all start saving at once
+        assert [p.wait(timeout=120) for p in procs] == [0] * workers
+    finally:
+        for p in procs:
+            p.kill()
+            p.stdout.close()
+    seqs = sorted(r["seq_q"] for r in results.load(path)["records"])
+    assert seqs == sorted(w * 1000 + i + 1 for w in range(workers) for i in range(each))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["go", "same.json"]  # no lock or temporary file left
+
+
+def test_load_refuses_what_is_not_a_regular_file_without_reading_it(tmp_path):
+    import threading
+
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    outcome = []
+
+    def try_load():
+        try:
+            results.load(fifo)
+        except results.ResultFileError as err:
+            outcome.append(str(err))
+
+    reader = threading.Thread(target=try_load, daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    if reader.is_alive():  # it blocked on the pipe: release it before failing
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("load() blocked on a named pipe")
+    assert len(outcome) == 1 and "named pipe" in outcome[0] and str(fifo) in outcome[0]
+    for path, kind in ((tmp_path, "a folder"), (Path("/dev/null"), "a device")):
+        with pytest.raises(results.ResultFileError, match=kind):
+            results.load(path)
+    with pytest.raises(TypeError, match="path must be a file name"):
+        results.load(None)
+
+
+def test_a_read_only_file_is_refused_and_kept(tmp_path):
+    path = tmp_path / "gpu.json"
+    results.save(path, GOOD["provenance"], [_rec("a")])
+    path.chmod(0o444)
+    before = path.read_bytes()
+    assert "read-only" in store.check_target(path)[0]
+    for overwrite in (False, True):
+        with pytest.raises(PermissionError, match="read-only"):
+            results.save(path, GOOD["provenance"], [_rec("b")], overwrite=overwrite)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["gpu.json"]
+
+
+def test_saving_through_a_symlink_writes_its_target_and_keeps_the_link(tmp_path):
+    (tmp_path / "real").mkdir()
+    target, link = tmp_path / "real" / "gpu.json", tmp_path / "link.json"
+    results.save(target, GOOD["provenance"], [_rec("a")])
+    link.symlink_to(target)
+    results.save(link, GOOD["provenance"], [_rec("b")])
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert sorted(r["grid"] for r in results.load(target)["records"]) == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [("", "the path is empty"), ("   ", "the path is empty"), ("x.png", "'x.json'"), ("results", "'results.json'")],
+)
+def test_a_save_path_must_name_a_json_file(tmp_path, monkeypatch, name, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        results.save(name, GOOD["provenance"], [_rec("a")])
+    assert message in store.check_target(name)[0]
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(TypeError, match="path must be a file name"):
+        results.save(3, GOOD["provenance"], [_rec("a")])
+
+
+def _cpu(**changes):
+    return {**GOOD["provenance"], "backend": "cpu", "gpu": None, "driver": None, "cudnn": None, "cpu": "x86_64",
+            "matmul_bf16_tflops": None, "copy_gbps": None, **changes}  # fmt: skip
+
+
+def test_merging_results_of_another_environment_never_relabels_the_old_records(tmp_path):
+    path = tmp_path / "cpu.json"
+    old, new = _cpu(jax="0.10.2"), _cpu(jax="0.11.2", created="2026-12-03T00:00:00+00:00")
+    results.save(path, old, [_rec("a")])
+    before = path.read_bytes()
+    for prov, message in ((new, "jax 0.10.2 -> 0.11.2"), (_cpu(cpu="aarch64"), "holds results of cpu/x86_64")):
+        with pytest.raises(results.ResultFileError, match=message):
+            results.save(path, prov, [_rec("b")])
+        assert message in store.check_merge(path, prov)
+    assert path.read_bytes() == before
+    assert store.check_merge(path, _cpu(jax="0.10.2", created="2026-12-05T00:00:00+00:00")) is None  # same one
+    # the same point measured again in the new environment: nothing old is left to relabel
+    results.save(path, new, [dict(_rec("a"), **_ms(2.0))])
+    assert results.load(path)["provenance"]["jax"] == "0.11.2"
+
+
+def test_old_grids_keep_the_versions_they_were_measured_with(tmp_path):
+    path = tmp_path / "gpu.json"
+    created = {"created": "2026-12-01T00:00:00+00:00"}  # an entry that names no versions: the top level's hold
+    old = {**GOOD["provenance"], "jax": "0.10.2", "grids": {"a": created}}
+    results.save(path, old, [_rec("a")])
+    new = {**GOOD["provenance"], "grids": {"b": {**created, "jax": "0.11.2"}}}
+    results.save(path, new, [_rec("b")])
+    prov = results.load(path)["provenance"]
+    assert prov["jax"] == "0.11.2" and prov["grids"]["a"]["jax"] == "0.10.2"
+    assert "JAX 0.10.2" in results.describe(prov, "a") and "JAX 0.11.2" in results.describe(prov, "b")
+    assert "TransformerEngine" not in results.describe(prov, "a")  # still not claimed for the old entry
+
+
+def test_json_is_written_strict_with_a_note_where_a_value_was_not_finite(tmp_path):
+    path = tmp_path / "gpu.json"
+    prov = {**GOOD["provenance"], "read_gbps": math.inf, "lessons": {"x": [{"ratio": [1.0, math.nan]}]}}
+    rec = _rec("a", max_abs_diff_vs_bf16=math.nan, note="from a test")
+    results.save(path, prov, [rec])
+
+    def refuse(constant):
+        raise AssertionError(f"{constant} in the file")
+
+    data = json.loads(path.read_text(), parse_constant=refuse)
+    (saved,) = data["records"]
+    assert saved["max_abs_diff_vs_bf16"] is None and saved["note"].startswith("from a test; ")
+    assert "max_abs_diff_vs_bf16 (nan)" in saved["note"]
+    assert data["provenance"]["read_gbps"] is None and "read_gbps (inf)" in data["provenance"]["note"]
+    row = data["provenance"]["lessons"]["x"][0]
+    assert row["ratio"] == [1.0, None] and "ratio[1] (nan)" in row["note"]
+    assert results.load(path)["records"][0]["median_ms"] == 1.0
+    with pytest.raises(ValueError, match="'tflops' must be a finite number"):  # a checked field is refused instead
+        results.save(path, GOOD["provenance"], [_rec("b", tflops=math.nan)])
+    with pytest.raises(TypeError, match=r"records\[0\]\.when is a datetime"):
+        results.save(
+            tmp_path / "other.json", GOOD["provenance"], [_rec("b", when=__import__("datetime").datetime.now())]
+        )
+
+
+def test_a_full_disk_says_so_and_leaves_the_file(tmp_path, monkeypatch):
+    import errno
+
+    path = tmp_path / "gpu.json"
+    results.save(path, GOOD["provenance"], [_rec("a")])
+    before = path.read_bytes()
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store.os, "fsync", full)
+    with pytest.raises(OSError, match="no space left on the disk of") as err:
+        results.save(path, GOOD["provenance"], [_rec("b")])
+    assert err.value.errno == errno.ENOSPC and "\n" not in str(err.value)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["gpu.json"]
