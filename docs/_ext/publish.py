@@ -1,7 +1,8 @@
 """Sphinx extension: every executable page as a notebook (download, Colab) and a "last executed" stamp at its end.
 
-- ``_notebooks/<page>.ipynb`` in the built site, made from the page by jupytext (``notebooks.py``), first cell
-  installing the package from ``publish_repo_url``;
+- ``_notebooks/<page>.ipynb`` in the built site, made from the page after it ran (``notebooks.py``): its text as the
+  page reads, with the values the build glued and links to the site; its first cell installs the package from
+  ``publish_repo_url`` (at ``publish_repo_ref``, from ``ATTENTION_TUTORIAL_REPO_REF``, when set);
 - on each executable page: "Open in Colab" and ".ipynb" links (in the header and at the end of the page) and the
   device, versions and date that produced its live outputs (``attention_tutorial.results.stamp``), taken from the
   environment the notebook kernels run in and myst-nb's record of when the page ran;
@@ -17,13 +18,14 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from docutils import nodes
 from myst_nb.sphinx_ import NbMetadataCollector
 from notebooks import is_executable, write_notebook
 from sphinx.errors import ExtensionError
-from sphinx.util import logging
+from sphinx.util import docname_join, logging
 
 from attention_tutorial.results.stamp import last_executed
 
@@ -98,13 +100,75 @@ def _on_page_context(app, pagename, templatename, context, doctree):
                     "label": "run-buttons"})  # fmt: skip
 
 
+class _Glued(Mapping):
+    """The values a page's cells glued, as myst-nb kept them (``<output folder>/<doc>.glue.json``); a key
+    ``other.md::key`` reaches another page's."""
+
+    def __init__(self, folder: Path, docname: str):
+        self.folder, self.docname, self._loaded = folder, docname, {}
+
+    def _of(self, docname: str) -> dict:
+        if docname not in self._loaded:
+            path = self.folder / f"{docname}.glue.json"
+            self._loaded[docname] = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        return self._loaded[docname]
+
+    def __getitem__(self, key: str):
+        doc, sep, name = key.rpartition("::")
+        return self._of(docname_join(self.docname, str(Path(doc).with_suffix(""))) if sep else self.docname)[name]
+
+    def __iter__(self):
+        return iter(self._of(self.docname))
+
+    def __len__(self):
+        return len(self._of(self.docname))
+
+
+def _resolver(app, docname: str):
+    """``resolve(role, target)`` for the notebook converter: the target's address on the site and its title."""
+    base = app.config.html_baseurl.rstrip("/") + "/"
+    py, std = app.env.get_domain("py"), app.env.get_domain("std")
+
+    def at(doc: str, anchor: str = "") -> str:
+        return base + app.builder.get_target_uri(doc) + (f"#{anchor}" if anchor else "")
+
+    def resolve(role: str, target: str):
+        if role.startswith("py:"):
+            entry = py.objects.get(target)
+            if entry is None:  # a name relative to the page's module: unique by its last parts
+                found = [e for name, e in py.objects.items() if name.endswith(f".{target}")]
+                entry = found[0] if len(found) == 1 else None
+            return (at(entry.docname, entry.node_id), None) if entry else None
+        if role == "term":
+            entry = std._terms.get(target.lower())
+            return (at(*entry), None) if entry else None
+        if role in ("ref", "numref"):
+            entry = std.labels.get(target.lower())
+            return (at(entry[0], entry[1]), entry[2] or None) if entry else None
+        if role == "doc":
+            doc = docname_join(docname, target)
+            title = app.env.titles.get(doc)
+            return (at(doc), title.astext()) if doc in app.env.all_docs else None
+        return None
+
+    return resolve
+
+
 def _on_build_finished(app, exception):
     if exception is not None or app.builder.format != "html":
         return
     out = Path(app.outdir)
     pages = [d for d in sorted(app.env.found_docs) if _executable(app, d)]
+    glue_folder = Path(app.env.mystnb_config.output_folder)
     for docname in pages:
-        write_notebook(Path(app.env.doc2path(docname)), app.config.publish_repo_url, out / NB_DIR)
+        try:
+            write_notebook(
+                Path(app.env.doc2path(docname)), app.config.publish_repo_url, out / NB_DIR,
+                site_url=app.config.html_baseurl, glued=_Glued(glue_folder, docname),
+                resolve=_resolver(app, docname), ref=app.config.publish_repo_ref,
+            )  # fmt: skip
+        except ValueError as error:
+            raise ExtensionError(f"publish: the notebook of {docname} could not be made: {error}") from error
     LOG.info(f"publish: {len(pages)} notebooks in {out / NB_DIR}")
     page = app.config.publish_preview_page
     img = app.env.get_doctree(page).next_node(nodes.image) if page in app.env.all_docs else None
@@ -114,6 +178,7 @@ def _on_build_finished(app, exception):
 
 def setup(app):
     app.add_config_value("publish_repo_url", "", "html", types=[str])
+    app.add_config_value("publish_repo_ref", os.environ.get("ATTENTION_TUTORIAL_REPO_REF", ""), "html", types=[str])
     app.add_config_value("publish_notebooks_branch", "notebooks", "html", types=[str])
     app.add_config_value("publish_preview_page", "", "html", types=[str])
     app.connect("doctree-resolved", _on_doctree_resolved)
