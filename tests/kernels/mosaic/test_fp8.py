@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from attention_tutorial.inputs import AttentionShape, make_qkv
-from attention_tutorial.kernels.mosaic_flash import LOG2E, MosaicConfig, _on_hopper
-from attention_tutorial.kernels.mosaic_fp8 import (
+from attention_tutorial.kernels.mosaic._common import LOG2E, on_hopper
+from attention_tutorial.kernels.mosaic.budget import MosaicConfig
+from attention_tutorial.kernels.mosaic.fp8 import (
     E4M3_MAX,
     logit_factors,
     mosaic_fp8_attention,
@@ -111,7 +112,7 @@ def test_why_not_on_a_cpu_names_hopper():
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_fp8_forward_is_as_accurate_as_cudnn_fp8(causal, p_via):
     """Relative error against float64 within FP8's reach, and no worse than 1.25× cuDNN FP8's on the same inputs."""
-    if reason := _on_hopper():
+    if reason := on_hopper():
         pytest.skip(reason)
     from attention_tutorial.measure.fp8 import cudnn_fp8_attention, rel_error
 
@@ -178,7 +179,7 @@ def test_the_register_regrouping_puts_each_score_where_operand_key_order_says():
     of the key that ``operand_key_order`` puts in that operand column, on the same row. A swapped order fails."""
     from jax.experimental.mosaic.gpu import fragmented_array as fa
 
-    from attention_tutorial.kernels.mosaic_fp8 import operand_register_pairs
+    from attention_tutorial.kernels.mosaic.fp8 import operand_register_pairs
 
     shape = (64, 128)
     acc, operand = _element_positions(fa.WGMMA_LAYOUT, shape), _element_positions(fa.WGMMA_LAYOUT_8BIT, shape)
@@ -189,3 +190,15 @@ def test_the_register_regrouping_puts_each_score_where_operand_key_order_says():
         src_row, src_col = acc[(thread, pairs[reg][e // 2], e % 2)]
         wrong += (src_row, src_col) != (row, order[col])
     assert wrong == 0
+
+
+def test_no_exp_drops_the_fp8_forwards_exponentials_only():
+    q = jax.ShapeDtypeStruct((1, 256, 2, 128), jnp.bfloat16)
+
+    def ops(cfg):
+        text = str(jax.make_jaxpr(functools.partial(mosaic_fp8_attention, is_causal=True, config=cfg))(q, q, q))
+        found = re.findall(r"^\s*(?:[\w:\[\],{}<> ]+ = )?(\w+)[\[ ]", text, re.M)
+        return {op: found.count(op) for op in ("exp2", "log", "wgmma_ref", "barrier_wait")}
+
+    as_is, no_exp = ops(MosaicConfig()), ops(MosaicConfig(no_exp=True))
+    assert as_is["exp2"] >= 2 and no_exp == {**as_is, "exp2": 0}

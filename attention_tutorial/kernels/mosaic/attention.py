@@ -1,0 +1,141 @@
+"""The public functions: our Mosaic GPU FlashAttention (the forward and backward kernels tied by a custom VJP), its
+pipelined variant, what keeps either from running here, and JAX's bundled Mosaic GPU kernel to race them.
+
+Legend: B batch, T query length, S key length, N heads, K kv heads, H head dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from ...inputs import AttentionShape, attention_shape, check_flag
+from ._common import LOG2E, on_hopper, positive_scale
+from .backward import backward
+from .budget import MosaicConfig, default_config, problem
+from .forward import forward
+
+
+def mosaic_flash_attention(
+    q,
+    k,
+    v,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+    config: MosaicConfig | None = None,
+    return_lse: bool = False,
+):
+    """Our Mosaic GPU FlashAttention: q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H), differentiable. Hopper only.
+
+    float16 or bfloat16; H = 64 or 128 (or 256, forward only: :func:`default_config` then takes block_kv = 64); T a
+    multiple of 2·block_q (128), S a multiple of block_kv (128; 64 at H = 256). Causal
+    masks align top-left, as everywhere on this site. ``return_lse=True`` returns ``(out, lse)`` with lse
+    (B, N, T) float32, each row's natural log-sum-exp of the scaled scores (for context parallelism; differentiable).
+
+    The backward (``jax.custom_vjp``; :mod:`~attention_tutorial.kernels.mosaic.backward`) recomputes the weights from
+    the saved log-sum-exp in two warp-specialised kernels, one for dK and dV, one for dQ.
+    """
+    B, T, S, N, K, H = attention_shape(q, k, v)
+    cfg = config or default_config(H)
+    if reason := problem(AttentionShape(B, T, S, N, K, H), q.dtype, cfg):
+        raise ValueError(f"mosaic_flash_attention: {reason}")
+    plan = _Plan(check_flag("is_causal", is_causal), positive_scale(scale, H), cfg)
+    out, lse2 = _attention(q, k, v, plan)
+    return (out, lse2 * (1.0 / LOG2E)) if return_lse else out
+
+
+def mosaic_flash_backward(q, k, v, out, lse, d_out, *, is_causal: bool = False, scale: float | None = None,
+                          config: MosaicConfig | None = None):  # fmt: skip
+    """(dq, dk, dv) from a given output and natural log-sum-exp (B, N, T): the backward kernels on their own.
+
+    What a context-parallel ring needs: its merged ``out`` and ``lse`` over all keys, and this kernel's share of
+    the gradient for one block of keys (P rebuilt from the merged lse is the block's slice of the full softmax).
+    """
+    B, T, S, N, K, H = attention_shape(q, k, v)
+    cfg = config or default_config(H)
+    if reason := problem(AttentionShape(B, T, S, N, K, H), q.dtype, cfg):
+        raise ValueError(f"mosaic_flash_backward: {reason}")
+    if out.shape != q.shape or d_out.shape != q.shape or lse.shape != (B, N, T):
+        raise ValueError(f"out and d_out must have q's shape {q.shape} and lse (B, N, T) = {(B, N, T)}; got out "
+                         f"{out.shape}, d_out {d_out.shape}, lse {lse.shape}.")  # fmt: skip
+    plan = _Plan(check_flag("is_causal", is_causal), positive_scale(scale, H), cfg)
+    delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), d_out.astype(jnp.float32))
+    lse2 = lse.astype(jnp.float32) * LOG2E
+    return backward(q, k, v, d_out.astype(q.dtype), lse2, delta, causal=plan.causal, scale=plan.scale, cfg=plan.cfg)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    causal: bool
+    scale: float
+    cfg: MosaicConfig
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _attention(q, k, v, plan):
+    return forward(q, k, v, causal=plan.causal, scale=plan.scale, cfg=plan.cfg)
+
+
+def _attention_fwd(q, k, v, plan):
+    out, lse2 = forward(q, k, v, causal=plan.causal, scale=plan.scale, cfg=plan.cfg)
+    return (out, lse2), (q, k, v, out, lse2)
+
+
+def _attention_bwd(plan: _Plan, residuals, cotangents):
+    q, k, v, out, lse2 = residuals
+    d_out, d_lse2 = cotangents
+    # D = rowsum(dO ∘ O); a cotangent on the log-sum-exp adds P·d_lse to dS, i.e. shifts D (base 2 -> natural).
+    delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), d_out.astype(jnp.float32))
+    delta = delta - LOG2E * d_lse2.astype(jnp.float32)
+    return backward(q, k, v, d_out.astype(q.dtype), lse2, delta, causal=plan.causal, scale=plan.scale, cfg=plan.cfg)
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
+    """Why our Mosaic GPU kernel cannot run this problem here, or None."""
+    return on_hopper() or problem(shape, dtype, default_config(shape.head_dim))
+
+
+def mosaic_pipelined_attention(q, k, v, *, is_causal: bool = False, scale: float | None = None):
+    """:func:`mosaic_flash_attention` with FlashAttention-3's intra-warpgroup pipelining in the forward
+    (``default_config(H, pipeline=True)``, see :mod:`~attention_tutorial.kernels.mosaic.pipelined`); the same
+    backward."""
+    config = default_config(attention_shape(q, k, v).head_dim, pipeline=True)
+    return mosaic_flash_attention(q, k, v, is_causal=is_causal, scale=scale, config=config)
+
+
+def pipelined_why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
+    """Why the pipelined forward cannot run this problem here, or None."""
+    return on_hopper() or problem(shape, dtype, default_config(shape.head_dim, pipeline=True))
+
+
+def jax_bundled_mosaic(q, k, v, *, is_causal: bool = False):
+    """JAX's bundled Mosaic GPU kernel, ``jax.experimental.pallas.ops.gpu.attention_mgpu.attention``, to race.
+
+    It applies no softmax scale, so q is scaled first (one fused elementwise pass, timed with it); float16 only.
+    Its backward (64×64 blocks, as JAX's tests use) has no causal mask: differentiating a causal call raises.
+    """
+    from jax.experimental.pallas.ops.gpu import attention_mgpu
+
+    H = q.shape[-1]
+    config = attention_mgpu.TuningConfig(
+        block_q=64, block_kv=128, max_concurrent_steps=2, causal=is_causal,
+        block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64,
+    )  # fmt: skip
+    return attention_mgpu.attention((q * (1.0 / math.sqrt(H))).astype(q.dtype), k, v, config)
+
+
+def bundled_why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
+    """Why JAX's bundled Mosaic GPU kernel cannot run this problem here, or None."""
+    if reason := on_hopper():
+        return reason
+    if jnp.dtype(dtype).name != "float16":
+        return f"JAX's kernel allocates float16 shared memory: float16 inputs only, not {jnp.dtype(dtype).name}."
+    return problem(shape, dtype, MosaicConfig())

@@ -1,0 +1,176 @@
+"""Tiles and what they cost: the kernels' frozen config, Hopper's shared-memory and register budgets, and the check
+that a problem and a config fit them (with the fix named when they don't).
+
+A Hopper CTA may use 227 KiB of shared memory; each compute thread of our kernels gets 232 registers
+(``set_max_registers``), of which 192 are set aside for tiles. The counts are ours, by hand, not ``ptxas``'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from ...inputs import AttentionShape, check_block_size, check_flag
+
+SMEM_BYTES = 227 * 1024  # shared memory one CTA may use on Hopper (H100, H200)
+SMEM_RESERVE = 4 * 1024  # on top of the tiles, where not measured otherwise: the pipelined forward with 3 stages at
+# H = 128 asked the H200 for 232,568 B against the 229,888 counted (the plain one with 3 stages compiled and ran)
+TILE_REGISTERS = 192  # of a compute thread's 232 (set_max_registers), for tiles; the rest: indices, max, sum, ...
+WARPGROUPS = 3  # per CTA: two compute, one copy
+PROFILE_BYTES_PER_REGION = 16  # the in-kernel profiler: two events (start, end) of two 32-bit words each
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicConfig:
+    """Tile sizes: ``block_q`` rows per compute warpgroup (wgmma's M is 64), ``block_kv`` keys per step, and
+    ``stages`` k/v slots in flight; ``bwd_*`` the same for the backward kernels (both blocks 64: each compute
+    warpgroup there holds two float32 accumulators, dK and dV or dQ, plus two score-sized tiles).
+    ``pipeline=True`` adds FlashAttention-3's intra-warpgroup pipelining to the forward
+    (:func:`~attention_tutorial.kernels.mosaic.pipelined.pipelined_steps`). H = 256 needs ``block_kv=64`` (see
+    :func:`smem_bytes`).
+
+    Two switches measure the forward and never compute attention: ``no_exp=True`` replaces every exp2 of its softmax
+    by the identity (wrong numbers: a timing bound with the exponentials' cost removed), and ``profile_space`` regions
+    per warpgroup with ``profile_dir`` switch Pallas's in-kernel profiler on (its trace goes to ``profile_dir``; the
+    event buffer takes ``profile_space`` × 16 B of shared memory per warpgroup)."""
+
+    block_q: int = 64
+    block_kv: int = 128
+    stages: int = 2
+    bwd_block_q: int = 64
+    bwd_block_kv: int = 64
+    bwd_stages: int = 2
+    pipeline: bool = False
+    no_exp: bool = False
+    profile_space: int = 0
+    profile_dir: str = ""
+
+    def __post_init__(self):
+        check_flag("MosaicConfig.pipeline", self.pipeline)
+        check_flag("MosaicConfig.no_exp", self.no_exp)
+        for name in ("block_q", "block_kv", "stages", "bwd_block_q", "bwd_block_kv", "bwd_stages"):
+            check_block_size(f"MosaicConfig.{name}", getattr(self, name))
+        for name in ("block_q", "block_kv", "bwd_block_q", "bwd_block_kv"):
+            if getattr(self, name) % 64:
+                raise ValueError(
+                    f"MosaicConfig.{name} must be a multiple of 64 (wgmma's tile); got {getattr(self, name)}."
+                )
+        if not isinstance(self.profile_dir, str):
+            raise TypeError(f"MosaicConfig.profile_dir must be a str (a folder); got {self.profile_dir!r}.")
+        if self.profile_space:
+            check_block_size("MosaicConfig.profile_space", self.profile_space)
+        if bool(self.profile_space) != bool(self.profile_dir):
+            raise ValueError(
+                f"MosaicConfig.profile_space and profile_dir go together (both set to profile, neither otherwise); "
+                f"got profile_space={self.profile_space!r}, profile_dir={self.profile_dir!r}."
+            )
+
+    @property
+    def profiling(self) -> bool:
+        """Whether the in-kernel profiler is on."""
+        return bool(self.profile_space)
+
+
+def smem_bytes(cfg: MosaicConfig, head_dim: int, dtype) -> int:
+    """Bytes of shared memory the forward allocates: both compute warpgroups' q/output tiles (2·block_q × H),
+    the k and v rings (stages·block_kv × H each) and the log-sum-exp rows. H = 256 in 16 bits: 64 KiB of q with
+    2×64 rows, and k + v take 2·stages·block_kv·512 B: block_kv = 128 with 2 stages needs 256 KiB more (too much),
+    block_kv = 64 with 2 stages 128 KiB (192.5 KiB in all)."""
+    item = jnp.dtype(dtype).itemsize
+    return (2 * cfg.block_q + 2 * cfg.stages * cfg.block_kv) * head_dim * item + 2 * cfg.block_q * 4
+
+
+def smem_bytes_fp8(cfg: MosaicConfig, head_dim: int) -> int:
+    """Shared memory the FP8 forward allocates: q (E4M3) and the bfloat16 output per compute warpgroup, the k and vᵀ
+    rings in E4M3, p in E4M3 per warpgroup, the log-sum-exp rows and the two factors."""
+    bq, bkv = cfg.block_q, cfg.block_kv
+    return 2 * bq * head_dim * (1 + 2) + 2 * cfg.stages * bkv * head_dim + 2 * bq * bkv + 2 * bq * 4 + 2 * 128 * 4
+
+
+def profile_bytes(cfg: MosaicConfig) -> int:
+    """Shared memory the in-kernel profiler's event buffer takes (0 when it is off)."""
+    return WARPGROUPS * cfg.profile_space * PROFILE_BYTES_PER_REGION
+
+
+def tile_registers(cfg: MosaicConfig, head_dim: int) -> int:
+    """32-bit registers per compute thread for the forward's tiles, each spread over a warpgroup's 128 threads: the
+    float32 accumulator (block_q × H: 128 at H = 256), the float32 scores s (block_q × block_kv) and p in 16 bits
+    (two to a register) — twice when pipelined (block j's p feeds the running p·v while block j+1's is made)."""
+    regs = lambda cols, bits: cfg.block_q * cols * bits // 32 // 128  # noqa: E731
+    return regs(head_dim, 32) + regs(cfg.block_kv, 32) + regs(cfg.block_kv, 16) * (2 if cfg.pipeline else 1)
+
+
+def default_config(head_dim: int, *, pipeline: bool = False) -> MosaicConfig:
+    """The tiles used when no config is given: ``MosaicConfig()`` (block_kv = 128, 2 stages); at H = 256 block_kv =
+    64, since 128 would need more shared memory (:func:`smem_bytes`) and registers (:func:`tile_registers`)."""
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
+        raise ValueError(f"head_dim must be a positive int; got {head_dim!r}.")
+    return MosaicConfig(block_kv=64 if head_dim > 128 else 128, pipeline=pipeline)
+
+
+def problem(shape: AttentionShape, dtype, cfg: MosaicConfig) -> str | None:
+    """Why the 16-bit kernels cannot take this problem with these tiles (naming the fix), or None."""
+    name = jnp.dtype(dtype).name
+    if name not in ("bfloat16", "float16"):
+        return f"it takes bfloat16 or float16 inputs, not {name}."
+    H = shape.head_dim
+    if H not in (64, 128, 256):
+        return f"head_dim must be 64, 128 or 256; got {H}."
+    reserve = SMEM_RESERVE if cfg.pipeline else 0
+    if (need := smem_bytes(cfg, H, dtype)) + reserve > SMEM_BYTES:
+        return (
+            f"at H={H}, block_kv={cfg.block_kv} and stages={cfg.stages} the forward's tiles need {need / 1024:.1f} "
+            f"KiB of shared memory, more than the {(SMEM_BYTES - reserve) // 1024} KiB a Hopper CTA leaves for them: "
+            f"pick a smaller block_kv or "
+            f"fewer stages (H=256 fits with config=MosaicConfig(block_kv=64, stages=2), or pass no config)."
+        )
+    if cfg.profiling and (need := smem_bytes(cfg, H, dtype) + reserve + profile_bytes(cfg)) > SMEM_BYTES:
+        return (
+            f"profile_space={cfg.profile_space} adds {profile_bytes(cfg) / 1024:.1f} KiB of shared memory to the "
+            f"forward's tiles ({need / 1024:.1f} KiB in all, more than {SMEM_BYTES // 1024} KiB): pick a smaller "
+            "profile_space or a shorter S (fewer key blocks, fewer regions per warpgroup)."
+        )
+    if (H > 128 or cfg.pipeline) and (regs := tile_registers(cfg, H)) > TILE_REGISTERS:
+        return (
+            f"at H={H}, block_kv={cfg.block_kv}{' with pipeline=True' if cfg.pipeline else ''} the forward's tiles "
+            f"need {regs} registers per thread, more than the {TILE_REGISTERS} this kernel budgets: pick "
+            f"block_kv=64 (e.g. config=MosaicConfig(block_kv=64, stages=2{', pipeline=True' if cfg.pipeline else ''}))."
+        )
+    if shape.seq_q % (2 * cfg.block_q):
+        return f"T must be a multiple of 2·block_q = {2 * cfg.block_q}; got T={shape.seq_q}. Pad the queries."
+    if shape.seq_kv % cfg.block_kv:
+        return f"S must be a multiple of block_kv = {cfg.block_kv}; got S={shape.seq_kv}. Pad the keys."
+    if shape.seq_q % (2 * cfg.bwd_block_q) or shape.seq_kv % (2 * cfg.bwd_block_kv):
+        return (
+            f"the backward needs T a multiple of 2·bwd_block_q = {2 * cfg.bwd_block_q} and S of 2·bwd_block_kv = "
+            f"{2 * cfg.bwd_block_kv}; got T={shape.seq_q}, S={shape.seq_kv}. Pad, or pick smaller bwd blocks."
+        )
+    return None
+
+
+FP8_HEAD_DIMS = (128,)  # 128-byte rows of E4M3: the 128-byte swizzle the tiles use
+
+
+def fp8_problem(shape: AttentionShape, cfg: MosaicConfig) -> str | None:
+    """Why the FP8 forward cannot take this problem with these tiles (naming the fix), or None."""
+    if cfg.pipeline or cfg.block_q != 64 or cfg.block_kv % 128:
+        return (f"the FP8 forward takes pipeline=False, block_q=64 and block_kv a multiple of 128 (128-byte rows of "
+                f"E4M3 p); got pipeline={cfg.pipeline}, block_q={cfg.block_q}, block_kv={cfg.block_kv}.")  # fmt: skip
+    if cfg.profiling:
+        return "the FP8 forward has no profiler regions: profile the 16-bit forward (profile_space=0 here)."
+    if (regs := tile_registers(cfg, shape.head_dim)) > TILE_REGISTERS:
+        return (f"at block_kv={cfg.block_kv} the FP8 forward's float32 tiles need {regs} registers per thread, more "
+                f"than the {TILE_REGISTERS} the kernel budgets: use block_kv=128.")  # fmt: skip
+    if (need := smem_bytes_fp8(cfg, shape.head_dim)) + SMEM_RESERVE > SMEM_BYTES:
+        return (f"at block_kv={cfg.block_kv} and stages={cfg.stages} the FP8 forward needs {need / 1024:.1f} KiB of "
+                f"shared memory, more than the {(SMEM_BYTES - SMEM_RESERVE) // 1024} KiB a Hopper CTA leaves beside "
+                "barriers: use fewer stages.")  # fmt: skip
+    if shape.head_dim not in FP8_HEAD_DIMS:
+        return f"the FP8 forward takes H = 128 (128-byte rows of E4M3); got H={shape.head_dim}."
+    if shape.seq_q % (2 * cfg.block_q) or shape.seq_kv % cfg.block_kv:
+        return (
+            f"T must be a multiple of {2 * cfg.block_q} and S of {cfg.block_kv}; got T={shape.seq_q}, "
+            f"S={shape.seq_kv}. Pad them."
+        )
+    return None

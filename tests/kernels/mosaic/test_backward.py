@@ -1,0 +1,86 @@
+"""The backward kernels: the gradient lowers to the forward and two backward kernels on a CPU, and matches float64
+gradients on a Hopper GPU (through jax.grad and called alone, as the context-parallel ring does)."""
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from attention_tutorial.inputs import AttentionShape, make_qkv
+from attention_tutorial.kernels.mosaic.attention import mosaic_flash_attention, mosaic_flash_backward, why_not
+from attention_tutorial.kernels.mosaic.budget import MosaicConfig
+from tests.kernels.test_pallas_flash import assert_grads_close, assert_grads_match
+
+H256 = MosaicConfig(block_kv=64)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradient_lowers_to_forward_and_two_backward_kernels(causal):
+    """jax.grad goes through the custom VJP: the forward, the dQ and the dK/dV kernels, all Mosaic GPU (GQA, T < S)."""
+    q = jax.ShapeDtypeStruct((1, 256, 8, 64), jnp.float16)
+    kv = jax.ShapeDtypeStruct((1, 512, 2, 64), jnp.float16)
+
+    def loss(q, k, v):
+        return mosaic_flash_attention(q, k, v, is_causal=causal).astype(jnp.float32).sum()
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    hlo = grad.trace(q, kv, kv).lower(lowering_platforms=("cuda",)).as_text()
+    assert re.findall(r"custom_call @(mosaic_gpu\w*)", hlo) == ["mosaic_gpu_v2"] * 3
+
+
+def test_lowers_with_x64_enabled():
+    """JAX_ENABLE_X64=1: loop indices stay int32 through the forward and backward kernels."""
+    q = jax.ShapeDtypeStruct((1, 256, 4, 128), jnp.bfloat16)
+    with jax.enable_x64(True):
+        fn = jax.jit(jax.grad(lambda q: mosaic_flash_attention(q, q, q, is_causal=True).astype(jnp.float32).sum()))
+        hlo = fn.trace(q).lower(lowering_platforms=("cuda",)).as_text()
+    assert len(re.findall(r"custom_call @mosaic_gpu", hlo)) == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_gpu_gradients_match_float64(causal, head_dim, dtype):
+    if reason := why_not(AttentionShape(1, 512, 512, 4, 4, head_dim), dtype, causal):
+        pytest.skip(reason)
+    for b, t, s, n, k in ((1, 512, 512, 4, 4), (1, 256, 512, 8, 2), (2, 512, 256, 4, 1)):  # MHA, GQA T<S, MQA T>S
+        q, kk, v = make_qkv(b, t, n, head_dim, seq_kv=s, kv_heads=k, dtype=dtype, seed=t + s)
+        fn = functools.partial(mosaic_flash_attention, is_causal=causal)
+        assert_grads_close(fn, q, kk, v, causal=causal, tol=3e-2)
+
+
+def test_backward_alone_checks_its_inputs():
+    q, k, v = make_qkv(1, 256, 2, 64, dtype=jnp.bfloat16)
+    lse = jnp.zeros((1, 2, 256))
+    with pytest.raises(ValueError, match=r"out and d_out must have q's shape \(1, 256, 2, 64\)"):
+        mosaic_flash_backward(q, k, v, q[:, :128], lse, q)
+    with pytest.raises(ValueError, match=r"lse \(B, N, T\) = \(1, 2, 256\)"):
+        mosaic_flash_backward(q, k, v, q, lse[:, :1], q)
+    with pytest.raises(ValueError, match="head_dim must be 64, 128 or 256"):
+        mosaic_flash_backward(*make_qkv(1, 256, 2, 32, dtype=jnp.bfloat16), q, lse, q)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_backward_alone_from_out_and_lse(causal):
+    # what the context-parallel ring calls: the backward kernels from a given output and natural log-sum-exp
+    if reason := why_not(AttentionShape(1, 512, 512, 4, 2, 128), jnp.bfloat16, causal):
+        pytest.skip(reason)
+    q, k, v = make_qkv(1, 512, 4, 128, kv_heads=2, dtype=jnp.bfloat16, seed=13)
+    d_out = jax.random.normal(jax.random.key(5), q.shape, jnp.float32).astype(q.dtype)
+    out, lse = mosaic_flash_attention(q, k, v, is_causal=causal, return_lse=True)
+    got = jax.jit(functools.partial(mosaic_flash_backward, is_causal=causal))(q, k, v, out, lse, d_out)
+    assert_grads_match(got, q, k, v, d_out, causal=causal, tol=3e-2)
+
+
+def test_h256_backward_is_refused():
+    q = jax.ShapeDtypeStruct((1, 256, 2, 256), jnp.bfloat16)
+
+    def loss(q):
+        return mosaic_flash_attention(q, q, q, config=H256).astype(jnp.float32).sum()
+
+    with pytest.raises(ValueError, match=r"backward kernels take H = 64 or 128; got H=256"):
+        jax.jit(jax.grad(loss)).trace(q)

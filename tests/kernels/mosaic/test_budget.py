@@ -1,0 +1,145 @@
+"""The config and the budgets: bad sizes refused, shared memory and registers counted by hand, each misfit naming its
+fix."""
+
+from pathlib import Path
+
+import jax.numpy as jnp
+import pytest
+
+from attention_tutorial.inputs import AttentionShape
+from attention_tutorial.kernels.mosaic.budget import (
+    SMEM_BYTES,
+    TILE_REGISTERS,
+    MosaicConfig,
+    default_config,
+    fp8_problem,
+    problem,
+    profile_bytes,
+    smem_bytes,
+    tile_registers,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "expected"),
+    [
+        (AttentionShape(1, 256, 256, 4, 4, 128), jnp.float32, "bfloat16 or float16"),
+        (AttentionShape(1, 256, 256, 4, 4, 96), jnp.bfloat16, "head_dim must be 64, 128 or 256; got 96"),
+        (AttentionShape(1, 256, 256, 4, 4, 256), jnp.bfloat16, "320.5 KiB of shared memory"),
+        (AttentionShape(1, 200, 256, 4, 4, 64), jnp.bfloat16, "multiple of 2·block_q = 128; got T=200"),
+        (AttentionShape(1, 256, 200, 4, 4, 64), jnp.float16, "multiple of block_kv = 128; got S=200"),
+        (AttentionShape(1, 256, 384, 4, 2, 128), jnp.float16, None),
+    ],
+)
+def test_problem_checks_name_the_fix(shape, dtype, expected):
+    reason = problem(shape, dtype, MosaicConfig())
+    assert reason is None if expected is None else expected in reason
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [("block_kv", 0, "must be a positive integer"), ("bwd_stages", -1, "must be a positive integer"),
+     ("bwd_block_q", 96, "must be a multiple of 64"), ("block_q", 2.0, "must be a positive integer")],
+)  # fmt: skip
+def test_config_refuses_bad_sizes(field, value, expected):
+    with pytest.raises(ValueError, match=f"MosaicConfig.{field} {expected}"):
+        MosaicConfig(**{field: value})
+
+
+H256 = MosaicConfig(block_kv=64)  # the default's block_kv=128 does not fit H = 256's tiles in shared memory
+
+CONFIGS = [(64, MosaicConfig(pipeline=True)), (128, MosaicConfig(pipeline=True)), (256, H256),
+           (256, MosaicConfig(block_kv=64, pipeline=True))]  # fmt: skip
+
+
+def test_budgets_by_hand():
+    # q/out 2·64×256, k and v (2) × 2 stages × 64 × 256, 2 bytes each, plus 2·64 float32 lse rows: 192.5 KiB
+    assert smem_bytes(H256, 256, jnp.bfloat16) == (2 * 64 * 256 + 2 * 2 * 64 * 256) * 2 + 512 == 197120
+    assert smem_bytes(MosaicConfig(), 128, jnp.float16) == (128 * 128 + 4 * 128 * 128) * 2 + 512  # 160.5 KiB
+    # per thread of 128: acc 64·H/128 float32, s 64·block_kv/128 float32, p 64·block_kv/256 (two 16-bit per register)
+    assert tile_registers(H256, 256) == 128 + 32 + 16
+    assert tile_registers(MosaicConfig(block_kv=64, pipeline=True), 256) == 128 + 32 + 2 * 16
+    assert tile_registers(MosaicConfig(pipeline=True), 128) == 64 + 64 + 2 * 32
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "cfg", "expected"),
+    [
+        (256, H256, None),
+        (256, MosaicConfig(block_kv=64, pipeline=True), None),
+        (128, MosaicConfig(pipeline=True), None),
+        (128, MosaicConfig(stages=3), None),  # 224.5 KiB: still fits (it ran on the H200)
+        (128, MosaicConfig(stages=3, pipeline=True), "224.5 KiB of shared memory, more than the 223 KiB"),
+        (256, MosaicConfig(block_kv=64, stages=3), "256.5 KiB of shared memory"),
+        (128, MosaicConfig(stages=4), "288.5 KiB of shared memory, more than the 227 KiB a Hopper CTA leaves"),
+        (256, MosaicConfig(block_kv=128, stages=1), "need 224 registers per thread"),
+        (128, MosaicConfig(block_kv=256, stages=1, pipeline=True), "with pipeline=True the forward's tiles need 320"),
+    ],
+)  # fmt: skip
+def test_h256_and_pipeline_budgets_name_the_fix(head_dim, cfg, expected):
+    reason = problem(AttentionShape(1, 512, 512, 4, 4, head_dim), jnp.bfloat16, cfg)
+    assert reason is None if expected is None else (expected in reason and "block_kv=64" in reason)
+
+
+@pytest.mark.parametrize("bad", [0, -64, True, 128.0])
+def test_default_config_refuses_a_head_dim_that_is_not_a_positive_int(bad):
+    with pytest.raises(ValueError, match="head_dim must be a positive int"):
+        default_config(bad)
+
+
+def test_pipeline_flag_must_be_bool():
+    with pytest.raises(ValueError, match=r"MosaicConfig\.pipeline must be True or False; got 'yes'"):
+        MosaicConfig(pipeline="yes")
+
+
+def test_the_flash_page_h256_budget_claims_hold():
+    """The flash page: with H = 128's key block, H = 256's tiles overflow shared memory at two stages and the tile
+    registers at any number of stages; the pipelined tiles fill the tile registers at H = 256 as at H = 128."""
+    text = " ".join((ROOT / "docs" / "flash_from_scratch.md").read_text().split())
+    assert "the tiles overflow shared memory at two stages, and the registers set aside for tiles at any number" in text
+    wide = MosaicConfig()  # H = 128's tiles
+    assert wide.stages == 2 and smem_bytes(wide, 256, jnp.bfloat16) > SMEM_BYTES
+    assert tile_registers(wide, 256) > TILE_REGISTERS
+    # "at any number of stages": the stages are buffers in shared memory, so the tiles' registers do not change
+    assert len({tile_registers(MosaicConfig(stages=stages), 256) for stages in (1, 2, 3)}) == 1
+    assert smem_bytes(MosaicConfig(stages=1), 256, jnp.bfloat16) <= SMEM_BYTES  # one stage would fit in memory
+    assert 2 * default_config(256).block_kv == wide.block_kv == default_config(128).block_kv
+    assert "but so they do at H = 128, so a full budget alone does not set H = 256 apart" in text
+    full = (default_config(256, pipeline=True), 256), (default_config(128, pipeline=True), 128)
+    assert [tile_registers(cfg, H) for cfg, H in full] == [TILE_REGISTERS] * 2
+    assert "gets 232 registers (`set_max_registers` in the kernel), of which the kernel sets 192 aside" in text
+    assert TILE_REGISTERS == 192 and SMEM_BYTES == 227 * 1024
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"no_exp": 1}, ValueError, r"MosaicConfig\.no_exp must be True or False; got 1"),
+        ({"profile_space": 64}, ValueError, r"profile_space and profile_dir go together .*profile_dir=''"),
+        ({"profile_dir": "/tmp/t"}, ValueError, r"go together .*profile_space=0, profile_dir='/tmp/t'"),
+        ({"profile_space": -8, "profile_dir": "/t"}, ValueError, "profile_space must be a positive integer"),
+        ({"profile_space": 64, "profile_dir": 3}, TypeError, r"profile_dir must be a str \(a folder\); got 3"),
+    ],
+)
+def test_the_measuring_switches_refuse_what_they_cannot_mean(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        MosaicConfig(**kwargs)
+
+
+def test_the_profilers_buffer_counts_in_shared_memory():
+    # three warpgroups, two events of two 32-bit words for each region
+    cfg = MosaicConfig(profile_space=128, profile_dir="/t")
+    assert profile_bytes(cfg) == 3 * 128 * 2 * 2 * 4 and profile_bytes(MosaicConfig()) == 0
+    shape = AttentionShape(1, 1024, 1024, 2, 2, 128)
+    assert problem(shape, jnp.bfloat16, cfg) is None  # 160.5 + 6 KiB
+    big = MosaicConfig(stages=3, profile_space=128, profile_dir="/t")  # 224.5 + 6 KiB
+    assert problem(shape, jnp.bfloat16, MosaicConfig(stages=3)) is None
+    assert "profile_space=128 adds 6.0 KiB" in problem(shape, jnp.bfloat16, big)
+
+
+def test_fp8_budget_refuses_profiling_and_takes_no_exp():
+    shape = AttentionShape(1, 1024, 1024, 2, 2, 128)
+    assert fp8_problem(shape, MosaicConfig(no_exp=True)) is None
+    assert "no profiler regions" in fp8_problem(shape, MosaicConfig(profile_space=8, profile_dir="/t"))

@@ -1,0 +1,153 @@
+"""The forward kernel: it lowers for CUDA on a CPU (with and without the profiler's regions, with and without its
+exponentials) and matches float64 on a Hopper GPU."""
+
+import functools
+import inspect
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attention_tutorial.inputs import AttentionShape, make_qkv
+from attention_tutorial.kernels.mosaic import forward
+from attention_tutorial.kernels.mosaic.attention import mosaic_flash_attention, why_not
+from attention_tutorial.kernels.mosaic.budget import MosaicConfig
+from attention_tutorial.kernels.reference import reference_attention
+from attention_tutorial.measure.compiled import kernels_used
+from tests.kernels.mosaic.test_budget import CONFIGS
+from tests.kernels.test_pallas_flash import reference_lse
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("t", "s", "n", "k"), [(1024, 1024, 4, 4), (256, 512, 8, 2)])
+def test_lowers_to_one_mosaic_gpu_kernel(causal, t, s, n, k):
+    """Traces the whole kernel (layouts, barriers, wgmma shapes) and lowers it for CUDA, without a GPU."""
+    q = jax.ShapeDtypeStruct((2, t, n, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((2, s, k, 128), jnp.bfloat16)
+    fn = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal))
+    hlo = fn.trace(q, kv, kv).lower(lowering_platforms=("cuda",)).as_text()
+    assert re.findall(r"custom_call @(mosaic_gpu\w*)", hlo) == ["mosaic_gpu_v2"]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("head_dim", "cfg"), [(64, MosaicConfig()), (128, MosaicConfig()), *CONFIGS])
+def test_configs_lower_to_one_mosaic_gpu_kernel(causal, head_dim, cfg):
+    """Pipeline off/on × causal × H = 64, 128, 256: GQA, T < S."""
+    q = jax.ShapeDtypeStruct((2, 256, 8, head_dim), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((2, 512, 2, head_dim), jnp.bfloat16)
+    fn = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg))
+    hlo = fn.trace(q, kv, kv).lower(lowering_platforms=("cuda",)).as_text()
+    assert re.findall(r"custom_call @(mosaic_gpu\w*)", hlo) == ["mosaic_gpu_v2"]
+
+
+@pytest.mark.parametrize(("head_dim", "cfg"), CONFIGS)
+def test_configs_lower_with_x64_enabled(head_dim, cfg):
+    q = jax.ShapeDtypeStruct((1, 256, 4, head_dim), jnp.bfloat16)
+    with jax.enable_x64(True):
+        fn = jax.jit(functools.partial(mosaic_flash_attention, is_causal=True, config=cfg))
+        hlo = fn.trace(q, q, q).lower(lowering_platforms=("cuda",)).as_text()
+    assert len(re.findall(r"custom_call @mosaic_gpu", hlo)) == 1
+
+
+def check_output(out, q, k, v, causal):
+    out = np.asarray(out, np.float32)
+    assert np.isfinite(out).all()
+    rows = slice(0, 256)  # the float64 reference on the first 256 rows keeps the test quick
+    ref = reference_attention(q[:, rows], k, v, is_causal=causal)
+    np.testing.assert_allclose(out[:, rows], ref, atol=1e-2, rtol=1e-2)
+    if causal:  # and the last rows, where the mask matters least
+        last = slice(q.shape[1] - 128, q.shape[1])
+        ref = reference_attention(q, k, v, is_causal=True)[:, last]
+        np.testing.assert_allclose(out[:, last], ref, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_gpu_kernel_matches_reference(causal, head_dim, dtype):
+    if reason := why_not(AttentionShape(1, 1024, 1024, 8, 8, head_dim), dtype, causal):
+        pytest.skip(reason)
+    for b, t, s, n, k in ((2, 1024, 1024, 8, 8), (1, 512, 1024, 8, 2), (1, 1024, 256, 4, 1)):
+        q, kk, v = make_qkv(b, t, n, head_dim, seq_kv=s, kv_heads=k, dtype=dtype, seed=t + s)
+        fn = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal))
+        check_output(fn(q, kk, v), q, kk, v, causal)
+        assert any(name.startswith("mosaic_gpu") for name in kernels_used(fn, q, kk, v))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_lse_matches_float64(causal):
+    if reason := why_not(AttentionShape(1, 256, 512, 4, 2, 128), jnp.bfloat16, causal):
+        pytest.skip(reason)
+    q, k, v = make_qkv(1, 256, 4, 128, seq_kv=512, kv_heads=2, dtype=jnp.bfloat16, seed=5)
+    out, lse = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, return_lse=True))(q, k, v)
+    np.testing.assert_allclose(np.asarray(lse), reference_lse(q, k, is_causal=causal), atol=1e-2, rtol=1e-3)
+    check_output(out, q, k, v, causal)
+
+
+def test_the_kernel_reads_alone():
+    """The kernel a page prints: one function of at most ~120 lines, no FP8 branch in its module."""
+    lines = inspect.getsource(forward.forward_kernel).splitlines()
+    assert len(lines) <= 125, len(lines)
+    source = inspect.getsource(forward)
+    assert "fp8" not in source.lower() and "p_operand" not in source
+
+
+def _jaxpr(cfg, causal, shape=(1, 512, 2, 128)):
+    q = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+    return jax.make_jaxpr(functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg))(q, q, q)
+
+
+def _scope_names(jaxpr, found=None):
+    """Every named scope the equations of ``jaxpr`` and its sub-jaxprs (the kernel's bodies) were traced under."""
+    from jax.extend.core import jaxprs_in_params
+
+    found = set() if found is None else found
+    for eqn in jaxpr.eqns:
+        found |= {scope.name for scope in eqn.source_info.name_stack.stack}
+        for sub in jaxprs_in_params(eqn.params):
+            _scope_names(sub, found)
+    return found
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_profiler_regions_exist_only_when_profiling_and_add_no_operation(pipeline, causal):
+    plain = MosaicConfig(pipeline=pipeline)
+    profiled = MosaicConfig(pipeline=pipeline, profile_space=64, profile_dir="/tmp/trace")
+    assert _scope_names(_jaxpr(plain, causal).jaxpr) == {"entry"}
+    assert _scope_names(_jaxpr(profiled, causal).jaxpr) == {"entry", "qk", "softmax", "pv", "wait", "copy"}
+    # the same operations either way: the two programs differ only in the compiler parameters that switch it on
+    a, b = str(_jaxpr(plain, causal)).splitlines(), str(_jaxpr(profiled, causal)).splitlines()
+    differ = [(x, y) for x, y in zip(a, b) if x != y]
+    assert len(a) == len(b) and len(differ) == 1 and "profile_space=64" in differ[0][1]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_no_exp_drops_every_exponential_of_the_forward_and_nothing_else(pipeline, causal):
+    def counts(cfg):
+        text = str(_jaxpr(cfg, causal))
+        ops = re.findall(r"^\s*(?:[\w:\[\],{}<> ]+ = )?(\w+)[\[ ]", text, re.M)  # each equation's primitive
+        return {op: ops.count(op) for op in ("exp2", "log", "reduce_max", "reduce_sum", "wgmma_ref", "barrier_wait")}
+
+    as_is, no_exp = counts(MosaicConfig(pipeline=pipeline)), counts(MosaicConfig(pipeline=pipeline, no_exp=True))
+    assert as_is["exp2"] >= 2 and no_exp["exp2"] == 0  # alpha and p, in each loop
+    assert {k: v for k, v in as_is.items() if k != "exp2"} == {k: v for k, v in no_exp.items() if k != "exp2"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_gpu_profiled_forward_writes_a_trace_and_the_same_numbers(pipeline, tmp_path):
+    if reason := why_not(AttentionShape(1, 1024, 1024, 2, 2, 128), jnp.bfloat16, False):
+        pytest.skip(reason)
+    q, k, v = make_qkv(1, 1024, 2, 128, dtype=jnp.bfloat16, seed=4)
+    cfg = MosaicConfig(pipeline=pipeline, profile_space=64, profile_dir=str(tmp_path))
+    out = jax.block_until_ready(jax.jit(functools.partial(mosaic_flash_attention, config=cfg))(q, k, v))
+    jax.effects_barrier()  # the trace is written by a host callback
+    plain = jax.jit(functools.partial(mosaic_flash_attention, config=MosaicConfig(pipeline=pipeline)))(q, k, v)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(plain, np.float32))
+    assert len(list(tmp_path.glob("*.json"))) == 1
