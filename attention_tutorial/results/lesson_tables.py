@@ -8,9 +8,8 @@ import math
 import statistics
 
 from ..measure.lessons import INPUT_KINDS
-from ..registry import IMPLEMENTATIONS
 from . import store
-from .claims import TOLERANCES, Claim, agreement, compare, fmt_range, relative, same_point, spread_ms
+from .claims import TOLERANCES, Claim, agreement, compare, fmt_range, relative, same_point
 
 LESSONS = ("precision", "cudnn_refusals", "gqa", "inputs")
 
@@ -56,21 +55,6 @@ def refusals_consistent(rows) -> bool:
     return all((r["why_not"] is None) == (r["forced"] == "runs") for r in rows)
 
 
-def gqa_table(rows) -> list[dict]:
-    """Display rows of :func:`~attention_tutorial.measure.lessons.gqa_rows` with the verdict against the tolerance of the precision computed in."""
-    out = []
-    for r in rows:
-        row = {"implementation": IMPLEMENTATIONS[r["impl"]].label, "status": r["status"]}
-        if r["status"] == "ok":
-            tol = TOLERANCES[r["computed_in"]]
-            row["max |GQA − MHA|"] = f"{r['max_abs_diff']:.1e}"
-            row["verdict"] = f"{agreement(r['max_abs_diff'], r['computed_in']).word} (tolerance {tol:.0e})"
-        else:
-            row["max |GQA − MHA|"], row["verdict"] = "—", r["reason"]
-        out.append(row)
-    return out
-
-
 def input_table(rows) -> list[dict]:
     """Display rows of :func:`~attention_tutorial.measure.lessons.input_rows`: TFLOP/s and time with spread per input kind."""
     return [{"inputs": r["inputs"], "matmul": f"{r['n']}×{r['n']} @ {r['n']}×{r['n']}, bf16", "TFLOP/s": f"{r['tflops']:.3g}",
@@ -89,125 +73,6 @@ def inputs_words(rows) -> str:
     return "; ".join(
         f"{kind} ran {relative(c, 'random data')} ({c.value:.2f}×)" for kind, c in inputs_vs_random(rows).items()
     )
-
-
-# The decode floor of the heads page: a live run and other implementations against recorded points, in words.
-
-
-def matched(live, recorded) -> list[tuple[dict, list[dict]]]:
-    """(recorded ok record, the live ok records of the same implementation at its exact point) for every recorded
-    point that ``live`` also measured, in the order of ``recorded``."""
-    pairs = [(r, same_point(live, r, impl=r["impl"])) for r in recorded if r.get("status") == "ok"]
-    return [(r, lv) for r, lv in pairs if lv]
-
-
-def _spread(records) -> str:
-    mid, lo, hi = spread_ms(records)
-    return f"{mid:.3f} ms ({fmt_range(lo, hi, '.3f')})"
-
-
-def _outside(c) -> str:
-    return "the spreads overlap" if c.word == "on par" else "outside both spreads"
-
-
-def floor_live_words(live, floor, what: str = "cuDNN K = 1") -> str:
-    """A sentence (with a leading space) comparing each recorded floor point with this build's live records at the
-    same point (every point field equal), or "" when the live run measured none of them."""
-    pairs = matched(live, floor)
-    if not pairs:
-        return ""
-    parts, words = [], set()
-    for rec, lv in pairs:
-        c = compare(lv, [rec])  # "faster": the live call is shorter than the recorded one
-        words.add(c.word)
-        parts.append(f"at S = {rec['seq_kv']} in {_spread(lv)} against the recorded {_spread([rec])}: "
-                     f"{relative(c, 'the recording')}, {_outside(c)}")  # fmt: skip
-    at = f" at S = {pairs[0][0]['seq_kv']}" if len(pairs) == 1 else ""  # one point: say where, claim no more
-    verdict = {"faster": f"in this run the floor sits lower{at}, so its height moved between the runs",
-               "slower": f"in this run the floor sits higher{at}, so its height moved between the runs",
-               "on par": "this run shows the same floor there"}  # fmt: skip
-    end = verdict[words.pop()] if len(words) == 1 else "the floor did not move the same way at every S"
-    noun = "call" if len(pairs) == 1 else "calls"
-    return f" This build's live run measured the same {what} {noun} {'; '.join(parts)}. {end[0].upper()}{end[1:]}."
-
-
-def versus_floor(records, floor, impl: str) -> list[tuple[dict, Claim]]:
-    """(floor record, how ``impl`` compares with it at the same point) for each floor point ``impl`` was measured
-    at in ``records`` (value: the floor's time / ``impl``'s, above 1 ``impl`` is faster)."""
-    out = []
-    for rec in floor:
-        other = same_point(records, rec, impl=impl)
-        if other:
-            out.append((rec, compare(other, [rec])))
-    return out
-
-
-def floor_cause_words(records, floor, impl: str, label: str, shortest=None, floor_label: str = "cuDNN") -> str:
-    """What the records say about a time floor of ``floor_label``'s calls: ``impl`` (named ``label``) at the same
-    points, in words from the spreads; only when it is faster (outside the spreads) somewhere, the conclusion that
-    the floor is ``floor_label``'s own and no cost every call of the problem pays; with ``shortest`` (the shortest
-    ``floor_label`` call recorded, any grid) the note that a call of it can be shorter. "" without ``impl`` points."""
-    cmp = versus_floor(records, floor, impl)
-    if not cmp:
-        return ""
-    groups: dict[str, list] = {}
-    for rec, c in cmp:
-        groups.setdefault(c.word, []).append((rec, c))
-    parts = []
-    for word, items in groups.items():
-        at = " and ".join(f"{rec['median_ms'] / c.value:.3f} ms at S = {rec['seq_kv']}" for rec, c in items)
-        lo, hi = min(c.value for _, c in items), max(c.value for _, c in items)
-        ratio = fmt_range(lo, hi, ".1f", "×") if word == "faster" else fmt_range(1 / hi, 1 / lo, ".1f", "×")
-        how = (f"{word} than {floor_label}'s call ({ratio}, outside the timing spreads)" if word != "on par"
-               else f"on par with {floor_label}'s call (the timing spreads overlap)")  # fmt: skip
-        parts.append(f"{at}: {how}")
-    text = f"At the same points {label} takes " + "; ".join(parts) + "."
-    if "faster" not in groups:
-        return text + f" So the records do not tell whether the floor is {floor_label}'s own."
-    text += (f" So the floor is not a cost that every call of this problem pays on this GPU and host (its dispatch "
-             f"or launch): it comes from {floor_label}'s path itself.")  # fmt: skip
-    if shortest is not None and compare([shortest], floor).word == "faster":
-        text += (f" Nor is it a fixed cost of every {floor_label} call: the shortest {floor_label} call recorded on "
-                 f"the same GPU (any grid) took {shortest['median_ms']:.3f} ms. What is left is what {floor_label} "
-                 "runs for this shape")  # fmt: skip
-    else:
-        text += f" What is left is what {floor_label} runs for this problem"
-    return text + "; whether its kernel or other work in its call takes the time, the records do not say."
-
-
-def live_ratio_words(live, recorded, kv_heads: int = 1, what: str = "cuDNN", skip=()) -> str:
-    """A sentence (with a leading space): this build's live time / the recorded one at each recorded point of
-    ``kv_heads`` kv heads the live run measured, whether the spreads overlap (if not, the bandwidth moved between
-    the runs), and the same ratio for the other kv-head counts for contrast; "" when no point matches. Points whose
-    (kv_heads, seq_kv) is in ``skip`` are left to another sentence."""
-    pairs = [(r, lv) for r, lv in matched(live, recorded) if (r["kv_heads"], r["seq_kv"]) not in set(skip)]
-    main = sorted(((r, lv) for r, lv in pairs if r["kv_heads"] == kv_heads), key=lambda p: p[0]["seq_kv"])
-    if not main:
-        return ""
-
-    def ratio(r, lv):
-        return spread_ms(lv)[0] / r["median_ms"]
-
-    moved = [r["seq_kv"] for r, lv in main if compare(lv, [r]).word != "on par"]
-    parts = [f"{ratio(r, lv):.2f}× at S = {r['seq_kv']} ({_outside(compare(lv, [r]))})" for r, lv in main]
-    parts[0] = parts[0].replace("×", "× the recorded time", 1)
-    noun = "call" if len(main) == 1 else "calls"
-    text = f" In this build's live run {what}'s K = {kv_heads} {noun} took " + " and ".join(parts)
-    if moved:
-        last = max(((r, lv) for r, lv in main if r["seq_kv"] in moved), key=lambda p: p[0]["seq_kv"])
-        text += (f", so K = {kv_heads}'s bandwidth moved between the runs (×{1 / ratio(*last):.2f} the recorded at "
-                 f"S = {last[0]['seq_kv']}); the K = {kv_heads} figures above are the recording's")  # fmt: skip
-    else:
-        text += f": this run reproduces the recorded K = {kv_heads} bandwidth"
-    rest = [(r, lv) for r, lv in pairs if r["kv_heads"] != kv_heads]
-    if rest:
-        ks = " and ".join(str(k) for k in sorted({r["kv_heads"] for r, _ in rest}))
-        lo, hi = min(ratio(r, lv) for r, lv in rest), max(ratio(r, lv) for r, lv in rest)
-        off = [f"K = {r['kv_heads']}, S = {r['seq_kv']}" for r, lv in rest if compare(lv, [r]).word != "on par"]
-        where = (("all outside both spreads" if len(rest) > 2 else "both outside both spreads") if len(off) == len(rest) > 1
-                 else f"outside both spreads at {'; '.join(off)}" if off else "the spreads overlap at every point")  # fmt: skip
-        text += f". The K = {ks} calls took {fmt_range(lo, hi, '.2f', '×')} the recorded time ({where})"
-    return text + "."
 
 
 def _unique(records) -> list[dict]:

@@ -43,16 +43,6 @@ def test_refusal_table_and_consistency():
     assert not lt.refusals_consistent([{**rows[1], "forced": "runs"}])  # we refuse, JAX runs it
 
 
-def test_gqa_table_uses_the_tolerance_of_what_was_computed_in():
-    rows = [{"impl": "xla", "status": "ok", "computed_in": "bfloat16", "max_abs_diff": 4.9e-4, "reason": None},
-            {"impl": "naive", "status": "ok", "computed_in": "float32", "max_abs_diff": 4.9e-4, "reason": None},
-            {"impl": "te", "status": "unsupported", "computed_in": "bfloat16", "max_abs_diff": None, "reason": "no TE"}]  # fmt: skip
-    table = lt.gqa_table(rows)
-    assert table[0]["implementation"] == "XLA" and table[0]["verdict"].startswith("agree to within bfloat16")
-    assert table[1]["verdict"].startswith("differ by more than float32")
-    assert table[2]["max |GQA − MHA|"] == "—" and table[2]["verdict"] == "no TE"
-
-
 def test_inputs_words_compare_each_constant_kind_with_random_data():
     rows = [timed(0.8, 0.78, 0.82, inputs="zeros", n=8192, tflops=1.0),
             timed(0.99, 0.95, 1.05, inputs="ones", n=8192, tflops=1.0),
@@ -81,76 +71,6 @@ def test_recorded_lesson_reads_the_provenance_and_says_none_when_absent(tmp_path
     rows, where = lt.recorded_lesson("gqa", tmp_path)
     assert rows == [{"impl": "xla", "status": "ok"}] and "NVIDIA H200" in where and "2026-12-03" in where
     assert lt.recorded_lesson("precision", tmp_path) == (None, None)
-
-
-def dec(impl, K, S, ms, lo, hi, **kw):
-    """A decode record (T = 1) at the recorded grid's point fields."""
-    point = {"impl": impl, "batch": 16, "seq_q": 1, "seq_kv": S, "heads": 32, "kv_heads": K, "head_dim": 128,
-             "dtype": "bfloat16", "causal": False, "pass": "fwd", "mask": "none", "status": "ok"}  # fmt: skip
-    return {**point, **timed(ms, lo, hi), **kw}
-
-
-FLOOR = [dec("cudnn", 1, 2048, 0.100, 0.099, 0.101), dec("cudnn", 1, 8192, 0.110, 0.106, 0.114)]
-
-
-def test_decode_floor_words_compare_the_same_point_and_choose_words_from_the_spreads():
-    # matched: every point field and the implementation must agree; failed live records never match
-    live = [dec("cudnn", 1, 8192, 0.104, 0.103, 0.105), dec("cudnn", 1, 8192, 0.05, 0.05, 0.05, batch=4),
-            dec("xla", 1, 8192, 0.05, 0.05, 0.05), dec("cudnn", 1, 2048, 0.05, 0.05, 0.05, status="oom")]  # fmt: skip
-    assert [(r["seq_kv"], lv) for r, lv in lt.matched(live, FLOOR)] == [(8192, live[:1])]
-    # the live S = 8192 call is judged against the recorded S = 8192 (faster), not the recorded minimum (S = 2048)
-    one = lt.floor_live_words(live, FLOOR)
-    assert one.startswith(" This build's live run measured the same cuDNN K = 1 call at S = 8192 in 0.104 ms")
-    assert "against the recorded 0.110 ms (0.106–0.114): faster than the recording, outside both spreads" in one
-    assert one.endswith("In this run the floor sits lower at S = 8192, so its height moved between the runs.")
-    assert lt.floor_live_words([dec("cudnn", 1, 32768, 0.05, 0.05, 0.05)], FLOOR) == ""  # no recorded floor point
-    par = lt.floor_live_words([dec("cudnn", 1, 2048, 0.1005, 0.0995, 0.102)], FLOOR)
-    assert "on par with the recording, the spreads overlap" in par and par.endswith("same floor there.")
-    mixed = lt.floor_live_words([live[0], dec("cudnn", 1, 2048, 0.1005, 0.0995, 0.102)], FLOOR)
-    assert "same cuDNN K = 1 calls at S = 2048" in mixed and "; at S = 8192" in mixed
-    assert mixed.endswith("The floor did not move the same way at every S.")
-    # XLA's path at the floor points: a conclusion about the floor only where XLA is faster outside the spreads
-    recs = [*FLOOR, dec("xla", 1, 2048, 0.040, 0.039, 0.041), dec("xla", 1, 8192, 0.044, 0.043, 0.045),
-                    dec("xla", 1, 32768, 0.5, 0.5, 0.5)]  # fmt: skip
-    shortest = dec("cudnn", 8, 128, 0.052, 0.050, 0.058, batch=4)
-    cause = lt.floor_cause_words(recs, FLOOR, "xla", "XLA's path", shortest)
-    assert cause.startswith("At the same points XLA's path takes 0.040 ms at S = 2048 and 0.044 ms at S = 8192: "
-                            "faster than cuDNN's call (2.5×, outside the timing spreads).")  # fmt: skip
-    assert "it comes from cuDNN's path itself" in cause and "the shortest cuDNN call recorded" in cause
-    assert "0.052 ms" in cause and cause.endswith("the records do not say.")
-    long_short = {**shortest, "median_ms": 0.1, "p10_ms": 0.099, "p90_ms": 0.2}  # overlaps the floor: no such note
-    assert "shortest" not in lt.floor_cause_words(recs, FLOOR, "xla", "XLA's path", long_short)
-    par_x = [*FLOOR, dec("xla", 1, 2048, 0.1, 0.098, 0.102), dec("xla", 1, 8192, 0.2, 0.19, 0.21)]
-    said = lt.floor_cause_words(par_x, FLOOR, "xla", "XLA's path", shortest)
-    assert "0.100 ms at S = 2048: on par with cuDNN's call" in said and "0.200 ms at S = 8192: slower" in said
-    assert "(1.8×, outside" in said and "comes from" not in said and said.endswith("whether the floor is cuDNN's own.")
-    assert lt.floor_cause_words(FLOOR, FLOOR, "xla", "XLA's path") == ""
-
-
-def test_live_ratio_words_say_the_k1_bandwidth_moved_only_outside_the_spreads():
-    rec = [dec("cudnn", 1, 8192, 0.110, 0.106, 0.114), dec("cudnn", 1, 131072, 0.3847, 0.3841, 0.3850),
-           dec("cudnn", 32, 131072, 7.917, 7.846, 7.951), dec("cudnn", 32, 2048, 0.132, 0.131, 0.133)]  # fmt: skip
-    live = [dec("cudnn", 1, 131072, 0.3326, 0.3320, 0.3330), dec("cudnn", 1, 8192, 0.111, 0.108, 0.113),
-            dec("cudnn", 32, 131072, 7.95, 7.90, 8.0)]  # fmt: skip
-    said = lt.live_ratio_words(live, rec)
-    assert said.startswith(" In this build's live run cuDNN's K = 1 calls took 1.01× the recorded time at S = 8192 "
-                           "(the spreads overlap) and 0.86× at S = 131072 (outside both spreads)")  # fmt: skip
-    assert "so K = 1's bandwidth moved between the runs (×1.16 the recorded at S = 131072)" in said
-    assert said.endswith("The K = 32 calls took 1.00× the recorded time (the spreads overlap at every point).")
-    held = lt.live_ratio_words(live[1:], rec)
-    assert "K = 1 call took 1.01× the recorded time at S = 8192 (the spreads overlap): this run reproduces" in held
-    assert "moved" not in held
-    off = lt.live_ratio_words([live[0], dec("cudnn", 32, 131072, 7.0, 6.9, 7.1)], rec)
-    assert off.endswith("took 0.88× the recorded time (outside both spreads at K = 32, S = 131072).")
-    assert lt.live_ratio_words([dec("cudnn", 1, 4096, 0.1, 0.1, 0.1)], rec) == ""  # no recorded point matches
-    assert lt.live_ratio_words([], rec) == ""
-    # a point another sentence reports (the floor's) is left out; every contrast point off: said once, not listed
-    rec3 = [*rec, dec("cudnn", 32, 8192, 0.2, 0.19, 0.21)]
-    live3 = [*live, dec("cudnn", 32, 2048, 0.12, 0.119, 0.121), dec("cudnn", 32, 8192, 0.17, 0.16, 0.18)]
-    skipped = lt.live_ratio_words([live3[0], *live3[2:]], rec3, skip={(1, 8192)})
-    assert "S = 8192 (" not in skipped.split(". The K = 32")[0] and "K = 1 call took 0.86×" in skipped
-    live3[2] = dec("cudnn", 32, 131072, 7.0, 6.9, 7.1)
-    assert lt.live_ratio_words(live3, rec3).endswith("the recorded time (all outside both spreads).")
 
 
 def test_race_rows_judge_each_kernel_against_every_cudnn_recording_of_the_point():
