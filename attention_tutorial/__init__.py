@@ -4,17 +4,21 @@ Shape legend used throughout: B batch, T query length, S key/value length, N que
 H head dimension; q (B, T, N, H), k and v (B, S, K, H).
 """
 
-from .env import environment
-from .inputs import AttentionShape, attention_shape, make_qkv
-from .kernels.blockwise import blockwise_attention
-from .kernels.fused import cudnn_why_not, dot_product_attention
-from .kernels.reference import naive_attention, reference_attention
-from .measure.ceilings import measure_ceilings
-from .measure.compiled import CompileStats, compile_stats, describe_kernels, kernels_used
-from .measure.flops import attention_bytes, attention_flops, kv_cache_bytes
-from .measure.sweep import Point, grid, run_point, run_sweep
-from .measure.timing import Timing, summarize, time_fn
-from .registry import IMPLEMENTATIONS, why_not
+from .cli import interrupts_held_while_importing
+
+# Ctrl-C while JAX's compiled extensions load would crash at exit or fail the import: it is held until they are loaded
+with interrupts_held_while_importing():
+    from .env import environment
+    from .inputs import AttentionShape, attention_shape, make_qkv
+    from .kernels.blockwise import blockwise_attention
+    from .kernels.fused import cudnn_why_not, dot_product_attention
+    from .kernels.reference import naive_attention, reference_attention
+    from .measure.ceilings import measure_ceilings
+    from .measure.compiled import CompileStats, compile_stats, describe_kernels, kernels_used
+    from .measure.flops import attention_bytes, attention_flops, kv_cache_bytes
+    from .measure.sweep import Point, grid, run_point, run_sweep
+    from .measure.timing import Timing, summarize, time_fn
+    from .registry import IMPLEMENTATIONS, why_not
 
 __version__ = "0.1.0"
 

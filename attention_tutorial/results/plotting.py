@@ -76,7 +76,11 @@ def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title
     :data:`OVERLAP`, meant for speed and memory plots) are drawn once under both names; ``overlap=0`` merges only
     identical series (loss curves, whose small differences are the point). Returns the figure.
     """
+    _check_fields(by, "by")
     ok = [r for r in records if r.get("status") == "ok" and r.get(y) is not None]
+    if any(x not in r for r in ok):
+        fields = sorted(next(r for r in ok if x not in r))
+        raise ValueError(f"x={x!r}: a record to plot has no such field; pick one it has, e.g. one of {fields[:14]}")
     series: dict[tuple, list] = {}
     for r in ok:
         series.setdefault(tuple(r.get(b) for b in by), []).append(r)
@@ -134,6 +138,87 @@ def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title
         fig.suptitle(title, fontsize=11) if split else axes[0].set_title(title, fontsize=11)
     _legend(fig, axes, split)
     return fig
+
+
+# The fields that set a point's shape, in the order the shape legend names them.
+SHAPE_FIELDS = ("batch", "seq_q", "seq_kv", "heads", "kv_heads", "head_dim", "dtype", "mask", "pass", "causal")
+
+
+def _values(records, field) -> list:
+    return list(dict.fromkeys(r.get(field) for r in records if field in r))
+
+
+def _tokens(records, x) -> int | None:
+    """B·T when batch changes with ``x`` = seq_q and their product stays one number, else None."""
+    if x != "seq_q" or len(_values(records, "batch")) < 2:
+        return None
+    products = {r["batch"] * r["seq_q"] for r in records if "batch" in r and "seq_q" in r}
+    return products.pop() if len(products) == 1 else None
+
+
+def series_fields(records, *, x="seq_q", by=("impl",)) -> tuple[str, ...]:
+    """``by`` plus every shape field that varies among ``records`` (other than ``x``, and batch where B·T is fixed):
+    so that a line never joins points of different shapes."""
+    _check_fields(by, "by")
+    tied = {"batch"} if _tokens(records, x) else set()
+    varies = [f for f in SHAPE_FIELDS if f not in (x, *by, *tied) and len(_values(records, f)) > 1]
+    if "seq_kv" in varies and all(r.get("seq_kv") == r.get("seq_q") for r in records):
+        varies.remove("seq_kv")  # S = T: it varies with T, said in the shape words
+    return (*by, *varies)
+
+
+def _span(values) -> str:
+    nums = sorted(v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool))
+    if len(nums) == len(values) and len(nums) > 1:
+        return f"{nums[0]:g}–{nums[-1]:g}"
+    return "/".join(_fmt_value(v) for v in values)
+
+
+def _fmt_value(v) -> str:
+    return f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+
+
+def shape_words(records, *, x="seq_q", by=("impl",)) -> str:
+    """What ``records`` hold (their ok points), in the shape legend: 'B = 4, S = T, N = 8, K = 8, H = 64, bfloat16,
+    forward'. A field that varies but is neither ``x`` nor in ``by`` gives its range; a batch that falls as T grows
+    with B·T fixed says so ('B·T = 8192 fixed (B 8–1)')."""
+    recs = [r for r in records if r.get("status", "ok") == "ok"] or list(records)
+    words = []
+    tokens = _tokens(recs, x)
+    for field in SHAPE_FIELDS:
+        values = _values(recs, field)
+        if field in (x, *by) or not values:
+            continue
+        if field == "batch" and tokens:
+            batches = [r["batch"] for r in sorted(recs, key=lambda r: r["seq_q"])]
+            words.append(f"B·T = {tokens} fixed (B {batches[0]}–{batches[-1]} as T grows)")
+        elif field == "seq_kv" and all(r.get("seq_kv") == r.get("seq_q") for r in recs):
+            words.append("S = T")
+        elif field in ("dtype", "mask", "pass", "causal") and len(values) == 1:
+            words.append(_fmt_key(field, values[0]) if field in ("pass", "causal") else f"{field} {values[0]}")
+        else:
+            words.append(f"{COLUMNS.get(field, (field,))[0]} = {_span(values)}")
+    return ", ".join(words)
+
+
+def differences(mine, theirs, *, fields=("dtype", "seq_q", "seq_kv", "batch", "heads", "kv_heads", "head_dim",
+                                         "mask", "pass")) -> list[str]:  # fmt: skip
+    """How two sets of records differ in what they measured: ['dtype float32 vs bfloat16', 'T 256–2048 vs
+    1024–32768', ...] (empty when like is set against like); ok points only."""
+    a = [r for r in mine if r.get("status", "ok") == "ok"]
+    b = [r for r in theirs if r.get("status", "ok") == "ok"]
+    out = []
+    for field in fields:
+        va, vb = _values(a, field), _values(b, field)
+        if va and vb and sorted(map(str, va)) != sorted(map(str, vb)):
+            name = field if field in ("dtype", "mask", "pass") else COLUMNS.get(field, (field,))[0]
+            out.append(f"{name} {_span(va)} vs {_span(vb)}")
+    return out
+
+
+def _check_fields(fields, name):
+    if isinstance(fields, str) or not all(isinstance(f, str) for f in fields):
+        raise TypeError(f"{name} must be a tuple of record field names, e.g. ('impl', 'causal'); got {fields!r}")
 
 
 OVERLAP = 0.005  # series within this relative difference at every x overlap on a plot: drawn once, both named
@@ -253,6 +338,7 @@ def cell(text) -> str:
 def markdown_table(records, columns) -> str:
     """A Markdown table of ``records`` with the given fields; a point that did not run says its status once (in the
     status column, else in its first missing value) and "–" in the other value columns."""
+    _check_fields(columns, "columns")
     head = [cell(COLUMNS.get(c, (c, str))[0]) for c in columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(columns)]
     values = ("median_ms", "tflops", "gbps", "pct_peak", "pct_datasheet")

@@ -44,7 +44,7 @@ PROVENANCE_FIELDS = {
 GPU_ONLY = ("gpu", "driver", "cudnn")  # null on a CPU
 CEILINGS = ("matmul_bf16_tflops", "copy_gbps")  # present in every file; null when the run did not measure them
 # Provenance entries a later run adds to instead of replacing: per-grid details, kernel instruction counts, history.
-MERGED_PROVENANCE = ("grids", "kernel_code", "lessons")
+MERGED_PROVENANCE = ("grids", "kernel_code", "lessons", "timeline")
 # What a record is labelled with (the top-level provenance, or its grid's entry where that names them): a merge
 # that would change any of these for an old record is refused.
 LABEL_FIELDS = ("backend", "gpu", "cpu", "driver", "jax", "jaxlib", "cudnn", "transformer_engine", "python")
@@ -195,10 +195,10 @@ def _label(prov: dict, grid) -> dict:
     return {f: _value(p, f) for f in LABEL_FIELDS}
 
 
-def _device(prov: dict) -> tuple:
-    """The device results were measured on: (backend, GPU name), or (backend, processor) off a GPU."""
+def _device(prov: dict) -> str:
+    """The device results were measured on: the GPU's name, or the backend and processor off a GPU."""
     backend = _value(prov, "backend")
-    return backend, prov.get("gpu") if backend == "gpu" else prov.get("cpu")
+    return str(prov.get("gpu")) if backend == "gpu" else f"{str(backend).upper()} ({prov.get('cpu')})"
 
 
 def _merge(old: dict, provenance: dict, records: list[dict], replace_grids: bool, path) -> tuple[dict, list[dict]]:
@@ -207,8 +207,8 @@ def _merge(old: dict, provenance: dict, records: list[dict], replace_grids: bool
     before = old["provenance"]
     if _device(before) != _device(provenance):
         raise ResultFileError(
-            f"refusing to merge into {path}: it holds results of {'/'.join(map(str, _device(before)))}, this run "
-            f"is {'/'.join(map(str, _device(provenance)))}; write another file (results of one device per file)."
+            f"refusing to merge into {path}: it holds results of {_device(before)}, this run is on "
+            f"{_device(provenance)}; write another file (results of one device per file)."
         )
     if replace_grids:
         new_grids = {r.get("grid") for r in records}
@@ -251,11 +251,13 @@ def check_target(path) -> list[str]:
     not ending in .json, a folder, device or pipe, a folder that is not writable, a read-only file. Messages
     start with what is wrong (the caller names the argument)."""
     try:
+        _check_path(path)
+        real = Path(os.path.realpath(path)) if os.fspath(path).strip() else None
+        if real is not None and real.exists() and not real.is_file():
+            return [f"{real} is {_kind(real.stat().st_mode)}, not a regular file; name a .json file"]
         target = _target(path)
     except (TypeError, ValueError) as err:
         return [str(err)]
-    if target.exists() and not target.is_file():
-        return [f"{target} is {_kind(target.stat().st_mode)}, not a regular file; name a .json file"]
     folder = target.parent
     if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
         return [f"the folder {folder} is not writable; choose a path in a folder you can write"]
