@@ -208,6 +208,15 @@ def io_points(records, provenance: dict, *, naive: str = "naive", fused: str = "
     return points
 
 
+def io_rows(points) -> list[dict]:
+    """The IO points as table rows (for a folded table): GB each version moves, the time its bound gives, the time
+    measured."""
+    return [{"T": p.seq_q, "B": p.batch, "naive: GB moved": f"{p.naive_bytes / 1e9:.1f}",
+             "fused: GB moved": f"{p.fused_bytes / 1e9:.2f}", "naive: its bytes' time (ms)": f"{p.naive_floor_ms:.2f}",
+             "naive: measured (ms)": f"{p.naive_ms:.2f}", "cuDNN: its FLOPs' time (ms)": f"{p.matmul_ms:.2f}",
+             "cuDNN: measured (ms)": f"{p.fused_ms:.2f}"} for p in points]  # fmt: skip
+
+
 def io_figure(points, *, naive: str = "naive", fused: str = "cudnn"):
     """Measured time against T for the naive version and the fused kernel, each beside the bound the IO argument
     gives it: the naive version's bytes at the copy bandwidth, the fused kernel's matmuls at the matmul peak (and

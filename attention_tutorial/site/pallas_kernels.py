@@ -173,11 +173,12 @@ def pingpong_schedule(steps: int = 3, matmul: float = 2.0, softmax: float = 2.0)
     """The ping-pong as FlashAttention-3 draws it: {row: [(start, length, kind, text)]} for two compute warpgroups
     that take turns on the tensor cores ("matmul": p·v of one block and q·kᵀ of the next, back to back), each
     running its softmax ("softmax") while the other's matmuls run, and the copy warpgroup ("copy") landing each
-    block's k and v tiles before the first warpgroup needs them. Warpgroup 1 starts one matmul later. A schematic:
-    lengths in arbitrary units, not measured."""
+    block's k and v tiles before the first warpgroup needs them. Warpgroup 1 starts one matmul later; a warpgroup
+    whose softmax is shorter than the other's matmuls waits for its turn. A schematic: lengths in arbitrary units,
+    not measured."""
     if steps < 1 or matmul <= 0 or softmax <= 0:
         raise ValueError(f"pingpong_schedule needs steps >= 1 and positive lengths; got {steps}, {matmul}, {softmax}")
-    period, copy = matmul + softmax, 0.8 * matmul
+    period, copy = max(matmul + softmax, 2 * matmul), 0.8 * matmul  # a warpgroup waits for its turn
     rows = {"warpgroup 0": [], "warpgroup 1": [], "copy warpgroup": []}
     for wg in (0, 1):
         for j in range(steps):

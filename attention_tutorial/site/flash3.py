@@ -1,0 +1,274 @@
+"""What "Toward FlashAttention-3: pipelining, H = 256 and FP8" needs: the goals and how far each kernel gets, the
+pipelined loop against the plain one, FP8's speed and error, what the exponentials cost (the arithmetic, and the
+kernels timed without them), the tuning tables the page cites, and the picture of the pipelined loop.
+
+Speeds are a baseline's time over the kernel's, per T, from :func:`attention_tutorial.site.pallas_kernels.race`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from pathlib import Path
+
+from ..measure.flops import DATASHEET
+from ..results import store
+from ..results.claims import same_point
+from .pallas_kernels import Speed, race, unique
+
+# --- the goals --------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Goal:
+    """A speed goal: each of ``impls`` against ``baseline`` (same points, T >= ``min_seq``, records matching
+    ``where``) at ``target`` or above (the baseline's time over ours), and, where both carry one, no larger error."""
+
+    what: str
+    impls: tuple[str, ...]
+    baseline: str
+    target: float
+    min_seq: int = 0
+    where: tuple[tuple[str, object], ...] = ()
+
+
+GOALS = (  # set by FlashAttention-3's report of its kernels ahead of cuDNN's on the H100 at long sequences
+    Goal("bf16, H = 128, T ≥ 8192", ("mosaic", "mosaic_pipe"), "cudnn", 1.05, 8192,
+         (("grid", "beyond"), ("head_dim", 128))),
+    Goal("bf16, H = 256, T ≥ 8192", ("mosaic", "mosaic_pipe"), "cudnn", 1.00, 8192,
+         (("grid", "beyond"), ("head_dim", 256))),
+    Goal("FP8, H = 128", ("mosaic_fp8_regs", "mosaic_fp8"), "cudnn_fp8_s448", 0.90, 0, (("grid", "fp8"),)),
+)  # fmt: skip
+#: The verdicts of :class:`GoalResult`, best first: every T at or above the target in every run; the medians at or
+#: above it but some run's range below; some T without the baseline; some T below the target, failed or less exact.
+MET = ("yes", "not in every run", "not judged", "no")
+
+
+@dataclasses.dataclass(frozen=True)
+class GoalResult:
+    """How far ``impl`` gets toward ``goal`` with one mask: its :class:`Speed` against the goal's baseline (None
+    where no T has both), the T at which it failed, had no baseline beside it, or had the larger error, and the
+    error pairs (T, ours, the baseline's or None) against float32 where recorded."""
+
+    goal: Goal
+    impl: str
+    causal: bool
+    speed: Speed | None
+    failed: tuple[int, ...] = ()
+    unjudged: tuple[int, ...] = ()
+    errors: tuple[tuple[int, float, float | None], ...] = ()
+
+    @property
+    def below(self) -> list[int]:
+        return [t for t, c in (self.speed.by_t if self.speed else ()) if c.value < self.goal.target]
+
+    @property
+    def shaky(self) -> list[int]:
+        """The T whose median reaches the target but whose range over runs reaches below it."""
+        return [t for t, c in (self.speed.by_t if self.speed else ()) if c.value >= self.goal.target > c.low]
+
+    @property
+    def worse_error(self) -> list[int]:
+        return sorted(t for t, ours, theirs in self.errors if theirs is not None and ours > theirs)
+
+    @property
+    def met(self) -> str:
+        if self.below or self.failed or self.worse_error:
+            return "no"
+        if self.unjudged or self.speed is None:
+            return "not judged"
+        return "not in every run" if self.shaky else "yes"
+
+
+def goal_results(records, everything=(), goals=GOALS) -> list[GoalResult]:
+    """One :class:`GoalResult` per goal × implementation × mask that has a record (T >= the goal's ``min_seq``);
+    the baseline's spread pools every recording of a point in ``everything`` and ``records``."""
+    pool = unique([*everything, *records])
+    out = []
+    for goal in goals:
+        mine_all = [r for r in records if all(r.get(f) == v for f, v in goal.where)]
+        for impl in goal.impls:
+            for causal in (False, True):
+                mine = [r for r in mine_all if r.get("impl") == impl and bool(r.get("causal")) == causal
+                        and r["seq_q"] >= goal.min_seq]  # fmt: skip
+                if not mine:
+                    continue
+                speeds = [s for s in race(mine, pool, (impl,), baseline=goal.baseline, min_seq=goal.min_seq)
+                          if s.causal == causal]  # fmt: skip
+                if len(speeds) > 1:
+                    raise ValueError(f"goal {goal.what!r}: {impl}'s records span several H or dtypes; narrow the "
+                                     f"goal's where= (now {goal.where}).")  # fmt: skip
+                ok_t = {r["seq_q"] for r in mine if r["status"] == "ok"}
+                speed = speeds[0] if speeds else None
+                errors = {}
+                for r in mine:
+                    if r["status"] == "ok" and r.get("rel_error") is not None:
+                        theirs = [o["rel_error"] for o in same_point(pool, r, impl=goal.baseline)
+                                  if o.get("rel_error") is not None]  # fmt: skip
+                        errors[r["seq_q"]] = (r["rel_error"], max(theirs) if theirs else None)
+                out.append(GoalResult(goal, impl, causal, speed,
+                                      tuple(sorted({r["seq_q"] for r in mine} - ok_t)),
+                                      tuple(sorted(ok_t - set(speed.ts if speed else ()))),
+                                      tuple((t, *e) for t, e in sorted(errors.items()))))  # fmt: skip
+    return out
+
+
+def closest(results, goal: Goal, causal: bool) -> GoalResult | None:
+    """The result for ``goal`` and the mask that comes closest: the best verdict, then the highest lowest median."""
+    mine = [r for r in results if r.goal == goal and r.causal == causal]
+    return min(mine, key=lambda r: (MET.index(r.met), -(r.speed.low if r.speed else 0.0)), default=None)
+
+
+# --- the pipelined loop and the plain one ----------------------------------------------------------------------------
+
+
+def pipeline_schedule(steps: int = 3, matmul: float = 1.0, softmax: float = 2.0) -> dict[str, list[tuple]]:
+    """One warpgroup's loop, plain and pipelined, as {row: [(start, length, kind, text)]} for
+    :func:`attention_tutorial.site.pallas_kernels.timeline_figure`. Plain: q·kᵀ, softmax, p·v, each waiting for the
+    one before. Pipelined (FlashAttention-3's §3.2): after the first block, each step issues the next block's q·kᵀ and
+    this block's p·v back to back and runs the next softmax while p·v still runs. A schematic: lengths in arbitrary
+    units, not measured."""
+    if steps < 2 or matmul <= 0 or softmax <= 0:
+        raise ValueError(f"pipeline_schedule needs steps >= 2 and positive lengths; got {steps}, {matmul}, {softmax}")
+    plain_mm, plain_sm, t = [], [], 0.0
+    for j in range(steps):
+        plain_mm.append((t, matmul, "matmul", f"q·kᵀ {j}"))
+        plain_sm.append((t + matmul, softmax, "softmax", f"softmax {j}"))
+        plain_mm.append((t + matmul + softmax, matmul, "matmul", f"p·v {j}"))
+        t += 2 * matmul + softmax
+    pipe_mm, pipe_sm = [(0.0, matmul, "matmul", "q·kᵀ 0")], [(matmul, softmax, "softmax", "softmax 0")]
+    t = matmul + softmax
+    for j in range(steps):
+        if j + 1 < steps:
+            pipe_mm.append((t, matmul, "matmul", f"q·kᵀ {j + 1}"))
+            pipe_sm.append((t + matmul, softmax, "softmax", f"softmax {j + 1}"))  # runs while p·v j does
+        start = t + (matmul if j + 1 < steps else 0.0)
+        pipe_mm.append((start, matmul, "matmul", f"p·v {j}"))
+        t = max(start + matmul, t + matmul + softmax) if j + 1 < steps else start + matmul
+    return {"plain: tensor cores": plain_mm, "plain: softmax": plain_sm,
+            "pipelined: tensor cores": pipe_mm, "pipelined: softmax": pipe_sm}  # fmt: skip
+
+
+def schedule_length(rows: dict[str, list[tuple]], prefix: str) -> float:
+    """Where the last box of the rows whose name starts with ``prefix`` ends."""
+    return max(s + n for name, row in rows.items() if name.startswith(prefix) for s, n, *_ in row)
+
+
+# --- the exponentials -----------------------------------------------------------------------------------------------
+
+#: FlashAttention-3's figure for an H100 SXM5's exponential throughput (its multi-function units), TFLOP/s.
+EXP_TFLOPS = 3.9
+
+
+def exp_share(head_dim: int, *, matmul_tflops: float | None = None, exp_tflops: float = EXP_TFLOPS) -> float:
+    """The exponentials' time over the matmuls' time for one score: one exponential against 4·H matmul FLOPs
+    (q·kᵀ and p·v, a multiply-add each per H), at ``matmul_tflops`` (default: the H100/H200 datasheet's dense bf16)
+    and ``exp_tflops``: matmul_tflops / (exp_tflops · 4H)."""
+    if not isinstance(head_dim, int) or head_dim < 1:
+        raise ValueError(f"head_dim must be a positive int; got {head_dim!r}.")
+    rate = DATASHEET["NVIDIA H200"].bf16_tflops if matmul_tflops is None else matmul_tflops
+    return rate / (exp_tflops * 4 * head_dim)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ablation:
+    """One kernel × variant × H × mask of the ablation runs: its speed against cuDNN (cuDNN's time over its own) in
+    each round, as (round, median ratio, low, high) with the range from the p10–p90 spreads."""
+
+    impl: str
+    variant: str
+    head_dim: int
+    causal: bool
+    rounds: tuple[tuple[int, float, float, float], ...]
+
+    @property
+    def low(self) -> float:
+        return min(r[1] for r in self.rounds)
+
+    @property
+    def high(self) -> float:
+        return max(r[1] for r in self.rounds)
+
+    @property
+    def spread_low(self) -> float:
+        return min(r[2] for r in self.rounds)
+
+
+def ablations(records) -> list[Ablation]:
+    """The ablation runs' speeds (records of grid "ablations": impl, head_dim, causal, variant "as_is" or "no_exp",
+    round, median_ms, p10_ms, p90_ms, with cuDNN's records of the same round beside them), one :class:`Ablation` per
+    kernel × variant × H × mask; [] when none are recorded."""
+    recs = [r for r in records if r.get("grid") == "ablations" and r.get("status", "ok") == "ok"]
+    if not recs:
+        return []
+    from ..measure.ablations import ablation_ratios
+
+    return [Ablation(*key, tuple(rounds)) for key, rounds in ablation_ratios(recs).items()]
+
+
+# --- FP8's error -----------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FP8Error:
+    """At one point: our FP8 kernel's relative error against float32 (bf16 output), the same with the error of
+    rounding the output to E4M3 added in quadrature (as cuDNN's FP8 path writes it), and cuDNN FP8's error."""
+
+    seq_q: int
+    causal: bool
+    ours: float
+    ours_rounded: float
+    theirs: float
+
+    @property
+    def word(self) -> str:
+        """'alike' within 10 %, else 'smaller' or 'larger' (ours with the rounding, against theirs)."""
+        x = self.ours_rounded / self.theirs if self.theirs else math.inf
+        return "alike" if abs(x - 1) <= 0.1 else "smaller" if x < 0.9 else "larger"
+
+
+def fp8_errors(records, rounding: float, *, ours: str = "mosaic_fp8_regs", theirs: str = "cudnn_fp8_s448"):
+    """:class:`FP8Error` at each point where both recorded a finite error (several recordings of a point pooled by
+    their median), by mask then T. ``rounding``: the error of rounding the exact output to E4M3 alone
+    (:func:`attention_tutorial.measure.fp8.output_rounding_error`)."""
+
+    def ok(r, impl):
+        return r.get("impl") == impl and r.get("status") == "ok" and store._is_number(r.get("rel_error"))
+
+    points: dict[tuple, dict] = {}
+    for r in records:
+        if ok(r, ours) and (got := [o["rel_error"] for o in same_point(records, r, impl=theirs) if ok(o, theirs)]):
+            key = (bool(r["causal"]), r["seq_q"])
+            points.setdefault(key, {"ours": [], "theirs": got})["ours"].append(r["rel_error"])
+    out = []
+    for (causal, t), p in sorted(points.items()):
+        mine = statistics.median(p["ours"])
+        out.append(FP8Error(t, causal, mine, math.hypot(mine, rounding), statistics.median(p["theirs"])))
+    return out
+
+
+# --- the tuning tables ---------------------------------------------------------------------------------------------
+
+TUNING_DIR = Path(store.RESULTS_DIR) / "tuning"
+TUNED = ("pallas", "mosaic", "pipe", "fp8")
+
+
+def tuning_table(kernel: str, gpu: str = store.REFERENCE_GPU, directory=None) -> list[dict]:
+    """The rows of ``scripts/tune.py KERNEL`` saved for ``gpu`` in the package's data: kernel, B, T, N, H, causal,
+    config (the tiles tried, or the baseline's name), tflops (None: it did not compile or fit)."""
+    if kernel not in TUNED:
+        raise ValueError(f"no tuning table for kernel {kernel!r}; choose from {', '.join(TUNED)}.")
+    path = Path(directory or TUNING_DIR) / f"{kernel}_{gpu}.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is not there: run `python scripts/tune.py {kernel}` on that GPU.")
+    return json.loads(path.read_text())
+
+
+def config_speed(rows, configs, base: str) -> dict[tuple[int, bool, str], float | None]:
+    """{(H, causal, config): its TFLOP/s over ``base``'s at the same H and mask} for each of ``configs``;
+    None where the config did not run (or ``base`` did not)."""
+    by = {(r["H"], r["causal"], r["config"]): r["tflops"] for r in rows}
+    return {(h, c, cfg): (by[(h, c, cfg)] / by[(h, c, base)] if by[(h, c, cfg)] and by.get((h, c, base)) else None)
+            for (h, c, cfg) in by if cfg in configs}  # fmt: skip

@@ -1,0 +1,156 @@
+"""The online-softmax page's numbers: the running max and sum against direct sums, the tiles a causal loop computes,
+memory growth words, and the IO points against bytes and FLOPs counted here by hand."""
+
+import itertools
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+
+from attention_tutorial.site import online_softmax as page
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+ROW = np.random.default_rng(3).normal(size=11) * 4  # 11 keys: the last block is short
+VALUES = np.random.default_rng(4).normal(size=11)
+
+
+@pytest.mark.parametrize("block", [1, 3, 4, 11, 20])
+def test_each_step_holds_the_max_and_the_sum_of_the_keys_seen(block):
+    steps = page.online_softmax_steps(ROW, VALUES, block)
+    assert [st.keys_seen for st in steps] == [min(b + block, 11) for b in range(0, 11, block)]
+    for st in steps:
+        seen = ROW[: st.keys_seen]
+        assert st.m == seen.max()
+        assert st.l == pytest.approx(np.exp(seen - seen.max()).sum(), rel=1e-12)
+        weights = np.exp(seen - seen.max()) / np.exp(seen - seen.max()).sum()
+        assert st.out == pytest.approx(weights @ VALUES[: st.keys_seen], rel=1e-12, abs=1e-14)
+    # what was carried is the previous sum moved onto the new max
+    for before, after in itertools.pairwise(steps):
+        assert after.carried == pytest.approx(before.l * np.exp(before.m - after.m), rel=1e-12)
+    assert steps[0].carried == 0.0
+
+
+def test_the_last_step_is_the_full_softmax_even_for_huge_scores():
+    big = np.array([1000.0, 999.0, -1000.0, 1001.0])
+    out = page.online_softmax_steps(big, np.array([1.0, 2.0, 3.0, 4.0]), 2)[-1].out
+    w = np.exp(big - 1001.0)
+    assert np.isfinite(out) and out == pytest.approx((w @ [1, 2, 3, 4]) / w.sum(), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("scores", "values", "block", "match"),
+    [(np.zeros((2, 3)), np.zeros((2, 3)), 2, "one row"), (np.zeros(3), np.zeros(4), 2, "one equal length"),
+     (np.zeros(0), np.zeros(0), 2, "one row"), (np.zeros(3), np.zeros(3), 0, "block must be a positive int"),
+     (np.zeros(3), np.zeros(3), 1.5, "block must be a positive int")],
+)  # fmt: skip
+def test_bad_rows_and_blocks_are_refused(scores, values, block, match):
+    with pytest.raises(ValueError, match=match):
+        page.online_softmax_steps(scores, values, block)
+
+
+def test_the_online_softmax_figure_draws_the_running_max_and_the_sums():
+    fig = page.online_softmax_figure(ROW, VALUES, 4)
+    top, bottom = fig.axes[:2]
+    steps = page.online_softmax_steps(ROW, VALUES, 4)
+    maxima = [seg[0][1] for coll in top.collections if hasattr(coll, "get_segments")
+              for seg in coll.get_segments() if seg[0][1] == seg[1][1] and seg[0][0] != seg[1][0]]  # fmt: skip
+    assert maxima == [st.m for st in steps]  # one horizontal segment per block, at the running max
+    added = [c.patches[0] for c in bottom.containers][1::2]  # each block: carried below, added on top
+    tops = [b.get_y() + b.get_height() for b in added]
+    assert tops == pytest.approx([st.l for st in steps])
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8])
+def test_a_causal_walk_computes_the_triangle_and_masks_the_diagonal(n):
+    walk = page.tile_walk(n, n, causal=True)
+    kinds = list(walk.values())
+    assert kinds.count("full") + kinds.count("masked") == n * (n + 1) // 2
+    assert kinds.count("masked") == n and all(walk[i, i] == "masked" for i in range(n))
+    assert all(walk[i, j] == "skipped" for i in range(n) for j in range(i + 1, n))
+    assert set(page.tile_walk(n, n, causal=False).values()) == {"full"}
+    with pytest.raises(ValueError, match="at least one block"):
+        page.tile_walk(0, n, causal=True)
+
+
+def test_the_tiles_figure_numbers_the_steps_of_one_query_block():
+    fig = page.tiles_figure(6, 6, query_block=3)
+    plain, causal = ([t.get_text() for t in ax.texts] for ax in fig.axes[:2])
+    assert plain == [str(i) for i in range(1, 7)]  # every key block, in order
+    assert causal == [str(i) for i in range(1, 5)]  # up to and including the diagonal
+
+
+def _temps(impl, pass_, f):
+    return [{"impl": impl, "pass": pass_, "seq_q": t, "temp_bytes": f(t)} for t in (512, 1024, 2048, 4096)]
+
+
+def test_memory_growth_tells_quadratic_from_linear():
+    rows = [*_temps("naive", "fwd", lambda t: 6 * t * t), *_temps("blockwise", "fwd", lambda t: 1e6 + 300 * t)]
+    got = page.memory_growth(rows)
+    assert got["naive", "fwd"].word == "grows quadratically in T"
+    assert got["naive", "fwd"].value == pytest.approx(4.0)  # ×4 per doubling of T
+    assert "linear in T" in got["blockwise", "fwd"].word and got["blockwise", "fwd"].high < 2.0
+    with pytest.raises(ValueError, match="at least two T"):
+        page.memory_growth(rows[:1])
+
+
+PROV = {"copy_gbps": 2000.0, "matmul_bf16_tflops": 500.0,
+        "grids": {"seq_long": {"copy_gbps": 4000.0, "matmul_bf16_tflops": 800.0}}}  # fmt: skip
+
+
+def _rec(impl, T, ms, *, causal=False, grid="seq_long", status="ok"):
+    return {"grid": grid, "impl": impl, "batch": 8192 // T, "seq_q": T, "seq_kv": T, "heads": 4, "kv_heads": 2,
+            "head_dim": 64, "dtype": "bfloat16", "causal": causal, "status": status, "median_ms": ms}  # fmt: skip
+
+
+def test_io_points_count_the_bytes_and_flops_of_each_shape():
+    recs = [_rec("naive", 1024, 2.0), _rec("cudnn", 1024, 0.5), _rec("naive", 2048, 4.0), _rec("cudnn", 2048, 1.0),
+            _rec("naive", 4096, 8.0), _rec("cudnn", 4096, 9.0, causal=True),  # no fused run without a mask: left out
+            _rec("xla", 1024, 1.0)]  # fmt: skip
+    pts = page.io_points(recs, PROV)
+    assert [p.seq_q for p in pts] == [1024, 2048]
+    p = pts[0]
+    B, T, N, K, H = 8, 1024, 4, 2, 64
+    qkvo = (2 * B * T * N * H + 2 * B * T * K * H) * 2  # bf16: q and out over N heads, k and v over K heads
+    assert p.fused_bytes == qkvo
+    assert p.naive_bytes == qkvo + B * N * T * T * (4 + 4 + 2 + 2)  # float32 scores and bf16 weights, each twice
+    assert p.naive_floor_ms == pytest.approx(p.naive_bytes / 4000e9 * 1e3)  # the grid's own bandwidth
+    assert p.matmul_ms == pytest.approx(4 * B * N * T * T * H / 800e12 * 1e3)
+    assert p.naive_share == pytest.approx(p.naive_floor_ms / 2.0) and p.fused_share == pytest.approx(p.matmul_ms / 0.5)
+    assert pts[1].traffic_ratio > p.traffic_ratio  # the T × S part grows with T, q, k, v, out do not (B · T fixed)
+
+
+def test_io_points_fall_back_to_the_file_s_ceilings_and_skip_failed_runs():
+    recs = [_rec("naive", 1024, 2.0, grid="other"), _rec("cudnn", 1024, 0.5, grid="other"),
+            _rec("naive", 2048, 4.0, status="oom"), _rec("cudnn", 2048, 1.0)]  # fmt: skip
+    (p,) = page.io_points(recs, PROV)
+    assert p.naive_floor_ms == pytest.approx(p.naive_bytes / 2000e9 * 1e3)
+
+
+def test_the_recorded_h200_sweep_waits_on_memory_naive_and_computes_fused():
+    """The page's claim on the committed recording: the naive version spends most of its time on its bytes, cuDNN
+    most of its time on matmuls, and cuDNN's own bytes are a small part."""
+    from attention_tutorial.results.report import reference
+
+    recs, prov = reference("seq_long", head_dim=128)
+    pts = page.io_points(recs or [], prov or {})
+    assert len(pts) >= 4
+    assert all(0.5 < p.naive_share <= 1.0 for p in pts)
+    assert all(0.5 < p.fused_share <= 1.0 for p in pts)
+    assert all(p.fused_floor_ms < 0.1 * p.fused_ms for p in pts if p.seq_q >= 8192)
+
+
+def test_the_io_figure_draws_each_point():
+    pts = page.io_points([_rec("naive", 1024, 2.0), _rec("cudnn", 1024, 0.5), _rec("naive", 2048, 4.0),
+                          _rec("cudnn", 2048, 1.0)], PROV)  # fmt: skip
+    ax = page.io_figure(pts).axes[0]
+    ys = [list(line.get_ydata()) for line in ax.lines]
+    assert ys == [[2.0, 4.0], [0.5, 1.0], [p.naive_floor_ms for p in pts], [p.matmul_ms for p in pts],
+                  [p.fused_floor_ms for p in pts]]  # fmt: skip
+    rows = page.io_rows(pts)
+    assert [r["T"] for r in rows] == [1024, 2048] and rows[0]["naive: measured (ms)"] == "2.00"

@@ -1,0 +1,167 @@
+"""The Pallas-kernel page's numbers: speeds against a baseline from synthetic records a wrong verdict would fail, the
+ping-pong schedule's overlap, and what the recorded machine code holds."""
+
+import itertools
+
+import matplotlib.pyplot as plt
+import pytest
+
+from attention_tutorial.site import pallas_kernels as page
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def r(impl, T, ms, lo, hi, *, H=128, causal=False, grid="flash", dtype="bfloat16", status="ok"):
+    return {"grid": grid, "impl": impl, "batch": 65536 // T, "seq_q": T, "seq_kv": T, "heads": 16, "kv_heads": 16,
+            "head_dim": H, "dtype": dtype, "causal": causal, "pass": "fwd", "mask": None, "status": status,
+            "median_ms": ms, "p10_ms": lo, "p90_ms": hi}  # fmt: skip
+
+
+RECS = [r("cudnn", 8192, 1.00, 0.99, 1.01), r("mosaic", 8192, 0.90, 0.89, 0.91),
+        r("cudnn", 16384, 2.00, 1.98, 2.02), r("mosaic", 16384, 2.01, 1.99, 2.03),
+        r("cudnn", 2048, 0.2, 0.2, 0.2), r("mosaic", 2048, 0.1, 0.1, 0.1),
+        r("mosaic", 8192, 3.0, 2.9, 3.1, H=256, causal=True)]  # no cuDNN at H = 256 causal: no speed  # fmt: skip
+
+
+def test_race_gives_each_t_the_baseline_time_over_ours_and_its_verdict():
+    (speed,) = page.race(RECS, RECS, ("mosaic",), min_seq=4096)
+    assert (speed.impl, speed.head_dim, speed.causal, speed.dtype) == ("mosaic", 128, False, "bfloat16")
+    assert speed.ts == [8192, 16384]  # T = 2048 is below min_seq
+    assert speed.low == pytest.approx(2.00 / 2.01) and speed.high == pytest.approx(1.00 / 0.90)
+    assert speed.spread_low == pytest.approx(1.98 / 2.03) and speed.spread_high == pytest.approx(1.01 / 0.89)
+    assert dict(speed.by_t)[8192].word == "faster" and dict(speed.by_t)[16384].word == "on par"
+    assert speed.verdict == "faster at T = 8192; on par at T = 16384"
+    assert len(page.race(RECS, RECS, ("mosaic",))) == 1  # min_seq 0 adds T = 2048 to the same speed
+    assert page.race(RECS, RECS, ("mosaic",))[0].ts == [2048, 8192, 16384]
+
+
+def test_every_recording_of_the_baseline_widens_its_range():
+    other_run = [r("cudnn", 8192, 0.88, 0.87, 0.89, grid="seq_long")]  # cuDNN faster in another run
+    (speed,) = page.race(RECS, [*RECS, *other_run], ("mosaic",), min_seq=4096)
+    got = dict(speed.by_t)[8192]
+    assert got.value == pytest.approx(0.94 / 0.90)  # the median of cuDNN's two recordings
+    assert got.word == "on par"  # 0.89–0.91 lies inside cuDNN's pooled 0.87–1.01
+    # the same recording loaded twice counts once
+    (twice,) = page.race(RECS, [*RECS, *[dict(x) for x in RECS], *other_run], ("mosaic",), min_seq=4096)
+    assert dict(twice.by_t)[8192].value == pytest.approx(got.value)
+
+
+def test_race_refuses_mixed_points_and_a_bare_string():
+    f16 = {**r("mosaic", 8192, 0.9, 0.9, 0.9), "batch": 4}
+    with pytest.raises(ValueError, match="differ in batch"):
+        page.race([*RECS, f16], RECS, ("mosaic",))
+    with pytest.raises(TypeError, match="tuple of implementation names"):
+        page.race(RECS, RECS, "mosaic")
+
+
+def test_a_baseline_of_another_dtype_is_matched_through_base():
+    fp8 = [r("ours_fp8", 8192, 0.5, 0.5, 0.5, dtype="float8_e4m3fn"), r("ours", 8192, 1.0, 1.0, 1.0)]
+    assert page.race(fp8, fp8, ("ours_fp8",), baseline="ours") == []
+    (speed,) = page.race(fp8, fp8, ("ours_fp8",), baseline="ours", base=(("dtype", "bfloat16"),))
+    assert speed.low == pytest.approx(2.0)
+
+
+def test_span_and_pct_read_the_extremes():
+    speeds = page.race(RECS, RECS, ("mosaic",), min_seq=4096)
+    assert page.span(speeds) == (pytest.approx(2.00 / 2.01), pytest.approx(1.00 / 0.90))
+    assert page.pct(page.span(speeds)) == "100–111 %"
+    assert page.pct((0.974, 0.9749)) == "97 %" and page.pct(None) == "–"
+    assert page.span([]) is None
+    assert page.pick(speeds, causal=True) == [] and page.pick(speeds, impl="mosaic") == speeds
+
+
+def test_the_race_figure_draws_each_ratio_with_its_range():
+    speeds = page.race(RECS, RECS, ("mosaic",), min_seq=4096)
+    ax = page.race_figure(speeds).axes[0]
+    line = ax.containers[0].lines[0]  # the errorbar's data line
+    assert list(line.get_xdata()) == [8192, 16384]
+    assert list(line.get_ydata()) == pytest.approx([100 * 1.0 / 0.9, 100 * 2.0 / 2.01])
+    rows = page.speed_rows(speeds)
+    assert rows[0]["verdict"] == speeds[0].verdict and rows[0]["H"] == 128
+
+
+@pytest.mark.parametrize(("matmul", "softmax"), [(2.0, 2.0), (1.0, 1.0), (2.0, 3.0), (3.0, 1.0)])
+def test_the_pingpong_never_shares_the_tensor_cores(matmul, softmax):
+    rows = page.pingpong_schedule(steps=4, matmul=matmul, softmax=softmax)
+    mm = sorted((s, s + n) for row in rows.values() for s, n, kind, _ in row if kind == "matmul")
+    assert all(a[1] <= b[0] + 1e-12 for a, b in itertools.pairwise(mm))  # one warpgroup on the tensor cores at a time
+    for wg in ("warpgroup 0", "warpgroup 1"):  # within a warpgroup, each box follows the last
+        boxes = rows[wg]
+        assert all(a[0] + a[1] <= b[0] + 1e-12 for a, b in itertools.pairwise(boxes))
+    # steady state: two matmuls per period of matmul + softmax, or always busy when the softmax is the shorter
+    busy = page.tensor_core_busy(rows)
+    assert busy == pytest.approx(1.0) if softmax <= matmul else busy < 1.0
+    # the copy warpgroup lands block j's tiles before warpgroup 0's step j starts
+    for (start, length, *_), (mm_start, *_) in zip(rows["copy warpgroup"], rows["warpgroup 0"][::2]):
+        assert start + length <= mm_start
+    with pytest.raises(ValueError, match="steps >= 1"):
+        page.pingpong_schedule(steps=0)
+
+
+def test_the_timeline_figure_draws_every_box():
+    rows = page.pingpong_schedule(steps=2)
+    ax = page.timeline_figure(rows).axes[0]
+    assert len(ax.collections) == sum(len(row) for row in rows.values())
+
+
+CODE = {
+    "pallas bfloat16": {"batch": 4, "seq_q": 4096, "heads": 16, "head_dim": 128, "registers": [],
+                        "counts": {"sass": {"wgmma (warpgroup matmul)": 16, "cp.async (per-thread async copy)": 48}}},
+    "mosaic_pipe bfloat16 causal H=256": {"batch": 4, "seq_q": 4096, "heads": 16, "head_dim": 256,
+                                          "registers": [168], "wgmma_serialised": ["C7513: serialised"],
+                                          "counts": {"ptx": {"wgmma (warpgroup matmul)": 60}}},
+}  # fmt: skip
+
+
+def test_code_names_counts_and_rows():
+    assert page.code_name("mosaic_pipe bfloat16 causal H=256") == "our Mosaic GPU, pipelined, causal, H = 256"
+    assert page.code_name("jax_mosaic float16") == "JAX's Mosaic GPU, float16"
+    assert page.code_counts(CODE, "pallas bfloat16")["wgmma"] == 16
+    assert page.code_counts(CODE, "pallas bfloat16")["TMA copy"] == 0  # a family not counted is none
+    assert page.code_counts(CODE, "absent") is None
+    rows = {row["kernel"]: row for row in page.code_rows(CODE)}
+    tri, pipe = rows["our Triton-lowered"], rows["our Mosaic GPU, pipelined, causal, H = 256"]
+    assert (tri["code"], tri["cp.async"], tri["registers (ptxas)"], tri["matmuls serialised (ptxas)"]) == (
+        "SASS", 48, "—", "—")  # fmt: skip
+    assert (pipe["code"], pipe["wgmma"], pipe["registers (ptxas)"]) == ("PTX", 60, "168")
+    assert pipe["matmuls serialised (ptxas)"].startswith("C7513")
+    assert page.code_shape(CODE) == {"B": 4, "T": 4096, "N": 16, "H": [128, 256]}
+    assert page.code_shape({**CODE, "x": {"batch": 8, "seq_q": 4096, "heads": 16, "head_dim": 128}}) is None
+
+
+def test_register_split_reads_the_kernel_s_budgets():
+    src = 'plgpu.set_max_registers(232, action="increase")\n...\nplgpu.set_max_registers(40, action="decrease")'
+    regs = page.register_split(src, {"mosaic bfloat16": {"registers": [168]}})
+    assert (regs.ptxas, regs.compute, regs.copy) == (168, 232, 40)
+    assert regs.average == pytest.approx(168.0)  # the same register file, divided differently
+    assert page.register_split(src).ptxas is None
+    with pytest.raises(ValueError, match="set_max_registers"):
+        page.register_split("def kernel(): pass")
+
+
+def test_the_recorded_code_holds_what_the_page_says():
+    """On the committed recording: both kernels use wgmma; only the Mosaic one copies by TMA and specialises its
+    warps; the Triton one copies per thread."""
+    from attention_tutorial.results.report import reference
+
+    _, prov = reference("flash")
+    code = prov["kernel_code"]
+    tri, mos = page.code_counts(code, "pallas bfloat16"), page.code_counts(code, "mosaic bfloat16")
+    assert tri["wgmma"] > 0 and mos["wgmma"] > 0
+    assert mos["TMA copy"] > 0 and mos["cp.async"] == 0 and tri["cp.async"] > 0 and tri["TMA copy"] == 0
+    assert mos["setmaxnreg"] > 0 and tri["setmaxnreg"] == 0
+
+
+def test_the_recorded_race_puts_the_mosaic_kernel_near_cudnn_and_triton_below():
+    from attention_tutorial.results.report import reference
+
+    flash, _ = reference("flash", dtype="bfloat16")
+    everything, _ = reference()
+    speeds = page.race(flash, everything, ("pallas", "mosaic"), min_seq=4096)
+    low, high = page.span(page.pick(speeds, impl="mosaic", head_dim=128))
+    assert 0.9 < low <= high < 1.1
+    assert page.span(page.pick(speeds, impl="pallas", head_dim=128))[1] < low
