@@ -90,6 +90,28 @@ def grid(
     ``tokens`` fixes B·T instead of ``batch``: batch = max(1, tokens // seq_q), so long and short sequences
     keep the chip equally busy.
     """
+    axes = {"impls": impls, "seq_q": seq_q, "batch": batch, "heads": heads, "head_dim": head_dim,
+            "kv_heads": kv_heads, "seq_kv": seq_kv, "dtype": dtype, "causal": causal, "passes": passes, "masks": masks}  # fmt: skip
+    for name, values in axes.items():
+        if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple, range)):
+            example = {"impls": "('xla',)", "dtype": "('bfloat16',)", "causal": "(False,)", "passes": "('fwd',)",
+                       "masks": "('none',)"}.get(name, "(1024,)")  # fmt: skip
+            raise TypeError(f"{name} must be a list or tuple of values, e.g. {example}; got {values!r}")
+    for impl in impls:
+        registry.get(impl)  # a ValueError naming the known ones
+    for name in ("seq_q", "batch", "heads", "head_dim", "kv_heads", "seq_kv"):
+        for v in axes[name]:
+            if not (v is None and name in ("kv_heads", "seq_kv")) and not _positive_int(v):
+                raise ValueError(f"{name} values must be positive integers; got {v!r} in {axes[name]!r}")
+    if tokens is not None and not _positive_int(tokens):
+        raise ValueError(f"tokens (B·T) must be a positive integer or None; got {tokens!r}")
+    for d in dtype:
+        _check_dtype(d)
+    if any(not isinstance(c, bool) for c in causal):
+        raise TypeError(f"causal values must be True or False; got {causal!r}")
+    for m in masks:
+        if m not in MASK_KINDS:
+            raise ValueError(f"mask must be one of {MASK_KINDS}; got {m!r}.")
     points = []
     for impl, t, b, n, h, kh, s, dt, c, p, m in itertools.product(
         impls, seq_q, batch, heads, head_dim, kv_heads, seq_kv, dtype, causal, passes, masks
@@ -101,8 +123,36 @@ def grid(
     return points
 
 
+def _positive_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _check_dtype(d) -> None:
+    try:
+        jnp.dtype(d)
+    except TypeError:
+        raise ValueError(f"dtype {d!r} is not a dtype JAX knows; use e.g. 'bfloat16', 'float16' or 'float32'") from None
+
+
+def _check_point(point) -> None:
+    """A ``ValueError``/``TypeError`` naming the field of a malformed point (a programming error, not a result)."""
+    if not isinstance(point, Point):
+        raise TypeError(f"a point must be a Point (see grid()); got {type(point).__name__} {point!r}")
+    for field in ("batch", "seq_q", "seq_kv", "heads", "kv_heads", "head_dim"):
+        if not _positive_int(getattr(point, field)):
+            raise ValueError(f"Point.{field} must be a positive integer; got {getattr(point, field)!r}")
+    _check_dtype(point.dtype)
+    if not isinstance(point.causal, bool):
+        raise TypeError(f"Point.causal must be True or False; got {point.causal!r}")
+    if point.pass_ not in PASSES or point.mask not in MASK_KINDS:
+        raise ValueError(f"Point.pass_ must be one of {PASSES} and Point.mask one of {MASK_KINDS}; got "
+                         f"{point.pass_!r}, {point.mask!r}")  # fmt: skip
+
+
 def run_point(point: Point, *, peak_tflops: float | None = None, seed: int = 0, **timing) -> dict:
-    """Measure one point; never raises for OOM, unsupported or failing points: they become records."""
+    """Measure one point; never raises for OOM, unsupported or failing points: they become records (a malformed
+    point, or an unknown implementation, raises a ``ValueError``/``TypeError`` naming it)."""
+    _check_point(point)
     rec = empty_record(point)
     impl = registry.get(point.impl)
     reason = impl.why_not(point.shape, jnp.dtype(point.dtype), point.causal)
@@ -146,6 +196,10 @@ def run_sweep(points, *, peak_tflops: float | None = None, progress: bool = Fals
     """Run every point in order (see :func:`run_point`); ``progress`` shows a tqdm bar on long sweeps;
     ``on_record(record)`` is called after each point (to save as it goes)."""
     points = list(points)
+    if on_record is not None and not callable(on_record):
+        raise TypeError(f"on_record must be a function of one record (or None); got {on_record!r}")
+    for p in points:
+        _check_point(p)
     if progress:
         from tqdm.auto import tqdm
 

@@ -127,3 +127,36 @@ def test_our_own_refusal_is_unsupported_and_a_plain_value_error_is_an_error():
         "reason": "Unsupported: cuDNN attention cannot run this: its windows look left only",
     }
     assert failure_fields(ValueError("bad shape"))["status"] == "error"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"impls": "xla"}, TypeError, "impls must be a list or tuple of values, e.g. \\('xla',\\)"),
+        ({"seq_q": 1024}, TypeError, "seq_q must be a list or tuple"),
+        ({"impls": ("flash9",)}, ValueError, "unknown implementation 'flash9'"),
+        ({"seq_q": (0,)}, ValueError, "seq_q values must be positive integers; got 0"),
+        ({"heads": (2.5,)}, ValueError, "heads values must be positive integers; got 2.5"),
+        ({"batch": (True,)}, ValueError, "batch values must be positive integers; got True"),
+        ({"tokens": -8}, ValueError, "tokens \\(B·T\\) must be a positive integer"),
+        ({"dtype": ("bf16",)}, ValueError, "dtype 'bf16' is not a dtype JAX knows"),
+        ({"causal": ("yes",)}, TypeError, "causal values must be True or False"),
+        ({"masks": ("stripes",)}, ValueError, "mask must be one of"),
+    ],
+)
+def test_grid_names_the_bad_argument_and_the_fix(kwargs, error, message):
+    args = {"impls": ("xla",), "seq_q": (64,), **kwargs}
+    with pytest.raises(error, match=message):
+        grid(args.pop("impls"), **args)
+
+
+def test_a_malformed_point_or_callback_is_named_before_anything_runs():
+    with pytest.raises(ValueError, match=r"Point\.seq_q must be a positive integer; got 0"):
+        run_point(Point("xla", 1, 0, 8, 2, 2, 16, "float32"))
+    with pytest.raises(TypeError, match="a point must be a Point"):
+        run_sweep([("xla", 1, 8)])
+    seen = []
+    with pytest.raises(TypeError, match="on_record must be a function"):
+        run_sweep([Point("xla", 1, 8, 8, 2, 2, 16, "float32")], on_record=seen)
+    with pytest.raises(ValueError, match=r"Point\.heads must be a positive integer"):  # checked before the first runs
+        run_sweep([Point("xla", 1, 8, 8, 2, 2, 16, "float32"), Point("xla", 1, 8, 8, -2, 2, 16, "float32")])

@@ -193,3 +193,54 @@ def test_loss_curves_turn_the_near_merge_off_but_still_join_identical_ones():
     ax = plot_records(xla + near + same, x="step", y="loss", logx=False, overlap=0).axes[0]
     names = ax.get_legend_handles_labels()[1]
     assert names == ["XLA = cuDNN (identical)", "our Pallas kernel (Triton)"] and len(ax.lines) == 2
+
+
+def _shape(impl="xla", t=1024, **kw):
+    return {"impl": impl, "batch": 4, "seq_q": t, "seq_kv": t, "heads": 16, "kv_heads": 4, "head_dim": 128,
+            "dtype": "bfloat16", "causal": False, "mask": "none", "pass": "fwd", "status": "ok", "tflops": t / 100,
+            **kw}  # fmt: skip
+
+
+def test_shape_words_name_what_is_fixed_and_say_when_batch_moves_with_t():
+    from attention_tutorial.results.plotting import shape_words
+
+    fixed = [_shape(t=t) for t in (1024, 2048)]
+    assert shape_words(fixed) == "B = 4, S = T, N = 16, K = 4, H = 128, dtype bfloat16, mask none, forward, no mask"
+    tokens = [_shape(t=t, batch=8192 // t) for t in (1024, 4096, 2048)]
+    assert "B·T = 8192 fixed (B 8–2 as T grows)" in shape_words(tokens, by=("impl", "causal"))
+    loose = [_shape(t=1024, batch=1), _shape(t=2048, batch=4)]  # varies, but not with B·T fixed: a range
+    assert shape_words(loose).startswith("B = 1–4, S = T")
+    assert "S = 512" in shape_words([_shape(t=t, seq_kv=512) for t in (1024, 2048)])
+
+
+def test_series_fields_split_lines_that_would_join_different_shapes():
+    from attention_tutorial.results.plotting import series_fields
+
+    recs = [_shape(t=t, dtype=d, batch=8192 // t) for t in (1024, 2048) for d in ("bfloat16", "float32")]
+    assert series_fields(recs, by=("impl", "causal")) == ("impl", "causal", "dtype")  # batch tied to T: no split
+    assert series_fields([_shape(t=1024, heads=h) for h in (8, 16)]) == ("impl", "heads")
+    assert series_fields([_shape(t=t) for t in (1024, 2048)]) == ("impl",)
+
+
+def test_differences_name_each_field_that_is_not_like_for_like():
+    from attention_tutorial.results.plotting import differences
+
+    cpu = [_shape(t=t, dtype="float32") for t in (256, 2048)]
+    gpu = [_shape(t=t) for t in (1024, 32768)]
+    assert differences(cpu, gpu) == [
+        "dtype float32 vs bfloat16",
+        "T 256–2048 vs 1024–32768",
+        "S 256–2048 vs 1024–32768",
+    ]
+    assert differences(gpu, gpu) == []
+
+
+def test_bad_plot_and_table_arguments_name_the_argument():
+    import pytest
+
+    with pytest.raises(ValueError, match="x='step': a record to plot has no such field"):
+        plot_records(RECS, x="step")
+    with pytest.raises(TypeError, match="by must be a tuple of record field names"):
+        plot_records(RECS, by="impl")
+    with pytest.raises(TypeError, match="columns must be a tuple of record field names"):
+        markdown_table(RECS, "impl")
