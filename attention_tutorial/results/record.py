@@ -95,6 +95,15 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
         store.save(out, prov, [])
         statuses = ", ".join(f"{name}: {rec['status']}" for name, rec in prov["kernel_code"].items())
         print(f"kernel_code: {statuses}", flush=True)
+    if "timeline" in extras:  # the forward's warpgroups from the in-kernel profiler, kept in the provenance
+        from ..measure.timeline import timeline_records
+
+        t0 = time.perf_counter()
+        prov["timeline"] = timeline_records()
+        prov["grids"] = {"timeline": _grid_provenance(env, round(time.perf_counter() - t0, 1), command, peak)}
+        store.save(out, prov, [])
+        statuses = ", ".join(f"{name}: {rec['status']}" for name, rec in prov["timeline"].items())
+        print(f"timeline: {statuses}", flush=True)
     if "lessons" in extras:  # TF32 vs float32, what cuDNN refuses, GQA = MHA: kept in the provenance
         from ..measure.lessons import lesson_records
 
@@ -162,6 +171,12 @@ def _cp_scaling_provenance():
     return provenance()
 
 
+def _ablation_records(peak, **timing):
+    from ..measure.ablations import ablation_records  # our kernels as they are and without exponentials, beside cuDNN
+
+    return ablation_records(peak_tflops=peak, progress=True)  # its own timing budget (about 3 minutes on an H200)
+
+
 def _train_records(peak, **timing):
     from ..train.grid import train_grid  # each implementation trains in its own process (its own peak memory)
 
@@ -169,15 +184,17 @@ def _train_records(peak, **timing):
 
 
 # Experiments beside the grids, by name: each returns records (None: kept in the provenance instead — kernel_code:
-# instruction counts; lessons: see measure.lessons).
+# instruction counts; lessons: see measure.lessons; timeline: see measure.timeline).
 EXTRAS = {
     "fp8": _fp8_records,
     "device_time": _device_time_records,
     "context_parallel": _context_parallel_records,
     "cp_scaling": _cp_scaling_records,
     "train": _train_records,
+    "ablations": _ablation_records,
     "kernel_code": None,
     "lessons": None,
+    "timeline": None,
 }
 
 # What an extra adds to its grid's provenance, by name (called after the extra ran).

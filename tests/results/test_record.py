@@ -44,6 +44,27 @@ def test_lessons_are_kept_in_the_provenance_and_merged(fake_gpu, tmp_path, monke
     assert results.load(out)["provenance"]["lessons"] == {"gqa": [{"impl": "naive"}], "inputs": [{"n": 1}]}
 
 
+def test_ablations_are_a_grid_and_the_timeline_is_kept_in_the_provenance_and_merged(fake_gpu, tmp_path, monkeypatch):
+    from attention_tutorial.measure import ablations, timeline
+
+    out = tmp_path / "gpu.json"
+    rec = {"impl": "mosaic", "batch": 1, "seq_q": 8, "seq_kv": 8, "heads": 1, "kv_heads": 1, "head_dim": 8,
+           "dtype": "bfloat16", "causal": False, "pass": "fwd", "status": "unsupported", "reason": "simulated",
+           "median_ms": None, "p10_ms": None, "p90_ms": None, "tflops": None, "variant": "no_exp", "round": 1,
+           "pair": "mosaic"}  # fmt: skip
+    monkeypatch.setattr(ablations, "ablation_records", lambda **kw: [rec, {**rec, "impl": "cudnn"}])
+    monkeypatch.setattr(timeline, "timeline_records", lambda: {"mosaic": {"status": "ok", "tracks": [1]}})
+    rec_mod.record([], out=out, extras=("ablations", "timeline"), progress=False, command="t")
+    data = results.load(out)
+    assert [(r["grid"], r["impl"], r["variant"]) for r in data["records"]] == [
+        ("ablations", "mosaic", "no_exp"), ("ablations", "cudnn", "no_exp")]  # fmt: skip
+    assert data["provenance"]["timeline"] == {"mosaic": {"status": "ok", "tracks": [1]}}
+    assert set(data["provenance"]["grids"]) == {"ablations", "timeline"}
+    monkeypatch.setattr(timeline, "timeline_records", lambda: {"mosaic_pipe": {"status": "error"}})
+    rec_mod.record([], out=out, extras=("timeline",), progress=False, command="again")
+    assert set(results.load(out)["provenance"]["timeline"]) == {"mosaic", "mosaic_pipe"}  # merged, not replaced
+
+
 def test_record_writes_a_valid_file_grid_by_grid_and_merges(fake_gpu, tmp_path, monkeypatch):
     out = tmp_path / "gpu.json"
     monkeypatch.setattr(rec_mod, "environment", lambda: {**FAKE_ENV, "transformer_engine": "2.20.2"})
@@ -110,6 +131,8 @@ def test_every_extra_is_offered_by_the_cli_and_unknown_ones_are_refused():
     args = cli._parser().parse_args(["record", "--extras", *rec_mod.EXTRAS])
     assert tuple(args.extras) == tuple(rec_mod.EXTRAS)
     with pytest.raises(
-        ValueError, match="choose from fp8, device_time, context_parallel, cp_scaling, train, kernel_code, lessons"
+        ValueError,
+        match="choose from fp8, device_time, context_parallel, cp_scaling, train, ablations, kernel_code, lessons, "
+        "timeline",
     ):
         rec_mod.record(["seq_long"], extras=("nope",))
