@@ -207,8 +207,17 @@ def differences(mine, theirs, *, fields=("dtype", "seq_q", "seq_kv", "batch", "h
     1024–32768', ...] (empty when like is set against like); ok points only."""
     a = [r for r in mine if r.get("status", "ok") == "ok"]
     b = [r for r in theirs if r.get("status", "ok") == "ok"]
-    out = []
+    out, skip = [], set()
+    if all(r.get("seq_kv") == r.get("seq_q") for r in a + b):
+        skip.add("seq_kv")  # S = T on both sides: the T range says it
+    ta, tb = _tokens(a, "seq_q"), _tokens(b, "seq_q")
+    if ta and tb:  # batch moves with T on both sides: compare B·T instead
+        skip.add("batch")
+        if ta != tb:
+            out.append(f"B·T {ta} vs {tb}")
     for field in fields:
+        if field in skip:
+            continue
         va, vb = _values(a, field), _values(b, field)
         if va and vb and sorted(map(str, va)) != sorted(map(str, vb)):
             name = field if field in ("dtype", "mask", "pass") else COLUMNS.get(field, (field,))[0]

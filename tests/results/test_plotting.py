@@ -227,12 +227,11 @@ def test_differences_name_each_field_that_is_not_like_for_like():
 
     cpu = [_shape(t=t, dtype="float32") for t in (256, 2048)]
     gpu = [_shape(t=t) for t in (1024, 32768)]
-    assert differences(cpu, gpu) == [
-        "dtype float32 vs bfloat16",
-        "T 256–2048 vs 1024–32768",
-        "S 256–2048 vs 1024–32768",
-    ]
+    assert differences(cpu, gpu) == ["dtype float32 vs bfloat16", "T 256–2048 vs 1024–32768"]  # S = T: said once
     assert differences(gpu, gpu) == []
+    shorter = [_shape(t=t, seq_kv=512, batch=8192 // t) for t in (1024, 2048)]
+    longer = [_shape(t=t, batch=32768 // t) for t in (1024, 2048)]
+    assert differences(shorter, longer) == ["B·T 8192 vs 32768", "S 512 vs 1024–2048"]
 
 
 def test_bad_plot_and_table_arguments_name_the_argument():
