@@ -69,7 +69,7 @@ def _page(tmp_path, body: str, name: str = "page.md") -> Path:
 
 def test_the_executable_pages_are_found():
     names = {p.name for p in PAGES}
-    assert {"index.md", "qkv_from_scratch.md", "benchmarks.md", "flash_from_scratch.md"} <= names
+    assert {"index.md", "qkv_from_scratch.md", "benchmarks.md", "pallas_kernels.md"} <= names
     assert "api.md" not in names and "404.md" not in names  # no kernelspec: not notebooks
 
 
@@ -111,7 +111,7 @@ def test_each_page_is_a_valid_notebook_that_installs_the_package_first(page, tmp
 
 
 def test_the_install_cell_runs_as_python_and_names_the_hopper_cells():
-    nb = notebooks.to_notebook(DOCS / "flash_from_scratch.md", REPO, site_url=SITE, glued=_AnyGlued())
+    nb = notebooks.to_notebook(DOCS / "pallas_kernels.md", REPO, site_url=SITE, glued=_AnyGlued())
     compile(nb.cells[0].source, "install", "exec")
     hopper = notebooks.hopper_cells(nb)
     assert hopper and all(h.startswith("code cell ") for h in hopper)

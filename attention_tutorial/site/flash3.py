@@ -173,39 +173,31 @@ def exp_share(head_dim: int, *, matmul_tflops: float | None = None, exp_tflops: 
 
 
 @dataclasses.dataclass(frozen=True)
-class Ablation:
-    """One kernel × variant × H × mask of the ablation runs: its speed against cuDNN (cuDNN's time over its own) in
-    each round, as (round, median ratio, low, high) with the range from the p10–p90 spreads."""
+class ExpBound:
+    """What the ablation runs say about one goal: the range of the kernels' median speeds against cuDNN as they are
+    (``as_is``) and without their exponentials (``no_exp``), whether every run without them clears the target
+    (``clears``: the lowest ``low`` of the ranges over runs at or above it) and whether some kernel as it is falls
+    short of it (``short``: a median below it)."""
 
-    impl: str
-    variant: str
-    head_dim: int
-    causal: bool
-    rounds: tuple[tuple[int, float, float, float], ...]
-
-    @property
-    def low(self) -> float:
-        return min(r[1] for r in self.rounds)
-
-    @property
-    def high(self) -> float:
-        return max(r[1] for r in self.rounds)
-
-    @property
-    def spread_low(self) -> float:
-        return min(r[2] for r in self.rounds)
+    as_is: tuple[float, float]
+    no_exp: tuple[float, float]
+    clears: bool
+    short: bool
 
 
-def ablations(records) -> list[Ablation]:
-    """The ablation runs' speeds (records of grid "ablations": impl, head_dim, causal, variant "as_is" or "no_exp",
-    round, median_ms, p10_ms, p90_ms, with cuDNN's records of the same round beside them), one :class:`Ablation` per
-    kernel × variant × H × mask; [] when none are recorded."""
-    recs = [r for r in records if r.get("grid") == "ablations" and r.get("status", "ok") == "ok"]
-    if not recs:
-        return []
-    from ..measure.ablations import ablation_ratios
+def exp_bound(ratios, target: float, *, head_dim: int = 128, impls=("mosaic", "mosaic_pipe")) -> ExpBound | None:
+    """:class:`ExpBound` from :func:`attention_tutorial.measure.ablations.ablation_ratios`' entries of ``impls`` at
+    ``head_dim`` (both masks); None unless both variants are there."""
+    mine = [a for a in ratios if a.impl in impls and a.head_dim == head_dim]
+    as_is, no_exp = ([a for a in mine if a.variant == v] for v in ("as_is", "no_exp"))
+    if not (as_is and no_exp):
+        return None
 
-    return [Ablation(*key, tuple(rounds)) for key, rounds in ablation_ratios(recs).items()]
+    def span(entries):
+        return min(a.median for a in entries), max(a.median for a in entries)
+
+    return ExpBound(span(as_is), span(no_exp), min(a.low for a in no_exp) >= target,
+                    min(a.median for a in as_is) < target)  # fmt: skip
 
 
 # --- FP8's error -----------------------------------------------------------------------------------------------------

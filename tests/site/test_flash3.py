@@ -174,6 +174,23 @@ def test_the_recorded_tuning_backs_the_page():
     assert all(v < 1.0 for v in small.values())
 
 
-def test_no_ablation_runs_give_an_empty_list():
-    assert page.ablations([]) == []
-    assert page.ablations([_rec("mosaic", 8192, False, 1.0, grid="beyond")]) == []
+def _ratio(impl, variant, causal, rounds, low, high, H=128):
+    from attention_tutorial.measure.ablations import AblationRatio
+
+    return AblationRatio(impl, variant, H, causal, "cudnn", per_round=rounds, low=low, high=high)
+
+
+def test_exp_bound_says_whether_the_exponentials_are_what_holds_the_kernels_back():
+    ratios = [_ratio("mosaic", "as_is", False, (0.97, 0.99), 0.9, 1.05),
+              _ratio("mosaic", "no_exp", False, (1.10, 1.12), 1.06, 1.18),
+              _ratio("mosaic_pipe", "as_is", True, (1.00, 1.02), 0.95, 1.08),
+              _ratio("mosaic_pipe", "no_exp", True, (1.08, 1.09), 1.05, 1.12),
+              _ratio("mosaic", "no_exp", False, (0.5,), 0.4, 0.6, H=256)]  # another H: left out  # fmt: skip
+    got = page.exp_bound(ratios, 1.05)
+    assert got.as_is == (pytest.approx(0.98), pytest.approx(1.01))  # medians of the rounds
+    assert got.no_exp == (pytest.approx(1.085), pytest.approx(1.11))
+    assert got.clears and got.short
+    assert not page.exp_bound(ratios, 1.055).clears  # a run without exponentials reaches only 1.05
+    assert not page.exp_bound(ratios, 0.95).short
+    assert page.exp_bound([r for r in ratios if r.variant == "as_is"], 1.05) is None
+    assert page.exp_bound(ratios, 1.05, head_dim=64) is None

@@ -91,7 +91,7 @@ def test_jax_pipeline_emitter_forward_refuses_causal_as_the_flash_page_says():
     # The flash page gives this as one reason the pipelining is written by hand, not with
     # plgpu.emit_pipeline_warp_specialized: when JAX's emitter-based forward takes causal masks, the page must change.
     attention_mgpu = pytest.importorskip("jax.experimental.pallas.ops.gpu.attention_mgpu")
-    assert "does not take causal masks" in " ".join((ROOT / "docs" / "flash_from_scratch.md").read_text().split())
+    assert "does not take causal masks" in " ".join((ROOT / "docs" / "flash3.md").read_text().split())
     q = jnp.zeros((1, 256, 2, 64), jnp.float16)
     config = attention_mgpu.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, causal=True)
     with pytest.raises(NotImplementedError, match=r"[Cc]ausal"):
