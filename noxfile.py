@@ -83,6 +83,12 @@ def package(session: nox.Session) -> None:
     session.run("python", "-m", "build", "--outdir", str(dist), str(ROOT))
     (wheel,) = dist.glob("*.whl")
     session.run("twine", "check", "--strict", *map(str, dist.iterdir()))
+    import tarfile
+
+    (sdist,) = dist.glob("*.tar.gz")
+    with tarfile.open(sdist) as tar:  # the tests run from a clone (they check the pages, scripts and workflows)
+        if shipped := [n for n in tar.getnames() if n.split("/")[1:2] == ["tests"]]:
+            session.error(f"the sdist carries {len(shipped)} test files (MANIFEST.in prunes tests): {shipped[:3]}")
     names = zipfile.ZipFile(wheel).namelist()
     data = [n for n in names if n.startswith("attention_tutorial/results/data/") and n.endswith(".json")]
     expected = {p.relative_to(ROOT).as_posix() for p in (ROOT / "attention_tutorial").rglob("*.py")}
