@@ -2,9 +2,8 @@
 # What the project runs on the lent GPU machine (no network; see scripts/te-device.md and README).
 #   bash scripts/gpu.sh tests            GPU-marked tests (and TE ones, when TE is installed)
 #   bash scripts/gpu.sh tune KERNEL      tile sizes of our kernels against cuDNN (pallas, mosaic, pipe, fp8)
-#   bash scripts/gpu.sh issue17          issue 17's GPU tests and machine-code probe in one call (~8 min)
-#   bash scripts/gpu.sh issue17_h256     the probe at H = 256: plain both masks, pipelined causal, each with its ceiling
-#   bash scripts/gpu.sh issue17_pairs    the remaining kernel/ceiling pairs, each pair from one file (~5 min)
+#   bash scripts/gpu.sh kernels          the Mosaic kernels' GPU tests, then the ablations and the warpgroup timeline
+#                                        recorded into the result file (about 8 minutes; a summary last)
 #   bash scripts/gpu.sh record NAME...   the recorder for these grids and extras (record.EXTRAS: fp8, train, …),
 #                                        merging into /tmp/results
 #   bash scripts/gpu.sh notebook PAGE    one page converted to the reader's .ipynb and executed (carry .whl)
@@ -18,27 +17,33 @@ case "$step" in
     python3 -m pytest -q -m "gpu or te" -p no:cacheprovider tests 2>&1 | tail -25 ;;
   tune)
     python3 scripts/tune.py "$1" "$OUT/$1_tuning.json" 2>&1 | tail -40 ;;
-  issue17)
-    # the GPU tests of the pipelined, H = 256 and FP8 forwards (both p paths), then the machine-code probe with its
-    # provenance: the pipelined kernel as it is (scripts/issue17_probe3_h200.json ran it before provenance was kept),
-    # the FP8 forward the goal is judged on (p in registers; only the shared-memory path was probed) and its ceiling
-    # without exponentials, and the bf16 ceiling causal (probed without a mask only): about 8 minutes
-    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -k "pipelined_and_h256 or fp8" \
-      tests/kernels/test_mosaic_flash.py tests/kernels/test_mosaic_fp8.py 2>&1 | tail -8
-    timeout 400 python3 scripts/gpu_issue17_probe.py "$OUT/issue17_probe4.json" plain_noexp:causal pipe_noexp:causal \
-      pipe:causal fp8_regs fp8_regs_noexp 2>&1 | tail -20 ;;
-  issue17_h256)
-    # the H = 256 kernels at the probe's shape otherwise (plain both masks, pipelined causal), as they are and without
-    # exponentials: what holds them below cuDNN (about 2 minutes)
-    PROBE_HEAD_DIM=256 timeout 420 python3 scripts/gpu_issue17_probe.py "$OUT/issue17_probe5_h256.json" plain \
-      plain_noexp pipe:causal pipe_noexp:causal 2>&1 | tail -12 ;;
-  issue17_pairs)
-    # each kernel beside its ceiling in one file: H = 128 plain both masks and pipelined without a mask (probe 4 ran
-    # the pipelined causal pair), H = 256 pipelined without a mask (probe 5 ran the rest)
-    timeout 300 python3 scripts/gpu_issue17_probe.py "$OUT/issue17_probe6.json" plain plain_noexp pipe:noncausal \
-      pipe_noexp:noncausal 2>&1 | grep -v "^{" | tail -12
-    PROBE_HEAD_DIM=256 timeout 150 python3 scripts/gpu_issue17_probe.py "$OUT/issue17_probe6_h256.json" \
-      pipe:noncausal pipe_noexp:noncausal 2>&1 | tail -6 ;;
+  kernels)
+    # the GPU tests of kernels/mosaic (values and gradients against float64, the profiled forward) and of the timeline,
+    # then the two extras into $RES: each kernel as it is and without exp2 beside cuDNN, and the profiled warpgroups
+    workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 4)  # compiling dominates: 4 processes share it
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 270 python3 -m pytest -q -p no:cacheprovider -m gpu "${workers[@]}" \
+      tests/kernels/mosaic tests/measure/test_timeline.py 2>&1 | tail -12
+    timeout 300 python3 -m attention_tutorial record --grids --extras ablations timeline 2>&1 \
+      | grep -v "it/s\]\|s/pt\]" | tail -50 > "$OUT/kernels-record.log"
+    cp "$RES" /tmp/results/ && cp "$RES" "$OUT/"
+    tail -4 "$OUT/kernels-record.log"
+    python3 - "$RES" <<'PY'
+import sys
+from attention_tutorial.measure.ablations import ablation_ratios
+from attention_tutorial.results import store
+from attention_tutorial.site.kernel_timeline import region_shares, timeline_rows
+
+data = store.load(sys.argv[1])
+for r in ablation_ratios(data["records"]):
+    rounds = " ".join(f"{100 * x:.1f}" for x in r.per_round)
+    print(f"{r.impl:16} H={r.head_dim} {'causal' if r.causal else 'no mask':7} {r.variant:6} % of {r.baseline}: "
+          f"{rounds} (range {100 * r.low:.0f}-{100 * r.high:.0f})")
+timeline = data["provenance"].get("timeline", {})
+print("timeline:", {k: v["status"] for k, v in timeline.items()})
+for s in region_shares(timeline_rows(timeline)):
+    print(f"  {s.kernel}: span {s.span:.0f} ticks;", ", ".join(f"{k} {100 * v:.0f} %" for k, v in s.shares.items()))
+PY
+    ;;
   record)
     known=" $(python3 -c 'from attention_tutorial.results.record import EXTRAS; print(*EXTRAS)') "
     extras=(); grids=()

