@@ -401,38 +401,6 @@ def coarse_yardstick_words(step_records) -> str:
             "the loss's step-to-step movement is the finer test")  # fmt: skip
 
 
-def time_change(first, last, var: str = "x") -> str:
-    """How the time per call changes from record ``first`` to record ``last`` (two points of one sweep, at
-    ``var`` = their x): "rises ×1.26 from x = 32 to 256 (outside the spreads)", or "stays within the spreads"."""
-    c = compare([first], [last])  # value: last's time / first's; "faster": first is faster, so the time rises
-    lo_x, hi_x = first.get(var), last.get(var)
-    where = f"from {var} = {lo_x} to {hi_x}" if lo_x is not None else ""
-    if c.word == "on par":
-        return f"stays within the timing spreads {where}".rstrip()
-    rises = c.word == "faster"
-    return (
-        f"{'rises' if rises else 'falls'} ×{c.value if rises else 1 / c.value:.2f} {where} (outside the timing spreads)"
-    )
-
-
-def per_doubling(xs, ys, var: str = "x") -> str:
-    """The growth factor of ``ys`` per doubling of ``xs``, step by step: "×1.89, ×1.34, ×1.07 per doubling of H"."""
-    pts = sorted((x, y) for x, y in zip(xs, ys) if x and y)
-    steps = [(y2 / y1) ** (1 / math.log2(x2 / x1)) for (x1, y1), (x2, y2) in itertools.pairwise(pts) if x2 > x1]
-    return ", ".join(f"×{s:.2f}" for s in steps) + f" per doubling of {var}"
-
-
-def step_factors(xs, ys, var: str = "x") -> str:
-    """The factor of ``ys`` between neighbouring ``xs``, as measured (not scaled to a doubling, which would stretch
-    a step such as 100 → 128): "×1.95 from H = 32 to 64, ×1.40 to 100, ×1.34 to 128"."""
-    pts = sorted((x, y) for x, y in zip(xs, ys) if x and y)
-    if len(pts) < 2:
-        raise ValueError(f"step_factors needs two points with positive x and y; got {list(zip(xs, ys))}")
-    parts = [f"×{y2 / y1:.2f} " + (f"from {var} = {x1} to {x2}" if i == 0 else f"to {x2}")
-             for i, ((x1, y1), (x2, y2)) in enumerate(itertools.pairwise(pts))]  # fmt: skip
-    return ", ".join(parts)
-
-
 def device_speed_ratios(records, impl: str, base: str) -> dict[bool, tuple[float, float]]:
     """Per causal flag, ``impl``'s speed as a fraction of ``base``'s at the same point of a ``device_time`` grid:
     (on the summed kernel time the profiler measured, on the host's pipelined median). Points where either did not

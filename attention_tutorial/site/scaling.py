@@ -1,0 +1,320 @@
+"""What the scaling page needs: the few points a build runs live, the IO argument (bytes computed from the shapes
+set against the recorded times, as a time budget and a roofline), and the numbers of each section (T, memory, B, H,
+the backward pass). Numbers and verdicts only: the sentences are in ``docs/scaling.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import matplotlib.pyplot as plt
+import numpy as np
+
+from ..measure.flops import attention_bytes, attention_flops, datasheet_peak, materialised_bytes
+from ..measure.grids import MATERIALISE_SCORES, points
+from ..measure.sweep import run_sweep
+from ..results.claims import Claim, compare, versus, words_by_x
+from ..results.plotting import impl_style, label, markdown_table
+from ..results.report import live_label, live_vs_recorded, read_ceiling, shapes, timing_options
+from ..results.store import select
+
+# What a build runs live, per grid: (on a GPU, on a CPU) — a point or two; the recorded grids carry the sweeps.
+LIVE = {
+    "seq_long": ({"impl": ("xla", "cudnn"), "seq_q": (4096,), "causal": (False,)},
+                 {"impl": ("naive", "xla"), "seq_q": (256,), "causal": (False,)}),
+    "batch": ({"impl": ("cudnn",), "batch": (1, 16)}, {"impl": ("xla",), "batch": (1, 4)}),
+    "head_dim": ({"impl": ("cudnn",), "head_dim": (64, 256)}, {"impl": ("xla",), "head_dim": (32, 128)}),
+    "backward": ({"impl": ("xla", "cudnn"), "seq_q": (4096,), "head_dim": (128,), "heads": (16,),
+                  "dtype": ("bfloat16",), "causal": (False,)},
+                 {"impl": ("xla",), "seq_q": (256,), "causal": (False,)}),
+}  # fmt: skip
+
+
+def live_points(grid_name: str, *, gpu: bool | None = None):
+    """The points of ``grid_name`` (in the size for this backend) that the page runs live: :data:`LIVE`."""
+    if grid_name not in LIVE:
+        raise ValueError(f"no live selection for grid {grid_name!r}; choose from {sorted(LIVE)}.")
+    gpu = jax.default_backend() == "gpu" if gpu is None else gpu
+    keep = LIVE[grid_name][0 if gpu else 1]
+    chosen = [p for p in points(grid_name, gpu=gpu) if all(getattr(p, k) in v for k, v in keep.items())]
+    if not chosen:
+        raise ValueError(f"the live selection of {grid_name!r} matches no point of the grid; fix LIVE.")
+    return chosen
+
+
+def run_live(grid_name: str) -> list[dict]:
+    """Run :func:`live_points` of ``grid_name`` here, now, with the page's timing options."""
+    return run_sweep(live_points(grid_name), **timing_options())
+
+
+def live_table(live, recorded, columns) -> str:
+    """Markdown: this build's live records under the live label; on a GPU build, beside the recorded medians of the
+    same points (their ratio says how far this GPU is from the recorded one)."""
+    text = f"{live_label()}. Shapes: {shapes(live)}.\n\n" + markdown_table(live, columns)
+    rows = live_vs_recorded(live, recorded or []) if jax.default_backend() == "gpu" else []
+    if rows:
+        keys = [c for c in columns if c not in ("status", "median_ms", "tflops", "reason", "dispatch_ms")]
+        text += "\n\nAgainst the recording, the same points:\n\n" + markdown_table(
+            rows, [*keys, "median_ms", "recorded_ms", "live_over_recorded"]
+        )
+    return text
+
+
+# --- the IO argument ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IOPoint:
+    """One recorded forward call seen by the IO argument: its FLOPs, the fewest HBM bytes its path moves
+    (:func:`~attention_tutorial.measure.flops.materialised_bytes` for a path that writes the scores,
+    :func:`~attention_tutorial.measure.flops.attention_bytes` for a fused kernel), and what it measured."""
+
+    impl: str
+    grid: str
+    batch: int
+    seq_q: int
+    head_dim: int
+    flops: float
+    bytes: int
+    median_ms: float
+    tflops: float
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte of HBM traffic."""
+        return self.flops / self.bytes
+
+
+def io_point(rec: dict) -> IOPoint:
+    """:class:`IOPoint` of an ok forward record (its mask's FLOPs; the bytes do not shrink with a mask)."""
+    if rec.get("status") != "ok" or rec.get("pass", "fwd") != "fwd":
+        raise ValueError(f"io_point needs an ok forward record; got {rec.get('status')!r}, pass {rec.get('pass')!r}.")
+    dims = (rec["batch"], rec["seq_q"], rec["seq_kv"], rec["heads"], rec["kv_heads"], rec["head_dim"], rec["dtype"])
+    moved = materialised_bytes(*dims) if rec["impl"] in MATERIALISE_SCORES else attention_bytes(*dims)
+    flops = attention_flops(rec["batch"], rec["seq_q"], rec["seq_kv"], rec["heads"], rec["head_dim"],
+                            causal=rec["causal"])  # fmt: skip
+    return IOPoint(rec["impl"], rec.get("grid", ""), rec["batch"], rec["seq_q"], rec["head_dim"], flops, moved,
+                   rec["median_ms"], flops / (rec["median_ms"] * 1e-3) / 1e12)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Roof:
+    """A roofline: the matmul peak (TFLOP/s) and the read bandwidth (GB/s) measured in one recording run, and the
+    datasheet's figures for the same GPU (None where it has none)."""
+
+    peak_tflops: float
+    gbps: float
+    datasheet_tflops: float | None = None
+    datasheet_gbps: float | None = None
+
+    @property
+    def ridge(self) -> float:
+        """FLOPs per byte where the bandwidth line meets the peak: left of it, memory caps the speed."""
+        return self.peak_tflops * 1e3 / self.gbps
+
+    def cap(self, intensity: float) -> float:
+        """The most TFLOP/s a call of this FLOPs per byte can reach under the measured roof."""
+        return min(self.peak_tflops, intensity * self.gbps / 1e3)
+
+    def bytes_ms(self, p: IOPoint) -> float:
+        """The time ``p``'s bytes take at the measured read bandwidth."""
+        return p.bytes / (self.gbps * 1e9) * 1e3
+
+    def matmul_ms(self, p: IOPoint) -> float:
+        """The time ``p``'s FLOPs take at the measured matmul peak."""
+        return p.flops / (self.peak_tflops * 1e12) * 1e3
+
+
+def roof(records, provenance: dict, grid_name: str) -> Roof:
+    """The :class:`Roof` of ``grid_name``'s recording run: its measured bf16 matmul and read ceiling."""
+    run = provenance.get("grids", {}).get(grid_name, {})
+    peak = run.get("matmul_bf16_tflops") or provenance["matmul_bf16_tflops"]
+    gbps, _ = read_ceiling(select(records, grid=grid_name), provenance)
+    if not gbps:
+        raise ValueError(f"no read ceiling recorded for grid {grid_name!r}.")
+    from ..measure.flops import DATASHEET
+
+    sheet = DATASHEET.get(provenance.get("gpu"))
+    return Roof(peak, gbps, sheet.bf16_tflops if sheet else None, sheet.hbm_gbps if sheet else None)
+
+
+def io_figure(budget: list[IOPoint], cloud: list[IOPoint], r: Roof, *, title: str = ""):
+    """Two panels. Left, a time budget: for each point of ``budget`` (one shape), the measured time beside the time
+    its bytes take at the measured read bandwidth and the time its FLOPs take at the measured matmul peak. Right, a
+    roofline: every point of ``cloud`` at its FLOPs per byte against its TFLOP/s, under the measured roof (solid)
+    and the datasheet's (dashed)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11.0, 4.2), facecolor="white", layout="constrained",
+                                      width_ratios=(1, 1.25))  # fmt: skip
+    kinds = (("measured time", 1.0), ("its bytes at the read ceiling", 0.55), ("its FLOPs at the matmul peak", 0.25))
+    height = 0.26
+    for i, p in enumerate(budget):
+        colour = impl_style(p.impl)[0]
+        values = (p.median_ms, r.bytes_ms(p), r.matmul_ms(p))
+        for j, ((name, alpha), v) in enumerate(zip(kinds, values)):
+            y = i + (1 - j) * height
+            left.barh(y, v, height=height * 0.9, color=colour, alpha=alpha)
+            left.text(v, y, f" {v:.2f} ms" + ("" if i else f"  {name}"), va="center", fontsize=7)
+    left.set_yticks(range(len(budget)), [label(p.impl) for p in budget], fontsize=8)
+    left.set_xlabel("ms per call")
+    left.set_xlim(0, max(p.median_ms for p in budget) * 1.9)
+    if budget:
+        b = budget[0]
+        left.set_title(f"time budget at B = {b.batch}, T = S = {b.seq_q}, H = {b.head_dim}", fontsize=10)
+    xs = np.logspace(0, 4.5, 200)
+    right.plot(xs, [r.cap(x) for x in xs], color="#333333", linewidth=1.6,
+               label=f"measured roof: {r.peak_tflops:.0f} TFLOP/s, {r.gbps / 1e3:.2f} TB/s")  # fmt: skip
+    if r.datasheet_tflops and r.datasheet_gbps:
+        right.plot(xs, np.minimum(r.datasheet_tflops, xs * r.datasheet_gbps / 1e3), color="#999999",
+                   linestyle=(0, (4, 3)), linewidth=1.2,
+                   label=f"datasheet roof: {r.datasheet_tflops:.0f} TFLOP/s, {r.datasheet_gbps / 1e3:.1f} TB/s")  # fmt: skip
+    for impl in dict.fromkeys(p.impl for p in cloud):
+        colour, marker = impl_style(impl)
+        ps = [p for p in cloud if p.impl == impl]
+        right.plot([p.intensity for p in ps], [p.tflops for p in ps], marker, color=colour, label=label(impl),
+                   markersize=6, linestyle="none")  # fmt: skip
+    right.axvline(r.ridge, color="#bbbbbb", linewidth=0.8)
+    right.set_xscale("log")
+    right.set_yscale("log")
+    right.set_xlabel("FLOPs per byte of HBM traffic (from the shapes)")
+    right.set_ylabel("TFLOP/s (recorded)")
+    right.set_title("roofline: where each recorded call sits", fontsize=10)
+    right.grid(True, which="major", color="#dddddd", linewidth=0.8)
+    right.legend(fontsize=7, loc="lower right", frameon=True, facecolor="white")
+    for a in (left, right):
+        a.set_facecolor("white")
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return fig
+
+
+# --- sequence length, memory, batch, head dim ----------------------------------------------------------------------
+
+
+def best(records, impl: str, **where) -> dict | None:
+    """The ok record of ``impl`` (matching ``where``) with the most TFLOP/s; None without one."""
+    ok = [r for r in select(records, status="ok", impl=impl, **where) if r.get("tflops")]
+    return max(ok, key=lambda r: r["tflops"]) if ok else None
+
+
+@dataclass(frozen=True)
+class MaskSaving:
+    """What a causal mask does to one implementation's time, point by point (``by_t``: T → the unmasked call
+    compared with the causal one; value above 1: the causal call is faster): the verdict phrase over T
+    (:func:`~attention_tutorial.results.claims.words_by_x`) and the range of the ratio."""
+
+    by_t: dict
+    words: str
+    low: float
+    high: float
+
+
+def mask_saving(records, impl: str) -> MaskSaving | None:
+    """:class:`MaskSaving` of ``impl`` over ``records`` (one sweep of T, both masks); None without a pair."""
+    by_t = {}
+    for r in select(records, status="ok", impl=impl, causal=True):
+        full = select(records, status="ok", impl=impl, causal=False, seq_q=r["seq_q"], batch=r["batch"])
+        if full:
+            by_t[r["seq_q"]] = compare([r], full)
+    if not by_t:
+        return None
+    values = [c.value for c in by_t.values()]
+    return MaskSaving(dict(sorted(by_t.items())), words_by_x(by_t), min(values), max(values))
+
+
+def bytes_per_score(records, impl: str) -> tuple[float, float] | None:
+    """(lowest, highest) compiled temporaries per (B, N, T, S) score over ``impl``'s ok records with
+    ``temp_bytes``; None without any."""
+    per = [r["temp_bytes"] / (r["batch"] * r["heads"] * r["seq_q"] * r["seq_kv"])
+           for r in select(records, status="ok", impl=impl) if r.get("temp_bytes")]  # fmt: skip
+    return (min(per), max(per)) if per else None
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The batch sweep of one implementation: its time at the smallest and largest B, the verdict of the largest
+    against the smallest (:func:`~attention_tutorial.results.claims.compare`: "slower" means the larger batch takes
+    measurably longer), and the fastest call of the whole sweep (every implementation), in ms."""
+
+    impl: str
+    small: dict
+    large: dict
+    claim: Claim
+    fastest_ms: float
+
+    @property
+    def work_ratio(self) -> float:
+        return self.large["batch"] / self.small["batch"]
+
+    @property
+    def time_ratio(self) -> float:
+        return self.large["median_ms"] / self.small["median_ms"]
+
+
+def batch_floor(records, impl: str) -> Floor | None:
+    """:class:`Floor` of ``impl`` in a batch sweep; None with fewer than two of its points."""
+    mine = sorted(select(records, status="ok", impl=impl), key=lambda r: r["batch"])
+    if len(mine) < 2:
+        return None
+    fastest = min(r["median_ms"] for r in select(records, status="ok"))
+    return Floor(impl, mine[0], mine[-1], compare([mine[-1]], [mine[0]]), fastest)
+
+
+@dataclass(frozen=True)
+class HeadDim:
+    """One implementation over head dims: the first and last H, how its TFLOP/s and its time change between them,
+    and whether the time change lies outside the timing spreads (``time_claim``: "faster" means the first is
+    faster, so the time rises)."""
+
+    impl: str
+    first: int
+    last: int
+    tflops_ratio: float
+    time_ratio: float
+    time_claim: Claim
+
+    @property
+    def work_ratio(self) -> float:
+        return self.last / self.first
+
+
+def head_dim_change(records, impl: str) -> HeadDim | None:
+    """:class:`HeadDim` of ``impl`` over ``records`` of one head-dim sweep; None with fewer than two ok points."""
+    rs = sorted(select(records, status="ok", impl=impl), key=lambda r: r["head_dim"])
+    if len(rs) < 2:
+        return None
+    a, b = rs[0], rs[-1]
+    return HeadDim(impl, a["head_dim"], b["head_dim"], b["tflops"] / a["tflops"], b["median_ms"] / a["median_ms"],
+                   compare([a], [b]))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RaceRow:
+    """One implementation and mask against ``base`` over T >= the race's smallest T: the (lowest, highest) speed as
+    a fraction of ``base``'s (its median time / the implementation's) and the verdict phrase over T."""
+
+    impl: str
+    causal: bool
+    low: float
+    high: float
+    words: str
+
+
+def race(records, impls, base: str = "cudnn", *, min_seq: int = 0, **where) -> list[RaceRow]:
+    """:class:`RaceRow` per implementation of ``impls`` and mask where it and ``base`` share points (T >=
+    ``min_seq``, matching ``where``), every record of ``base`` at a point widening its range
+    (:func:`~attention_tutorial.results.claims.versus`)."""
+    rows = []
+    for impl in impls:
+        for causal in (False, True):
+            by_t = versus(records, impl, base, min_seq=min_seq, causal=causal, **where)
+            if by_t:
+                values = [c.value for c in by_t.values()]
+                rows.append(RaceRow(impl, causal, min(values), max(values), words_by_x(by_t)))
+    return rows
+
+
+def pct_both(rec: dict, gpu: str | None) -> tuple[float | None, float | None]:
+    """A record's % of the measured peak and % of ``gpu``'s datasheet peak (None where it has none)."""
+    peak, _ = datasheet_peak(gpu, rec.get("dtype") or "bfloat16")
+    return rec.get("pct_peak"), (100 * rec["tflops"] / peak if peak and rec.get("tflops") else None)

@@ -1,0 +1,189 @@
+"""The scaling page's numbers: the live points, the IO argument against the recorded times, and each section's
+claims, on synthetic records that a wrong number would fail and on the committed results."""
+
+import matplotlib.pyplot as plt
+import pytest
+
+from attention_tutorial.measure.flops import attention_bytes, materialised_bytes
+from attention_tutorial.results import store
+from attention_tutorial.site import scaling as page
+
+DATA = store.recorded()
+needs_data = pytest.mark.skipif(DATA is None, reason="no recorded results")
+
+
+def rec(impl, ms, lo=None, hi=None, **kw):
+    base = {"impl": impl, "status": "ok", "pass": "fwd", "batch": 2, "seq_q": 1024, "seq_kv": 1024, "heads": 4,
+            "kv_heads": 4, "head_dim": 64, "dtype": "bfloat16", "causal": False}  # fmt: skip
+    return {**base, "median_ms": ms, "p10_ms": lo or ms, "p90_ms": hi or ms, **kw}
+
+
+def _recs(**where):
+    return store.select(DATA["records"], status="ok", **where)
+
+
+@pytest.mark.parametrize("gpu", [True, False])
+@pytest.mark.parametrize("grid", sorted(page.LIVE))
+def test_each_live_selection_picks_a_point_or_two(grid, gpu):
+    pts = page.live_points(grid, gpu=gpu)
+    assert 1 <= len(pts) <= 2
+    keep = page.LIVE[grid][0 if gpu else 1]
+    assert all(getattr(p, k) in v for p in pts for k, v in keep.items())
+
+
+def test_live_points_refuse_an_unknown_grid():
+    with pytest.raises(ValueError, match="choose from"):
+        page.live_points("flash")
+
+
+def test_io_point_counts_materialised_bytes_for_xla_and_the_fused_minimum_for_cudnn():
+    x, c = page.io_point(rec("xla", 1.0)), page.io_point(rec("cudnn", 1.0))
+    assert x.bytes == materialised_bytes(2, 1024, 1024, 4, 4, 64, "bfloat16")
+    assert c.bytes == attention_bytes(2, 1024, 1024, 4, 4, 64, "bfloat16")
+    assert x.flops == c.flops == 4 * 2 * 4 * 1024 * 1024 * 64
+    assert c.intensity == pytest.approx(1024 * 1024 / (1024 + 1024))  # T·S / (T + S) for a fused kernel
+    assert x.tflops == pytest.approx(x.flops / 1e-3 / 1e12)
+    causal = page.io_point(rec("xla", 1.0, causal=True))
+    assert causal.bytes == x.bytes and causal.flops < x.flops / 2 + 4 * 2 * 4 * 1024 * 64  # kept pairs only
+    with pytest.raises(ValueError, match="forward"):
+        page.io_point(rec("xla", 1.0, **{"pass": "fwd+bwd"}))
+
+
+def test_roof_by_hand():
+    r = page.Roof(700.0, 3500.0)
+    assert r.ridge == pytest.approx(200.0)
+    assert r.cap(50.0) == pytest.approx(175.0) and r.cap(1e4) == 700.0
+    p = page.io_point(rec("cudnn", 1.0))
+    assert r.bytes_ms(p) == pytest.approx(p.bytes / 3.5e12 * 1e3)
+    assert r.matmul_ms(p) == pytest.approx(p.flops / 700e12 * 1e3)
+
+
+@needs_data
+def test_io_points_reproduce_the_recorded_tflops_and_the_roof_is_the_run_s():
+    prov = DATA["provenance"]
+    long = _recs(grid="seq_long")
+    for r in long:
+        assert page.io_point(r).tflops == pytest.approx(r["tflops"], rel=1e-6)
+    roof = page.roof(long, prov, "seq_long")
+    assert roof.peak_tflops == prov["grids"]["seq_long"]["matmul_bf16_tflops"]
+    r0 = next(r for r in long if r.get("pct_read"))
+    assert roof.gbps == pytest.approx(r0["gbps"] * 100 / r0["pct_read"], rel=1e-3)
+    assert (roof.datasheet_tflops, roof.datasheet_gbps) == (989.4, 4800.0)
+
+
+@needs_data
+def test_the_io_argument_holds_on_every_recorded_forward_call():
+    prov = DATA["provenance"]
+    recs = [r for r in _recs(grid=("seq_long", "head_dim"), causal=False) if r["impl"] in ("naive", "xla", "cudnn")]
+    roof = page.roof(recs, prov, "seq_long")
+    for r in recs:
+        p = page.io_point(r)
+        # the byte count is a floor: no call moved its bytes faster than the measured read ceiling (within 2 %,
+        # the gap between the two grids' ceilings), and none beat the roof at its FLOPs per byte
+        assert roof.bytes_ms(p) <= 1.02 * p.median_ms, (r["impl"], r["seq_q"], r["head_dim"])
+        assert p.tflops <= 1.02 * roof.cap(p.intensity), (r["impl"], r["seq_q"], r["head_dim"])
+        assert (p.intensity < roof.ridge) == (r["impl"] != "cudnn")  # memory-bound unless fused
+    (xla,) = _recs(grid="seq_long", impl="xla", causal=False, seq_q=4096)
+    assert page.roof(recs, prov, "seq_long").bytes_ms(page.io_point(xla)) > 0.7 * xla["median_ms"]
+
+
+def test_io_figure_draws_the_budget_and_the_roofline():
+    points = [page.io_point(rec("xla", 2.0)), page.io_point(rec("cudnn", 0.5))]
+    r = page.Roof(700.0, 4500.0, 989.4, 4800.0)
+    fig = page.io_figure(points, points, r)
+    left, right = fig.axes
+    widths = [b.get_width() for b in left.patches]
+    assert widths == pytest.approx([2.0, r.bytes_ms(points[0]), r.matmul_ms(points[0]),
+                                    0.5, r.bytes_ms(points[1]), r.matmul_ms(points[1])])  # fmt: skip
+    marks = {line.get_label(): (line.get_xdata()[0], line.get_ydata()[0]) for line in right.lines
+             if line.get_linestyle() == "None"}  # fmt: skip
+    assert marks["XLA"] == pytest.approx((points[0].intensity, points[0].tflops))
+    assert marks["cuDNN"] == pytest.approx((points[1].intensity, points[1].tflops))
+    roofs = [line for line in right.lines if line.get_label().endswith("TB/s")]
+    assert max(roofs[0].get_ydata()) == 700.0 and max(roofs[1].get_ydata()) == pytest.approx(989.4)
+    plt.close(fig)
+
+
+def test_mask_saving_reads_each_t_from_the_spreads():
+    recs = [rec("xla", 2.0, 1.9, 2.1, seq_q=1024), rec("xla", 2.5, 2.4, 2.6, seq_q=1024, causal=True),
+            rec("xla", 4.0, 3.9, 4.1, seq_q=2048), rec("xla", 4.05, 3.95, 4.2, seq_q=2048, causal=True)]  # fmt: skip
+    m = page.mask_saving(recs, "xla")
+    assert m.words == "slower at T = 1024; on par at T = 2048"
+    assert (m.low, m.high) == pytest.approx((2.0 / 2.5, 4.0 / 4.05))
+    assert page.mask_saving(recs, "cudnn") is None
+
+
+@needs_data
+def test_recorded_causal_masks_save_time_for_cudnn_only():
+    long = _recs(grid="seq_long")
+    cudnn, xla = page.mask_saving(long, "cudnn"), page.mask_saving(long, "xla")
+    assert cudnn.words == "faster" and cudnn.low > 1.3
+    assert xla.high < 1.05 and "faster" not in xla.words
+
+
+def test_bytes_per_score():
+    recs = [rec("xla", 1.0, temp_bytes=6 * 2 * 4 * 1024 * 1024), rec("xla", 1.0, seq_q=2048, seq_kv=2048,
+            temp_bytes=7 * 2 * 4 * 2048 * 2048), rec("cudnn", 1.0)]  # fmt: skip
+    assert page.bytes_per_score(recs, "xla") == (6.0, 7.0) and page.bytes_per_score(recs, "cudnn") is None
+
+
+@needs_data
+def test_recorded_temporaries_are_the_float32_scores_and_bf16_weights():
+    per = page.bytes_per_score(_recs(grid="seq_long", causal=False), "xla")
+    assert per == pytest.approx((4 + 2, 4 + 2), abs=0.01)  # what materialised_bytes writes once per pair
+
+
+def test_batch_floor():
+    recs = [rec("cudnn", 0.07, 0.06, 0.08, batch=1), rec("cudnn", 0.075, 0.07, 0.09, batch=16),
+            rec("xla", 0.04, 0.035, 0.045, batch=8)]  # fmt: skip
+    f = page.batch_floor(recs, "cudnn")
+    assert (f.work_ratio, f.fastest_ms, f.claim.word) == (16, 0.04, "on par")
+    assert f.time_ratio == pytest.approx(0.075 / 0.07)
+    assert page.batch_floor(recs[:1], "cudnn") is None
+
+
+def test_head_dim_change():
+    recs = [rec("xla", 3.38, 3.37, 3.39, head_dim=32, tflops=40.0), rec("xla", 4.26, 4.2, 4.36, head_dim=256,
+            tflops=258.0), rec("xla", 3.5, head_dim=64, tflops=80.0)]  # fmt: skip
+    h = page.head_dim_change(recs, "xla")
+    assert (h.first, h.last, h.work_ratio) == (32, 256, 8)
+    assert h.tflops_ratio == pytest.approx(258 / 40) and h.time_ratio == pytest.approx(4.26 / 3.38)
+    assert h.time_claim.word == "faster"  # H = 32 is faster: the time rises, outside the spreads
+
+
+def test_race_rows_per_mask():
+    recs = [rec("cudnn", 1.0, 0.95, 1.05, seq_q=4096), rec("mosaic", 1.1, 1.08, 1.12, seq_q=4096),
+            rec("cudnn", 4.0, 3.9, 4.1, seq_q=8192), rec("mosaic", 4.05, 4.0, 4.1, seq_q=8192),
+            rec("mosaic", 0.3, seq_q=1024), rec("cudnn", 0.2, seq_q=1024)]  # fmt: skip
+    (row,) = page.race(recs, ("mosaic", "xla"), min_seq=4096)
+    assert (row.impl, row.causal, row.words) == ("mosaic", False, "slower at T = 4096; on par at T = 8192")
+    assert (row.low, row.high) == pytest.approx((1.0 / 1.1, 4.0 / 4.05))
+
+
+@needs_data
+def test_recorded_backward_race_against_independent_ratios():
+    race = _recs(grid="backward", head_dim=128, dtype="bfloat16", heads=16, kv_heads=16)
+    rows = {(x.impl, x.causal): x for x in page.race(race, ("mosaic", "xla"), min_seq=4096)}
+    for (impl, causal), row in rows.items():
+        ratios = []
+        for r in store.select(race, impl=impl, causal=causal):
+            if r["seq_q"] >= 4096:
+                cu = store.select(race, impl="cudnn", causal=causal, seq_q=r["seq_q"], batch=r["batch"])
+                ratios += [c["median_ms"] / r["median_ms"] for c in cu]
+        assert (row.low, row.high) == pytest.approx((min(ratios), max(ratios)))
+    assert rows[("xla", False)].high < 0.5 and rows[("mosaic", False)].low > 0.8
+
+
+def test_pct_both():
+    assert page.pct_both({"tflops": 494.7, "pct_peak": 70.0, "dtype": "bfloat16"}, "NVIDIA H200") == (
+        70.0,
+        pytest.approx(50.0),
+    )
+    assert page.pct_both({"tflops": 1.0, "pct_peak": 1.0}, None) == (1.0, None)
+
+
+def test_best_and_live_table_on_this_build():
+    recs = [rec("xla", 1.0, tflops=10.0), rec("xla", 1.0, tflops=20.0, seq_q=2048), rec("xla", 1.0, status="oom")]
+    assert page.best(recs, "xla")["tflops"] == 20.0 and page.best(recs, "cudnn") is None
+    text = page.live_table(recs[:1], recs, ["impl", "median_ms"])
+    assert text.startswith("**Live, this build:**") and text.count("\n|---|---|") == 1  # one table on a CPU
