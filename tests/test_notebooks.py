@@ -69,7 +69,7 @@ def _page(tmp_path, body: str, name: str = "page.md") -> Path:
 
 def test_the_executable_pages_are_found():
     names = {p.name for p in PAGES}
-    assert {"index.md", "qkv_from_scratch.md", "benchmarks.md", "pallas_kernels.md"} <= names
+    assert {"index.md", "qkv_from_scratch.md", "scaling.md", "pallas_kernels.md"} <= names
     assert "api.md" not in names and "404.md" not in names  # no kernelspec: not notebooks
 
 
