@@ -153,12 +153,16 @@ def race_figure(speeds, *, title: str = ""):
             ax.errorbar(s.ts, ys, yerr=err, color=colour, marker=marker, capsize=3, linewidth=1.6, label=name)
         ax.axhline(100, color="#555555", linestyle=(0, (6, 3)), linewidth=1.1)
         ax.set_xscale("log", base=2)
+        ts = sorted({t for s in speeds for t in s.ts})
+        ax.set_xticks(ts, [f"{t // 1024}k" if t >= 1024 else str(t) for t in ts])
+        ax.minorticks_off()
         ax.set_xlabel("T (query length)")
         ax.set_title("causal" if causal else "no mask", fontsize=10)
         ax.grid(True, color="#dddddd", linewidth=0.8)
     axes[0].set_ylabel(f"% of {label(speeds[0].baseline) if speeds else 'cuDNN'}'s speed")
     if speeds:
-        axes[-1].legend(fontsize=8, loc="lower right")
+        handles, labels = axes[0].get_legend_handles_labels()
+        fig.legend(handles, labels, fontsize=8, loc="outside lower center", ncol=min(len(labels), 3), frameon=False)
     if title:
         fig.suptitle(title, fontsize=11)
     return fig
@@ -217,9 +221,10 @@ def timeline_figure(rows: dict[str, list[tuple]], *, title: str = ""):
     ax.set_xticks([])
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    fig.legend(handles=[Patch(color=MATMUL, label="tensor cores (wgmma)"), Patch(color=SOFTMAX, label="softmax (exp2)"),
-                        Patch(color=COPY, label="TMA copy")], fontsize=8, loc="outside lower center", ncol=3,
-               frameon=False)  # fmt: skip
+    kinds = {kind for row in rows.values() for _, _, kind, _ in row}
+    names = {"matmul": "tensor cores (wgmma)", "softmax": "softmax (exp2)", "copy": "TMA copy"}
+    fig.legend(handles=[Patch(color=colours[k], label=names[k]) for k in names if k in kinds], fontsize=8,
+               loc="outside lower center", ncol=3, frameon=False)  # fmt: skip
     if title:
         ax.set_title(title, fontsize=11)
     return fig
