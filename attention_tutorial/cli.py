@@ -271,7 +271,7 @@ def check_outputs(save, plot, *, force=False, provenance=None) -> list[str]:
         if not path or not str(path).strip() or (problems and flag == "--save"):
             continue
         path = Path(path)
-        folder = path.parent.resolve()
+        folder = Path(os.path.realpath(path)).parent  # through a symlink: its target's folder
         if path.is_dir():
             problems.append(f"{flag} {path} is a folder; name a file")
         elif path.exists() and not path.is_file():
@@ -345,6 +345,9 @@ def _bench(args) -> int:
                  "--head-dim": args.head_dim}  # fmt: skip
         problems += [f"{flag} {n}: sizes must be positive integers" for flag, vs in sizes.items() for n in vs if n < 1]
         problems += _count_problems(args, ("--repeats", args.repeats))
+        if args.kv_heads and args.kv_heads > 0 and not args.grid:
+            problems += [f"--kv-heads {args.kv_heads}: --heads {n} is not a multiple of it; give K dividing every N"
+                         for n in args.heads if n > 0 and n % args.kv_heads]  # fmt: skip
         if problems:
             return _refuse(problems)
         if args.grid:

@@ -64,6 +64,7 @@ def test_bench_checks_both_paths_before_measuring(tmp_path, capsys, monkeypatch)
         (["--save", str(readonly)], "read-only"),
         (["--plot", ""], "name an image file"),
         (["--repeats", "0"], "--repeats 0: give a whole number"),
+        (["--kv-heads", "3"], "--heads 2 is not a multiple of it"),
     ]
     for extra, message in cases:
         assert main([*SMALL, *extra]) == 2, extra

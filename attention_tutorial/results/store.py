@@ -259,8 +259,12 @@ def check_target(path) -> list[str]:
     except (TypeError, ValueError) as err:
         return [str(err)]
     folder = target.parent
-    if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
-        return [f"the folder {folder} is not writable; choose a path in a folder you can write"]
+    if folder.is_dir():
+        try:  # the one sure test (a read-only mount, /proc, root's rights): make a file there and remove it
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as err:
+            return [f"cannot write in the folder {folder} ({err.strerror}); choose a folder you can write"]
     if target.is_file() and _read_only(target):
         return [f"{target} is read-only; make it writable (chmod u+w {target}) or choose another path"]
     return []
@@ -378,7 +382,11 @@ def _locked(target: Path):
     target.parent.mkdir(parents=True, exist_ok=True)
     lock = target.with_name(f".{target.name}.lock")
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise OSError(err.errno, f"cannot write in the folder {target.parent} ({err.strerror}); save to a "
+                          "folder you can write") from None  # fmt: skip
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:

@@ -398,6 +398,8 @@ def test_a_read_only_file_is_refused_and_kept(tmp_path):
         with pytest.raises(PermissionError, match="read-only"):
             results.save(path, GOOD["provenance"], [_rec("b")], overwrite=overwrite)
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["gpu.json"]
+    if Path("/proc/self").is_dir():  # a folder nobody can create files in, whatever os.access says for root
+        assert "cannot write in the folder /proc" in store.check_target("/proc/x.json")[0]
 
 
 def test_saving_through_a_symlink_writes_its_target_and_keeps_the_link(tmp_path):
