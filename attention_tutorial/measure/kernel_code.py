@@ -6,16 +6,19 @@ Memory Accelerator (``cp.async.bulk.tensor``, ``UTMALDG``) or by per-thread asyn
 (``cp.async``, ``LDGSTS``). ``kernel_code(impl, ...)`` compiles and runs one registry implementation in a fresh
 process and counts those instructions in its machine code (static counts: instructions in the code, not
 executions): for Mosaic GPU kernels from the PTX/SASS that Mosaic GPU's dump switches write; for everything XLA
-compiles itself — Triton-lowered Pallas kernels included — from the cubins inside the serialised executable,
-disassembled with ``cuobjdump``. The recorder runs it on a GPU; the counting is plain text processing, tested
+compiles itself — Triton-lowered Pallas kernels included — from the cubins inside the serialised executable
+(Snappy blocks decoded with ``cramjam``, ELF objects cut out with ``pyelftools``), disassembled with the CUDA
+toolkit's ``cuobjdump``. The recorder runs it on a GPU; the counting is plain text processing, tested
 on the CPU.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
@@ -73,82 +76,96 @@ def summarise_dump(folder: Path) -> dict:
     return {"counts": totals, "registers": sorted(registers), "wgmma_serialised": sorted(serialised)}
 
 
-def _field(header: bytes, offset: int, size: int) -> int:
-    return int.from_bytes(header[offset : offset + size], "little")
-
-
 def elf_images(blob: bytes) -> list[bytes]:
-    """The ELF objects (cubins) inside a byte string, each cut to the length its header gives."""
+    """The ELF objects (cubins) lying in ``blob``, each cut to the length its own headers give (read with
+    pyelftools): where its section or program header table ends, or its last section, whichever is furthest."""
     images, start = [], blob.find(b"\x7fELF")
     while start >= 0:
-        header = blob[start : start + 64]
-        if len(header) == 64 and header[4] == 2:  # 64-bit ELF: the section or program header table ends it
-            end = max(_field(header, 0x28, 8) + _field(header, 0x3A, 2) * _field(header, 0x3C, 2),  # sections
-                      _field(header, 0x20, 8) + _field(header, 0x36, 2) * _field(header, 0x38, 2))  # programs  # fmt: skip
-            if 64 <= end <= len(blob) - start:
-                images.append(blob[start : start + end])
-                start = blob.find(b"\x7fELF", start + end)
-                continue
-        start = blob.find(b"\x7fELF", start + 4)
+        size = _elf_size(blob, start)
+        if size:
+            images.append(blob[start : start + size])
+        start = blob.find(b"\x7fELF", start + (size or 4))
     return images
 
 
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[i]
-        value, shift, i = value | (byte & 0x7F) << shift, shift + 7, i + 1
-        if byte < 0x80:
-            return value, i
+def _elf_size(blob: bytes, start: int) -> int | None:
+    """The length of the ELF object at ``blob[start]`` by its headers, or None where they do not describe one that
+    fits in ``blob``."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        elf = ELFFile(io.BytesIO(blob[start:]))
+        h = elf.header
+        ends = [h.e_ehsize, h.e_shoff + h.e_shnum * h.e_shentsize, h.e_phoff + h.e_phnum * h.e_phentsize]
+        ends += [s["sh_offset"] + s["sh_size"] for s in elf.iter_sections() if s["sh_type"] != "SHT_NOBITS"]
+    except (ELFError, ValueError, TypeError, KeyError, struct.error, OverflowError):
+        return None
+    size = max(ends)
+    return size if size <= len(blob) - start else None
 
 
-def snappy_block(data: bytes, start: int) -> bytes:
-    """Decode the raw Snappy block that starts at ``data[start]`` and stop at its declared length.
+def snappy_blocks(blob: bytes, *, min_size: int = 1024) -> list[bytes]:
+    """The raw Snappy blocks that ``blob`` holds as length-prefixed bytes, decoded (cramjam), each of at least
+    ``min_size`` bytes once decoded.
 
-    XLA compresses serialised GPU executables with Snappy (cubins inside, twice over) and embeds the blocks in
-    larger buffers; library decoders want the block's exact end, which nothing records, so this reads the
-    format (a varint length, then literal and copy elements) and stops when the length is reached.
-    Raises ``ValueError`` (or ``IndexError``) where ``data[start:]`` is not such a block.
+    XLA compresses serialised GPU executables with Snappy (cubins inside, twice over) and embeds the blocks as bytes
+    fields: of a protobuf message (a varint length before them) or of a pickle (a 4- or 8-byte little-endian length).
+    A raw block records its decoded size but not its own length, so the length before it is what says where it ends:
+    each length found in ``blob`` is tried, and what decodes is a block.
     """
-    size, i = _varint(data, start)
-    if size > 64 * (len(data) - i):  # more than Snappy can expand what is left: not a block
-        raise ValueError("not a Snappy block")
-    out = bytearray()
-    while len(out) < size:
-        tag, i = data[i], i + 1
-        kind = tag & 3
-        if kind == 0:  # literal: length in the tag, or in the 1-4 bytes after it
-            length = tag >> 2
-            if length >= 60:
-                length, i = int.from_bytes(data[i : i + length - 59], "little"), i + length - 59
-            out += data[i : i + length + 1]
-            i += length + 1
+    import cramjam
+    import numpy as np
+
+    n = len(blob)
+    data = np.frombuffer(blob, np.uint8)
+    value, size = _varints(data)
+    pos = np.arange(n, dtype=np.int64)
+    starts, lengths = [np.array([0]), pos[size > 0] + size[size > 0]], [np.array([n]), value[size > 0]]  # whole, varint
+    for width in (4, 8):  # little-endian fixed-width lengths
+        if n >= width:
+            fixed = sum(data[k : n - width + 1 + k].astype(np.uint64) << np.uint64(8 * k) for k in range(width))
+            starts.append(pos[: n - width + 1] + width)
+            lengths.append(np.minimum(fixed, np.uint64(1 << 40)).astype(np.int64))
+    j, length = np.concatenate(starts), np.concatenate(lengths)
+    fits = (length >= 16) & (j + length <= n)
+    j, length = j[fits], length[fits]
+    declared = np.where(size[j] > 0, value[j], -1)  # a block opens with its decoded size
+    plausible = (declared >= np.maximum(min_size, length * 6 // 7 - 32)) & (declared <= 22 * length)  # ~22× at most
+    view, found = memoryview(blob), []
+    for start, stop in sorted(set(zip(j[plausible].tolist(), (j + length)[plausible].tolist()))):
+        try:
+            found.append(bytes(cramjam.snappy.decompress_raw(view[start:stop])))
+        except cramjam.DecompressionError:
             continue
-        if kind == 1:  # copy, 1-byte offset
-            length, offset, i = 4 + ((tag >> 2) & 7), (tag >> 5) << 8 | data[i], i + 1
-        else:  # copy, 2- or 4-byte offset
-            width = 2 if kind == 2 else 4
-            length, offset, i = (tag >> 2) + 1, int.from_bytes(data[i : i + width], "little"), i + width
-        if not 0 < offset <= len(out):
-            raise ValueError("not a Snappy block")
-        for _ in range(length):
-            out.append(out[-offset])
-    if len(out) != size:
-        raise ValueError("not a Snappy block")
-    return bytes(out)
+    return found
+
+
+def _varints(data):
+    """(value, size) of the base-128 varint (at most 5 bytes) starting at each byte of ``data``; size 0 where none
+    ends within 5 bytes."""
+    import numpy as np
+
+    n = len(data)
+    value, size = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    reading = np.ones(n, bool)  # still inside this position's varint
+    for k in range(5):
+        byte = np.full(n, 0x80, np.int64)  # past the end: never ends a varint
+        byte[: n - k] = data[k:]
+        value = np.where(reading, value | ((byte & 0x7F) << (7 * k)), value)
+        ends = reading & (byte < 0x80)
+        size[ends] = k + 1
+        reading &= ~ends
+    return value, size
 
 
 def cubins_in(blob: bytes, depth: int = 3) -> list[bytes]:
-    """The cubins in ``blob``, looking inside Snappy blocks (up to ``depth`` deep) when none lies in the open."""
+    """The cubins in ``blob``, looking inside its Snappy blocks (up to ``depth`` deep) when none lies in the open."""
     images = elf_images(blob)
     if images or depth == 0:
         return images
-    for start in range(len(blob)):
-        try:
-            inner = snappy_block(blob, start)
-        except (ValueError, IndexError):
-            continue
-        if len(inner) > 1024 and b"\x7fELF" in inner and (found := cubins_in(inner, depth - 1)):
+    for inner in snappy_blocks(blob):
+        if b"\x7fELF" in inner and (found := cubins_in(inner, depth - 1)):
             return found
     return []
 

@@ -1,7 +1,10 @@
 """Counting instruction families in PTX and SASS text (the GPU dump itself runs in the recorder)."""
 
 import os
+import sys
+from pathlib import Path
 
+import cramjam
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,15 +16,9 @@ from attention_tutorial.measure.kernel_code import (
     cubins_in,
     elf_images,
     kind_of,
-    snappy_block,
+    snappy_blocks,
     summarise_dump,
 )
-
-try:  # an independent Snappy encoder, from the 'test' extra; only the Snappy tests need it
-    import cramjam
-except ImportError:
-    cramjam = None
-needs_cramjam = pytest.mark.skipif(cramjam is None, reason="needs cramjam: pip install 'attention-tutorial[test]'")
 
 PTX = """
 .version 8.7
@@ -103,41 +100,49 @@ def test_summarise_dump_reports_serialised_wgmma(tmp_path):
     ]
 
 
-def _fake_elf(fill: bytes) -> bytes:
-    header = bytearray(64)
-    header[:5] = b"\x7fELF\x02"  # 64-bit
-    header[0x28:0x30] = (64).to_bytes(8, "little")  # section headers start right after the header
-    header[0x3A:0x3C] = (64).to_bytes(2, "little")  # one 64-byte section header
-    header[0x3C:0x3E] = (1).to_bytes(2, "little")
-    return bytes(header) + fill * 64
+def _real_elf() -> bytes:
+    """An ELF object a linker wrote: the Python interpreter running the tests (its section headers end the file)."""
+    return Path(sys.executable).resolve().read_bytes()
 
 
-def test_elf_images_cuts_each_cubin_out_of_a_blob():
-    a, b = _fake_elf(b"a"), _fake_elf(b"b")
-    blob = b"serialised executable..." + a + b"\x00" * 7 + b + b"...\x7fELF truncated"
-    assert elf_images(blob) == [a, b]
+def _field(data: bytes) -> bytes:
+    """``data`` as a protobuf bytes field (field 2: tag 0x12, varint length), as XLA's serialised protos hold it."""
+    n, prefix = len(data), bytearray()
+    while True:
+        prefix.append((n & 0x7F) | (0x80 if n >= 0x80 else 0))
+        n >>= 7
+        if not n:
+            return b"\x12" + bytes(prefix) + data
+
+
+def _pickled(data: bytes) -> bytes:
+    """``data`` as pickle's BINBYTES (opcode B, 4-byte little-endian length), as jax's serialize pickles it."""
+    return b"B" + len(data).to_bytes(4, "little") + data
+
+
+def test_elf_images_cuts_each_object_out_of_a_blob_by_its_own_headers():
+    elf = _real_elf()
+    assert elf_images(elf) == [elf]
+    blob = b"serialised executable..." + elf + b"\x00" * 7 + elf + b"...\x7fELF truncated" + elf[:200]
+    assert elf_images(blob) == [elf, elf]  # the cut-off copy at the end is not an object
     assert elf_images(b"no objects here") == []
 
 
-@needs_cramjam
-@given(st.binary(max_size=3000), st.integers(0, 50))
-def test_snappy_block_decodes_what_an_independent_encoder_wrote(data, junk):
+@given(st.binary(max_size=3000), st.integers(0, 50), st.sampled_from([_field, _pickled]))
+def test_snappy_blocks_decode_what_an_independent_encoder_wrote_between_other_bytes(data, junk, frame):
     block = bytes(cramjam.snappy.compress_raw(data * 3))  # repeats give the encoder copies to emit
-    assert snappy_block(b"\xff" * junk + block + b"trailing bytes", junk) == data * 3
+    blob = b"\xff" * junk + frame(block) + b"trailing bytes"
+    assert (data * 3 in snappy_blocks(blob, min_size=0)) == (len(block) >= 16)
+    assert snappy_blocks(b"\x12\x05\x07\x01\x02\x03\x04", min_size=0) == []
 
 
-def test_snappy_block_rejects_non_blocks():
-    with pytest.raises((ValueError, IndexError)):
-        snappy_block(b"\x10\x05\x07", 0)  # a copy before any output
-
-
-@needs_cramjam
 def test_cubins_in_finds_an_elf_inside_two_snappy_layers():
-    cubin = _fake_elf(b"c")
+    cubin = _real_elf()
     inner = bytes(cramjam.snappy.compress_raw(b"proto header " * 90 + cubin + b" tail" * 50))
-    outer = bytes(cramjam.snappy.compress_raw(b"executable " * 100 + inner + b" more"))
-    assert cubins_in(b"pickle..." + outer + b"...end") == [cubin]
-    assert cubins_in(b"pickle..." + outer + b"...end", depth=1) == []  # one layer is not enough
+    outer = bytes(cramjam.snappy.compress_raw(b"executable " * 100 + _field(inner) + b" more"))
+    blob = b"pickle..." + _pickled(outer) + b"...end"
+    assert cubins_in(blob) == [cubin]
+    assert cubins_in(blob, depth=1) == []  # one layer is not enough
 
 
 def test_code_keys_stay_those_recorded_at_h128_and_name_other_head_sizes():
