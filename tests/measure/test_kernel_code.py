@@ -88,7 +88,7 @@ def test_summarise_dump_adds_files_and_reads_registers(tmp_path):
 
 
 def test_summarise_dump_reports_serialised_wgmma(tmp_path):
-    # the warning ptxas printed for our pipelined Mosaic forward on the H200 (scripts/issue17_probe_h200.json)
+    # the warning ptxas printed for our pipelined Mosaic forward on the H200
     (tmp_path / "ptxas.log").write_text(
         "ptxas info    : (C7513) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non "
         "wgmma instructions defining input registers of a wgmma between start and end of the pipeline stage in the "
