@@ -222,7 +222,9 @@ def test_ctrl_c_while_jax_loads_exits_130_at_once(tmp_path, delay):
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     assert "interrupted" in stderr and "Traceback" not in stderr
-    assert _table_rows(stdout) == [] and not out.exists()
+    rows = _table_rows(stdout)  # none at 0.3 s (JAX still loads); a fast machine may have measured one by 1 s
+    assert len(rows) == (len(results.load(out)["records"]) if out.exists() else 0)
+    assert rows == [] or delay > 0.3
 
 
 @pytest.mark.slow  # three runs to the first saved point: about 15 s
