@@ -145,12 +145,27 @@ def dispatch_share(records) -> DispatchShare:
 
 
 @dataclass(frozen=True)
+class Outlier:
+    """A profiled call whose host time lies outside the target of its summed kernel time: by how much (%), the share
+    of its device span the GPU sat idle between kernels, and its launches per call (``at_least``: the record lists
+    only its longest kernels, so there may be more)."""
+
+    impl: str
+    causal: bool
+    gap_pct: float
+    idle: float | None
+    launches: float
+    at_least: bool
+
+
+@dataclass(frozen=True)
 class Agreement:
     """Host time against the profiler's device time over profiled records (``device_time`` records).
 
     ``long``: the calls with ``MIN_MS`` or more of device work; ``worst_pct``: the largest gap between the host
     time and the summed kernel time among them (of the very same profiled calls where the records have it:
     ``same_calls``), at ``worst_impl``/``worst_causal``; ``within``: whether every one is inside ``AGREE_PCT``;
+    ``inside``: how many of them are within it, the largest gap among those ``inside_pct``, and the ``outliers``;
     ``busy``: the (lowest, highest) share of the calls' device span the kernels ran; ``separate``: the (lowest,
     highest) summed kernel time as a share of the pipelined median of a separate timing run; ``short``: how many
     shorter calls, with their (lowest, highest) pipelined / summed ratio; ``source``: "device" (GPU kernels) or
@@ -167,6 +182,9 @@ class Agreement:
     short: int
     short_ratio: tuple[float, float] | None
     source: str | None
+    inside: int = 0
+    inside_pct: float | None = None
+    outliers: tuple = ()
 
 
 def agreement(records, *, within: float = AGREE_PCT, min_ms: float = MIN_MS) -> Agreement:
@@ -185,6 +203,13 @@ def agreement(records, *, within: float = AGREE_PCT, min_ms: float = MIN_MS) -> 
     gap = profile.agreement_pct if same else (lambda r: 100 * abs(r["device_ratio"] - 1))
     worst = max(long, key=gap)
     busy = [b for r in long if (b := profile.occupancy(r)) is not None]
+    inside = [gap(r) for r in long if gap(r) <= within]
+    outliers = tuple(
+        Outlier(r["impl"], r["causal"], gap(r), None if (o := profile.occupancy(r)) is None else 1 - o,
+                sum(k["count"] for k in r.get("kernels") or [] if k.get("kind") in profile.DEVICE_KINDS),
+                not profile.listed_all(r))
+        for r in long if gap(r) > within
+    )  # fmt: skip
     return Agreement(
         long=len(long),
         worst_pct=gap(worst),
@@ -197,6 +222,9 @@ def agreement(records, *, within: float = AGREE_PCT, min_ms: float = MIN_MS) -> 
         short=len(shorter),
         short_ratio=span(shorter),
         source=source,
+        inside=len(inside),
+        inside_pct=max(inside) if inside else None,
+        outliers=outliers,
     )
 
 

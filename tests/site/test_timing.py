@@ -88,8 +88,14 @@ def test_agreement_from_the_separate_timing_run():
     assert (a.long, a.worst_impl, a.worst_causal, a.within, a.same_calls) == (2, "xla", True, True, False)
     assert a.worst_pct == pytest.approx(2.5) and a.short == 1 and a.short_ratio == (1.5, 1.5)
     assert a.separate == pytest.approx((1 / 1.012, 1 / 0.975)) and a.busy is None
-    worse = timing.agreement([*recs, _rec("mosaic", 1.04, 3.0)])
+    assert (a.inside, a.outliers) == (2, ()) and a.inside_pct == pytest.approx(2.5)
+    kernels = [{"name": "k", "us": 2900.0, "count": 3.0, "kind": "kernel"}, {"name": "g", "us": 1.0, "count": 1.0,
+               "kind": "graph"}, {"name": "Memset", "us": 100.0, "count": 2.0, "kind": "memset"}]  # fmt: skip
+    worse = timing.agreement([*recs, _rec("mosaic", 1.04, 3.0, kernels=kernels, device_span_ms=3.2)])
     assert worse.worst_impl == "mosaic" and worse.worst_pct == pytest.approx(4.0) and not worse.within
+    (out,) = worse.outliers
+    assert (out.impl, out.launches, out.at_least) == ("mosaic", 5.0, False)  # kernels and memsets, not the graph
+    assert out.idle == pytest.approx(1 - 3.0 / 3.2) and out.gap_pct == pytest.approx(4.0)
 
 
 def test_agreement_prefers_the_same_profiled_calls():
@@ -116,6 +122,11 @@ def test_the_recorded_device_time_agrees_within_the_target_on_the_same_calls():
     gaps = [100 * abs(r["traced_wall_ms"] / r["device_ms"] - 1) for r in long]
     assert a.long == len(long) and a.same_calls and a.worst_pct == pytest.approx(max(gaps))
     assert a.within == (max(gaps) <= timing.AGREE_PCT)
+    assert a.inside == sum(g <= timing.AGREE_PCT for g in gaps) and a.inside + len(a.outliers) == a.long
+    assert a.outliers, "the timing page names the exception to the target: reword it for a recording without one"
+    for out in a.outliers:  # a call outside the target left the GPU idle between many kernels
+        (r,) = [r for r in long if (r["impl"], r["causal"]) == (out.impl, out.causal)]
+        assert out.idle == pytest.approx(1 - r["device_ms"] / r["device_span_ms"]) and out.launches > 10
 
 
 def test_device_row_formats_a_record():
