@@ -320,7 +320,7 @@ class _SaveFailed(Exception):
 
 
 def _bench(args) -> int:
-    recs, pts, saved, interrupted, failed, peak = [], None, 0, False, None, None
+    recs, pts, saved, interrupted, failed, peak, device = [], None, 0, False, None, None, None
     try:
         from .env import environment, timestamp
         from .measure.ceilings import measure_ceilings
@@ -330,6 +330,7 @@ def _bench(args) -> int:
         from .results.record import GRID_VERSIONS, provenance
 
         env = environment()
+        device = _device_words(env)
         command = "python -m attention_tutorial " + " ".join(args.argv)
         prov = provenance(env, {}, command)
 
@@ -388,7 +389,7 @@ def _bench(args) -> int:
         interrupted = True
     except _SaveFailed as err:
         failed = str(err)
-    _bench_report(args, recs, pts, peak, saved=saved, interrupted=interrupted)
+    _bench_report(args, recs, pts, peak, saved=saved, interrupted=interrupted, device=device)
     if failed:
         print(f"error: --save {args.save}: {failed}; {saved} of the {len(recs)} points above were saved",
               file=sys.stderr)  # fmt: skip
@@ -398,7 +399,7 @@ def _bench(args) -> int:
     return 0 if any(r["status"] == "ok" for r in recs) else 1
 
 
-def _bench_report(args, recs, pts, peak, *, saved, interrupted) -> None:
+def _bench_report(args, recs, pts, peak, *, saved, interrupted, device) -> None:
     """The table of what was measured (partial or whole), where it was saved, and its plot."""
     if recs:
         from .results.plotting import markdown_table
@@ -412,10 +413,8 @@ def _bench_report(args, recs, pts, peak, *, saved, interrupted) -> None:
     if args.save and saved:
         print(f"saved {saved} records to {args.save}")
     if args.plot and any(r["status"] == "ok" for r in recs):
-        from .env import environment
-
         partial = (len(recs), len(pts)) if pts is not None and len(recs) < len(pts) else None
-        _plot(recs, args.plot, peak, device=_device_words(environment()), partial=partial)
+        _plot(recs, args.plot, peak, device=device, partial=partial)
         print(f"plot: {args.plot}")
 
 

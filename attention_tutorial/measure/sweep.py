@@ -184,11 +184,18 @@ def run_point(point: Point, *, peak_tflops: float | None = None, seed: int = 0, 
     nbytes = attention_bytes(point.batch, point.seq_q, point.seq_kv, point.heads, point.kv_heads, point.head_dim,
                              point.dtype)  # fmt: skip
     extra = {"backend": _backend(impl, point)} if impl.backend else {}
-    return timed_record(
-        rec, t, flops=flops, peak_tflops=peak_tflops, single_call_ms=t.single_call_ms, dispatch_ms=t.dispatch_ms,
-        repeats=t.repeats, compile_s=stats.compile_s, gbps=nbytes / (t.median_ms * 1e-3) / 1e9,
-        temp_bytes=stats.temp_bytes, kernel=stats.attention_kernel, **extra,
-    )  # fmt: skip
+    try:
+        timed = timed_record(
+            rec, t, flops=flops, peak_tflops=peak_tflops, single_call_ms=t.single_call_ms, dispatch_ms=t.dispatch_ms,
+            repeats=t.repeats, compile_s=stats.compile_s, gbps=nbytes / (t.median_ms * 1e-3) / 1e9,
+            temp_bytes=stats.temp_bytes, kernel=stats.attention_kernel, **extra,
+        )  # fmt: skip
+    except ZeroDivisionError:  # a median of 0 ms: the clock did not see the call
+        return {**rec, "status": "error", "reason": f"the timing is not usable: median {t.median_ms} ms"}
+    problems = check_record(timed)
+    if problems:  # a measurement no result file may hold (a NaN, a negative time): said, not saved as a result
+        return {**rec, "status": "error", "reason": "the measurement is not usable: " + "; ".join(problems[:3])}
+    return timed
 
 
 def run_sweep(points, *, peak_tflops: float | None = None, progress: bool = False, on_record=None,

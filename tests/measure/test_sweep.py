@@ -160,3 +160,13 @@ def test_a_malformed_point_or_callback_is_named_before_anything_runs():
         run_sweep([Point("xla", 1, 8, 8, 2, 2, 16, "float32")], on_record=seen)
     with pytest.raises(ValueError, match=r"Point\.heads must be a positive integer"):  # checked before the first runs
         run_sweep([Point("xla", 1, 8, 8, 2, 2, 16, "float32"), Point("xla", 1, 8, 8, -2, 2, 16, "float32")])
+
+
+@pytest.mark.parametrize("median", [float("nan"), 0.0, -1.0])
+def test_a_measurement_no_result_file_may_hold_becomes_an_error_record(monkeypatch, median):
+    from attention_tutorial.measure import sweep
+    from attention_tutorial.measure.timing import Timing
+
+    monkeypatch.setattr(sweep, "time_fn", lambda *a, **k: Timing(median, median, median, 5, 1, 0.1, 1.0))
+    rec = run_point(Point("xla", 1, 8, 8, 2, 2, 16, "float32"), repeats=5)
+    assert rec["status"] == "error" and "not usable" in rec["reason"] and check_record(rec) == []
