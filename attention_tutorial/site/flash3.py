@@ -243,7 +243,7 @@ def fp8_errors(records, rounding: float, *, ours: str = "mosaic_fp8_regs", their
 
 # --- the tuning tables ---------------------------------------------------------------------------------------------
 
-TUNING_DIR = Path(store.RESULTS_DIR) / "tuning"
+TUNING_DIR = Path(store.__file__).resolve().parent / "data" / "tuning"  # package data, whatever the results dir
 TUNED = ("pallas", "mosaic", "pipe", "fp8")
 
 
