@@ -194,3 +194,16 @@ def test_exp_bound_says_whether_the_exponentials_are_what_holds_the_kernels_back
     assert not page.exp_bound(ratios, 0.95).short
     assert page.exp_bound([r for r in ratios if r.variant == "as_is"], 1.05) is None
     assert page.exp_bound(ratios, 1.05, head_dim=64) is None
+
+
+def test_the_tuning_tables_ship_as_package_data():
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    shipped = {
+        p for pat in patterns["attention_tutorial.results"] for p in (root / "attention_tutorial" / "results").glob(pat)
+    }
+    tables = set(page.TUNING_DIR.glob("*.json"))
+    assert len(tables) == len(page.TUNED) and tables <= shipped
