@@ -249,7 +249,7 @@ def kernel_code(impl: str, *, batch=4, seq_q=4096, heads=16, head_dim=128, dtype
 FP8_PATHS = {"mosaic_fp8": "smem", "mosaic_fp8_regs": "registers"}
 
 # The kernels the recorder inspects, (impl, input dtype, causal, H): our two and JAX's two, at one shape of the
-# FlashAttention race; our pipelined Mosaic forward (issue 17) with and without the causal mask, beside the plain one
+# FlashAttention race; our pipelined Mosaic forward with and without the causal mask, beside the plain one
 # causal; both at H = 256; and our FP8 forward, both ways of handing p to p·v.
 INSPECTED = (("pallas", "bfloat16", False, 128), ("jax_pallas", "bfloat16", False, 128),
              ("mosaic", "bfloat16", False, 128), ("jax_mosaic", "float16", False, 128),
