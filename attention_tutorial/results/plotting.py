@@ -76,7 +76,7 @@ def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title
     :data:`OVERLAP`, meant for speed and memory plots) are drawn once under both names; ``overlap=0`` merges only
     identical series (loss curves, whose small differences are the point). Returns the figure.
     """
-    _check_fields(by, "by")
+    by = _check_fields(by, "by")
     ok = [r for r in records if r.get("status") == "ok" and r.get(y) is not None]
     if any(x not in r for r in ok):
         fields = sorted(next(r for r in ok if x not in r))
@@ -159,7 +159,7 @@ def _tokens(records, x) -> int | None:
 def series_fields(records, *, x="seq_q", by=("impl",)) -> tuple[str, ...]:
     """``by`` plus every shape field that varies among ``records`` (other than ``x``, and batch where B·T is fixed):
     so that a line never joins points of different shapes."""
-    _check_fields(by, "by")
+    by = _check_fields(by, "by")
     tied = {"batch"} if _tokens(records, x) else set()
     varies = [f for f in SHAPE_FIELDS if f not in (x, *by, *tied) and len(_values(records, f)) > 1]
     if "seq_kv" in varies and all(r.get("seq_kv") == r.get("seq_q") for r in records):
@@ -225,9 +225,12 @@ def differences(mine, theirs, *, fields=("dtype", "seq_q", "seq_kv", "batch", "h
     return out
 
 
-def _check_fields(fields, name):
-    if isinstance(fields, str) or not all(isinstance(f, str) for f in fields):
+def _check_fields(fields, name) -> tuple[str, ...]:
+    """``fields`` as a tuple of names; a ``TypeError`` naming ``name`` for a bare string or a non-name."""
+    out = () if isinstance(fields, str) else tuple(fields)
+    if isinstance(fields, str) or not all(isinstance(f, str) for f in out):
         raise TypeError(f"{name} must be a tuple of record field names, e.g. ('impl', 'causal'); got {fields!r}")
+    return out
 
 
 OVERLAP = 0.005  # series within this relative difference at every x overlap on a plot: drawn once, both named
@@ -347,7 +350,7 @@ def cell(text) -> str:
 def markdown_table(records, columns) -> str:
     """A Markdown table of ``records`` with the given fields; a point that did not run says its status once (in the
     status column, else in its first missing value) and "–" in the other value columns."""
-    _check_fields(columns, "columns")
+    columns = _check_fields(columns, "columns")
     head = [cell(COLUMNS.get(c, (c, str))[0]) for c in columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(columns)]
     values = ("median_ms", "tflops", "gbps", "pct_peak", "pct_datasheet")
