@@ -22,7 +22,7 @@ from ..results.store import select
 # What a build runs live, per grid: (on a GPU, on a CPU) — a point or two; the recorded grids carry the sweeps.
 LIVE = {
     "seq_long": ({"impl": ("xla", "cudnn"), "seq_q": (4096,), "causal": (False,)},
-                 {"impl": ("naive", "xla"), "seq_q": (256,), "causal": (False,)}),
+                 {"impl": ("xla",), "seq_q": (256,), "causal": (False,)}),
     "batch": ({"impl": ("cudnn",), "batch": (1, 16)}, {"impl": ("xla",), "batch": (1, 4)}),
     "head_dim": ({"impl": ("cudnn",), "head_dim": (64, 256)}, {"impl": ("xla",), "head_dim": (32, 128)}),
     "backward": ({"impl": ("xla", "cudnn"), "seq_q": (4096,), "head_dim": (128,), "heads": (16,),
