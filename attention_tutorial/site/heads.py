@@ -72,7 +72,8 @@ def gqa_table(rows) -> list[dict]:
         row = {"implementation": IMPLEMENTATIONS[r["impl"]].label, "status": r["status"]}
         if r["status"] == "ok":
             row["max |GQA − MHA|"] = f"{r['max_abs_diff']:.1e}"
-            row["verdict"] = f"{agreement(r['max_abs_diff'], r['computed_in']).word} (tolerance {TOLERANCES[r['computed_in']]:.0e})"  # fmt: skip
+            word, tol = agreement(r["max_abs_diff"], r["computed_in"]).word, TOLERANCES[r["computed_in"]]
+            row["verdict"] = f"{word} (tolerance {tol:.0e})"
         else:
             row["max |GQA − MHA|"], row["verdict"] = "—", r["reason"]
         out.append(row)
@@ -160,8 +161,8 @@ def kv_cache_figure(provenance=None, *, kv_heads=(32, 8, 1), contexts=tuple(2**i
         ax.axhline(mem, color=GREY, linestyle="--", label=f"{provenance['gpu']} memory ({mem:.0f} GiB)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set(xlabel="context length (tokens), one sequence", ylabel="KV cache (GiB)",
-           title=f"{model['layers']} layers, N = {model['heads']}, H = {model['head_dim']}, {model['dtype']}")  # fmt: skip
+    title = f"{model['layers']} layers, N = {model['heads']}, H = {model['head_dim']}, {model['dtype']}"
+    ax.set(xlabel="context length (tokens), one sequence", ylabel="KV cache (GiB)", title=title)
     ax.grid(True, color="#dddddd")
     ax.legend(fontsize=8, loc="upper left")
     return fig
