@@ -193,16 +193,6 @@ def live_points(section: str, *, gpu: bool) -> list[Point]:
     return [Point(**s) for s in shapes[section]]
 
 
-def read_ceiling(records, provenance) -> float | None:
-    """GB/s of the read ceiling that ``records``' ``pct_read`` was computed against (the median of
-    gbps · 100 / pct_read: one recording run measures one ceiling); without pct_read, ``provenance``'s
-    ``read_gbps``; None without either."""
-    ceilings = [r["gbps"] * 100 / r["pct_read"] for r in records if r.get("pct_read") and r.get("gbps")]
-    if ceilings:
-        return statistics.median(ceilings)
-    return (provenance or {}).get("read_gbps")
-
-
 @dataclass(frozen=True)
 class Bandwidth:
     """One decode call read as bandwidth: the fewest bytes it must move over its time."""

@@ -104,12 +104,6 @@ DECODE = [
 ]
 
 
-def test_read_ceiling_is_what_pct_read_divided_by_else_the_provenance():
-    assert heads.read_ceiling([dec("cudnn", 1, 1, 1, 1, 1, 450.0, 10.0)], {"read_gbps": 1.0}) == pytest.approx(4500)
-    assert heads.read_ceiling([dec("cudnn", 1, 1, 1, 1, 1, 450.0)], {"read_gbps": 4000.0}) == 4000.0
-    assert heads.read_ceiling([], None) is None
-
-
 def test_best_bandwidth_picks_the_highest_gbps_of_one_implementation():
     b = heads.best_bandwidth(DECODE, "cudnn")
     assert (b.seq_kv, b.kv_heads, b.gbps, b.pct_read) == (131072, 32, 4300, 96.0)
