@@ -21,7 +21,7 @@ case "$step" in
     # the GPU tests of kernels/mosaic (values and gradients against float64, the profiled forward) and of the timeline,
     # then the two extras into $RES: each kernel as it is and without exp2 beside cuDNN, and the profiled warpgroups
     workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 4)  # compiling dominates: 4 processes share it
-    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 270 python3 -m pytest -q -p no:cacheprovider -m gpu "${workers[@]}" \
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 270 python3 -m pytest -q -p no:cacheprovider -p no:benchmark -m gpu "${workers[@]}" \
       tests/kernels/mosaic tests/measure/test_timeline.py 2>&1 | tail -12
     timeout 300 python3 -m attention_tutorial record --grids --extras ablations timeline 2>&1 \
       | grep -v "it/s\]\|s/pt\]" | tail -50 > "$OUT/kernels-record.log"

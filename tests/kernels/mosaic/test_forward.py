@@ -145,7 +145,10 @@ def test_gpu_profiled_forward_writes_a_trace_and_the_same_numbers(pipeline, tmp_
     if reason := why_not(AttentionShape(1, 1024, 1024, 2, 2, 128), jnp.bfloat16, False):
         pytest.skip(reason)
     q, k, v = make_qkv(1, 1024, 2, 128, dtype=jnp.bfloat16, seed=4)
-    cfg = MosaicConfig(pipeline=pipeline, profile_space=64, profile_dir=str(tmp_path))
+    from attention_tutorial.measure.timeline import profile_space
+
+    space = profile_space(AttentionShape(1, 1024, 1024, 2, 2, 128), MosaicConfig(pipeline=pipeline).block_kv)
+    cfg = MosaicConfig(pipeline=pipeline, profile_space=space, profile_dir=str(tmp_path))
     out = jax.block_until_ready(jax.jit(functools.partial(mosaic_flash_attention, config=cfg))(q, k, v))
     jax.effects_barrier()  # the trace is written by a host callback
     plain = jax.jit(functools.partial(mosaic_flash_attention, config=MosaicConfig(pipeline=pipeline)))(q, k, v)
