@@ -140,7 +140,7 @@ def _resolver(app, docname: str):
                 entry = found[0] if len(found) == 1 else None
             return (at(entry.docname, entry.node_id), None) if entry else None
         if role == "term":
-            entry = std._terms.get(target.lower())
+            entry = getattr(std, "_terms", {}).get(target.lower())  # where the term role itself looks
             return (at(*entry), None) if entry else None
         if role in ("ref", "numref"):
             entry = std.labels.get(target.lower())
