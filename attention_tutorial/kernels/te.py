@@ -8,7 +8,7 @@ imports it.
 
 FP8, honestly (see the TransformerEngine page): under ``te.autocast`` only TE's GEMM layers (``DenseGeneral``
 and friends) compute in FP8; ``DotProductAttention`` stays in bf16. ``hlo_fp8_types`` shows it from the
-compiled program. Real FP8 attention is cuDNN's, reached through a private JAX function (:mod:`.fp8`).
+compiled program. Real FP8 attention is cuDNN's, reached through a private JAX function (:mod:`attention_tutorial.measure.fp8`).
 """
 
 from __future__ import annotations
