@@ -8,10 +8,13 @@ A Hopper CTA may use 227 KiB of shared memory; each compute thread of our kernel
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 
 import jax.numpy as jnp
 
 from ...inputs import AttentionShape, check_block_size, check_flag
+from .exp2 import COLUMN_GROUP
 
 SMEM_BYTES = 227 * 1024  # shared memory one CTA may use on Hopper (H100, H200)
 SMEM_RESERVE = 4 * 1024  # on top of the tiles, where not measured otherwise: the pipelined forward with 3 stages at
@@ -30,6 +33,11 @@ class MosaicConfig:
     (:func:`~attention_tutorial.kernels.mosaic.pipelined.pipelined_steps`). H = 256 needs ``block_kv=64`` (see
     :func:`smem_bytes`).
 
+    ``exp_poly``: the fraction of each score tile's columns whose exponentials the forward computes with a
+    polynomial on the FMA units instead of ``exp2`` on the multi-function unit
+    (:func:`~attention_tutorial.kernels.mosaic.exp2.exp2_split`); 0 to 1 in steps of 8 columns of ``block_kv``
+    (1/16 at block_kv = 128). The numbers stay right (within bfloat16's rounding of p).
+
     Two switches measure the forward and never compute attention: ``no_exp=True`` replaces every exp2 of its softmax
     by the identity (wrong numbers: a timing bound with the exponentials' cost removed), and ``profile_space`` regions
     per warpgroup with ``profile_dir`` switch Pallas's in-kernel profiler on (its trace goes to ``profile_dir``; the
@@ -43,6 +51,7 @@ class MosaicConfig:
     bwd_stages: int = 2
     pipeline: bool = False
     no_exp: bool = False
+    exp_poly: float = 0.0
     profile_space: int = 0
     profile_dir: str = ""
 
@@ -56,6 +65,7 @@ class MosaicConfig:
                 raise ValueError(
                     f"MosaicConfig.{name} must be a multiple of 64 (wgmma's tile); got {getattr(self, name)}."
                 )
+        self._check_exp_poly()
         if not isinstance(self.profile_dir, str):
             raise TypeError(f"MosaicConfig.profile_dir must be a str (a folder); got {self.profile_dir!r}.")
         if self.profile_space:
@@ -65,6 +75,30 @@ class MosaicConfig:
                 f"MosaicConfig.profile_space and profile_dir go together (both set to profile, neither otherwise); "
                 f"got profile_space={self.profile_space!r}, profile_dir={self.profile_dir!r}."
             )
+
+    def _check_exp_poly(self):
+        f = self.exp_poly
+        if isinstance(f, bool) or not isinstance(f, numbers.Real):
+            raise TypeError(
+                f"MosaicConfig.exp_poly must be a real number (a fraction of the score columns); got {f!r}."
+            )
+        if not 0 <= f <= 1:
+            raise ValueError(f"MosaicConfig.exp_poly must be a fraction of the score columns in [0, 1]; got {f!r}.")
+        groups, step = f * self.block_kv / COLUMN_GROUP, COLUMN_GROUP / self.block_kv
+        if abs(groups - round(groups)) > 1e-9:
+            raise ValueError(
+                f"MosaicConfig.exp_poly must be a whole number of {COLUMN_GROUP}-column groups of block_kv = "
+                f"{self.block_kv} (wgmma's register layout), a multiple of {step:g}; got {f!r}: try "
+                f"{math.floor(groups) * step:g} or {math.ceil(groups) * step:g}."
+            )
+        if f and self.no_exp:
+            raise ValueError(f"MosaicConfig.exp_poly={f!r} and no_exp=True exclude each other: no_exp removes the "
+                             "exponentials exp_poly would compute. Set one of them.")  # fmt: skip
+
+    @property
+    def exp_poly_columns(self) -> int:
+        """How many of a score tile's ``block_kv`` columns go through the polynomial (``exp_poly``)."""
+        return round(self.exp_poly * self.block_kv)
 
     @property
     def profiling(self) -> bool:

@@ -16,6 +16,7 @@ from jax import lax
 
 from ._common import LOG2E, call, causal_block_mask, causal_steps, copy_kv_ring, drain, regions, swizzled_tiles
 from .budget import MosaicConfig
+from .exp2 import softmax_exp2
 from .pipelined import pipelined_steps
 
 
@@ -33,7 +34,7 @@ def forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, causal, cfg, 
         cta_steps = jnp.minimum(pl.cdiv(cta_rows + 2 * bq, jnp.array(bkv, jnp.int32)), n_kv)
     else:
         cta_steps = n_kv
-    exp2 = (lambda x: x) if cfg.no_exp else jnp.exp2  # no_exp: a timing bound, wrong numbers
+    exp2, exp2_tile = softmax_exp2(cfg)  # of alpha, of p (cfg.exp_poly: part of p's on the FMA units)
     region = regions(cfg.profiling)  # named regions for the in-kernel profiler (nothing when it is off)
 
     def take_turn():  # the two compute warpgroups alternate on the tensor cores
@@ -81,7 +82,7 @@ def forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, causal, cfg, 
                 # Online softmax in base 2 with the scale folded in (c above).
                 m_new = jnp.maximum(m, s.max(axis=1) * c)  # (block_q,)
                 alpha = exp2(m - m_new)  # rescales what was summed relative to the old max
-                p = exp2(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))  # (block_q, block_kv)
+                p = exp2_tile(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))  # (block_q, block_kv)
                 acc *= lax.broadcast_in_dim(alpha, acc.shape, [0])
                 l = l * alpha + p.sum(axis=1)
                 p16 = p.astype(dtype)
@@ -109,7 +110,7 @@ def forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, causal, cfg, 
             acc, m, l = pipelined_steps(
                 (acc, m, l), qo_smem, k_smem, v_smem, (k_ready, v_ready, k_free, v_free), schedule, take_turn,
                 row0=row0, steps=steps, cta_steps=cta_steps, n_kv=n_kv, causal=causal, stages=stages, scale=scale,
-                exp2=exp2, region=region,
+                exp2=exp2, exp2_tile=exp2_tile, region=region,
             )  # fmt: skip
         elif not causal:
             acc, m, l = lax.fori_loop(0, n_kv, step, (acc, m, l))

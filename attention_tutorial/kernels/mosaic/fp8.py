@@ -43,6 +43,7 @@ from ._common import (
     swizzled_tiles,
 )
 from .budget import FP8_HEAD_DIMS, MosaicConfig, fp8_problem
+from .exp2 import softmax_exp2
 
 __all__ = ["E4M3_MAX", "F8", "FP8_HEAD_DIMS", "P_VIA", "fp8_forward", "fp8_forward_kernel", "logit_factors",
            "mosaic_fp8_attention", "operand_key_order", "operand_register_pairs", "quantize_e4m3", "why_not"]  # fmt: skip
@@ -168,7 +169,7 @@ def fp8_forward_kernel(q_ref, k_ref, v_ref, c_ref, o_ref, lse_ref, scoped, *, ca
         cta_steps = jnp.minimum(pl.cdiv(cta_rows + 2 * bq, jnp.array(bkv, jnp.int32)), n_kv)
     else:
         cta_steps = n_kv
-    exp2 = (lambda x: x) if cfg.no_exp else jnp.exp2  # no_exp: a timing bound, wrong numbers
+    exp2, exp2_tile = softmax_exp2(cfg)  # of alpha, of p (cfg.exp_poly: part of p's on the FMA units)
     region = regions(False)
 
     def take_turn():  # the two compute warpgroups alternate on the tensor cores
@@ -212,7 +213,7 @@ def fp8_forward_kernel(q_ref, k_ref, v_ref, c_ref, o_ref, lse_ref, scoped, *, ca
                 s = causal_block_mask(s, row0, j * bkv)
             m_new = jnp.maximum(m, s.max(axis=1) * c)
             alpha = exp2(m - m_new)
-            p = exp2(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
+            p = exp2_tile(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
             acc *= lax.broadcast_in_dim(alpha, acc.shape, [0])
             l = l * alpha + p.sum(axis=1)
             if p_operand is not None:  # E4M3 tops out at 448: scale p (<= 1) up to use its range

@@ -12,7 +12,7 @@ from ._common import LOG2E, causal_block_mask, drain
 
 
 def pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take_turn, *, row0, steps, cta_steps,
-                    n_kv, causal, stages, scale, exp2, region):  # fmt: skip
+                    n_kv, causal, stages, scale, exp2, exp2_tile, region):  # fmt: skip
     """One compute warpgroup's loop over its key blocks: ``(acc, m, l)`` in, ``(acc, m, l)`` out.
 
     Step j issues s = q kᵀ of block j+1 and acc += p v of block j back to back, hands the tensor cores to the other
@@ -21,7 +21,8 @@ def pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take_
     softmax, an epilogue issues the last p·v. The ping-pong stays: each block still takes two turns of the schedule
     barrier (after the matmuls are issued and after the softmax), so the two warpgroups keep alternating on the
     tensor cores. The price: block j's p (16-bit) stays in registers, read by the running p·v, while block j+1's s
-    and p are made.
+    and p are made. ``exp2`` exponentiates the row factors (alpha), ``exp2_tile`` the score tile (p)
+    (:func:`~attention_tutorial.kernels.mosaic.exp2.softmax_exp2`).
 
     Causal: a warpgroup's number of key blocks depends on its rows, but every loop here runs a trip count fixed when
     the kernel is built (:func:`static_trip_loop`), its steps past the bound skipped: with a trip count it cannot
@@ -44,7 +45,7 @@ def pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take_
                 s = causal_block_mask(s, row0, j * bkv)
             m_new = jnp.maximum(m, s.max(axis=1) * c)
             alpha = exp2(m - m_new)
-            p = exp2(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
+            p = exp2_tile(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
             # Keep the compiler from sinking the softmax past the waits and barriers that follow it.
             return lax.optimization_barrier((p.astype(dtype), m_new, l * alpha + p.sum(axis=1), alpha))
 
