@@ -34,7 +34,7 @@ def test_a_failing_cell_fails_the_build(tmp_path):
 
 
 def _pages():
-    if not HTML.exists():
+    if not (HTML / "index.html").exists():  # not built, or a build under way
         if os.environ.get("ATTENTION_TUTORIAL_REQUIRE_HTML"):
             pytest.fail(f"{HTML} is missing: build the docs first (nox -s docs)")
         pytest.skip("the site is not built here (nox -s docs builds it)")

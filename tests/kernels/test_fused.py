@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attention_tutorial.inputs import AttentionShape, Unsupported, make_qkv
@@ -12,20 +12,30 @@ from attention_tutorial.kernels.fused import cudnn_why_not, dot_product_attentio
 from attention_tutorial.kernels.reference import reference_attention
 from attention_tutorial.measure.compiled import kernels_used
 
+# one compiled program per drawn shape (run eagerly, every operation compiles apart for each new shape)
+attention_jit = jax.jit(dot_product_attention, static_argnames=("implementation", "is_causal"))
 
+
+def normal_qkv(b, t, s, n, k, h, seed):
+    """Standard-normal float32 q, k, v drawn by NumPy: jax.random would compile its sampler for every shape."""
+    rng = np.random.default_rng(seed)
+    return tuple(jnp.asarray(rng.standard_normal(shape, np.float32)) for shape in [(b, t, n, h)] + [(b, s, k, h)] * 2)
+
+
+@settings(max_examples=12)
 @given(
     b=st.integers(1, 2), t=st.integers(1, 33), s=st.integers(1, 33), k=st.sampled_from([1, 2]),
     g=st.sampled_from([1, 2, 4]), h=st.sampled_from([8, 16]), causal=st.booleans(),
     impl=st.sampled_from([None, "xla"]), seed=st.integers(0, 999),
 )  # fmt: skip
 def test_xla_matches_float64_reference(b, t, s, k, g, h, causal, impl, seed):
-    q, kk, v = make_qkv(b, t, k * g, h, seq_kv=s, kv_heads=k, seed=seed)
-    out = dot_product_attention(q, kk, v, implementation=impl, is_causal=causal)
+    q, kk, v = normal_qkv(b, t, s, k * g, k, h, seed)
+    out = attention_jit(q, kk, v, implementation=impl, is_causal=causal)
     np.testing.assert_allclose(out, reference_attention(q, kk, v, is_causal=causal), atol=2e-5, rtol=2e-5)
 
 
 def test_xla_bf16_close_to_reference():
-    q, k, v = make_qkv(2, 128, 8, 64, dtype=jnp.bfloat16)
+    q, k, v = make_qkv(2, 64, 4, 32, dtype=jnp.bfloat16)
     out = dot_product_attention(q, k, v, implementation="xla")
     np.testing.assert_allclose(np.asarray(out, np.float32), reference_attention(q, k, v), atol=1e-2, rtol=1e-2)
 
