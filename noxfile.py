@@ -26,9 +26,14 @@ def _install(session: nox.Session, *groups: str, extras: str = "") -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the test suite (GPU tests skip themselves without a GPU)."""
+    """Run the tests but the slow ones, spread over the CPU cores (pytest-xdist); GPU tests skip without a GPU.
+
+    Tests marked ``slow`` (a docs build, a wheel installed in a fresh venv) run in CI: ``nox -s tests -- -m "slow or
+    not slow"`` runs them all (a later ``-m`` replaces this one). Where a GPU is present (nvidia-smi) the tests run
+    in one process: each worker would claim the one device."""
     _install(session, "test", "docs")  # docs: the tests build a page with a failing cell
-    session.run("pytest", *session.posargs)
+    workers = "0" if shutil.which("nvidia-smi") else "auto"
+    session.run("pytest", "-n", workers, "--dist", "loadfile", "-m", "not slow", *session.posargs)
 
 
 @nox.session(default=False, reuse_venv=True)
