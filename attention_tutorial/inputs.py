@@ -21,6 +21,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import checkify
 
 
 class Unsupported(ValueError):
@@ -74,6 +75,8 @@ def make_qkv(
     for name, n in {**sizes, "seed": seed}.items():
         if not _is_int(n):
             raise ValueError(f"{name} must be an int; got {type(n).__name__} {n!r:.60}. Pass e.g. {name}=int({name}).")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0 (it seeds jax.random.key); got {int(seed)}. Pass e.g. seed=0.")
     shape = AttentionShape(*(int(n) for n in sizes.values()))
     _check_sizes(shape)
     try:
@@ -122,6 +125,66 @@ def resolve_scale(scale, head_dim: int) -> float:
     if not math.isfinite(value):
         raise ValueError(f"scale must be finite; got {value}; {fix}.")
     return value
+
+
+def check_int(name: str, value, *, minimum: int = 0, example: str = "") -> int:
+    """``value`` as a Python int >= ``minimum`` (NumPy integers accepted; bools, floats and strings refused, also
+    integral floats such as 2.0: a count is written as an int); ``ValueError`` naming ``name``, the value and the fix."""
+    example = f" (e.g. {name}={example})" if example else ""
+    if not _is_int(value):
+        raise ValueError(
+            f"{name} must be an integer >= {minimum}{example}; got {type(value).__name__} {value!r:.60}. "
+            f"Pass an int, e.g. {name}=int({name})."
+        )
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}{example}; got {int(value)}.")
+    return int(value)
+
+
+def check_number(name: str, value, *, positive: bool = False, non_negative: bool = False, example: str = "") -> float:
+    """``value`` as a finite Python float (ints and NumPy scalars accepted; bools, strings, NaN and infinities
+    refused), > 0 with ``positive``, >= 0 with ``non_negative``; ``ValueError`` naming ``name``, the value and the fix."""
+    want = "a finite number" + (" > 0" if positive else " >= 0" if non_negative else "")
+    example = f" (e.g. {name}={example})" if example else ""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.integer, np.floating)):
+        raise ValueError(f"{name} must be {want}{example}; got {type(value).__name__} {value!r:.60}.")
+    x = float(value)
+    if not math.isfinite(x) or (positive and x <= 0) or (non_negative and x < 0):
+        raise ValueError(f"{name} must be {want}{example}; got {x}.")
+    return x
+
+
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def check_scores_fit(q, k, scale: float, *, what: str) -> None:
+    """Refuse a ``scale`` with which float32 scores ``scale · q·kᵀ`` may overflow (``what``: the function that would
+    compute them as they are, for the message). |scale| · H · max|q| · max|k| (finite entries) bounds every score:
+    checked at once when q and k are concrete; traced under ``jit`` their values are unknown, and the check runs
+    only under ``jax.experimental.checkify.checkify`` (else it costs nothing: XLA drops it)."""
+    H = np.shape(q)[-1]
+    finite_max = [float(jnp.finfo(jnp.result_type(x)).max) for x in (q, k)]
+    if scale == 0 or abs(scale) * H * finite_max[0] * finite_max[1] <= F32_MAX:  # no values of these dtypes can
+        return
+    big = [jnp.max(jnp.where(jnp.isfinite(x), jnp.abs(x), 0)).astype(jnp.float32) for x in (q, k)]
+    if isinstance(q, jax.core.Tracer) or isinstance(k, jax.core.Tracer):  # under jit: checked only under checkify
+        limit = F32_MAX / (abs(scale) * H)  # compared as max|q| <= limit / max|k|: no overflow in the test itself
+        checkify.debug_check(
+            big[0] <= limit / jnp.maximum(big[1], np.finfo(np.float32).tiny),
+            f"scale={scale:g} can make scores overflow float32 with these q and k (max|q| = {{mq}}, max|k| = {{mk}}, "
+            f"H = {H}); {what} would return NaN. Use a smaller |scale|.",
+            mq=big[0],
+            mk=big[1],
+        )
+        return
+    bound = abs(scale) * H * float(big[0]) * float(big[1])
+    if bound > F32_MAX:
+        raise ValueError(
+            f"scale={scale:g} can make scores up to {bound:.3g} with these q and k (|scale| · H · max|q| · max|k|), "
+            f"past float32's {F32_MAX:.3g}: {what} would return NaN or wrong weights. Use a smaller |scale| (the "
+            f"default is 1/sqrt(H) = {H**-0.5:.3g}), or naive_attention / blockwise_attention, which compute any "
+            "finite scale exactly."
+        )
 
 
 def check_block_size(name: str, value) -> int:

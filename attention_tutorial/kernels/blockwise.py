@@ -19,9 +19,12 @@ O(T) in memory too. Shapes as in :mod:`attention_tutorial.inputs`; GQA is handle
 float32 (float64 for float64 inputs): what merges partial results computed over different blocks of keys (ring attention in
 :mod:`attention_tutorial.kernels.context_parallel`). Its gradient is handled too (∂lse/∂sⱼ = pⱼ).
 
-Special values, as in :func:`~attention_tutorial.kernels.reference.naive_attention`: scores are clamped to the
-finite float range before masking (a huge ``|scale|`` or an infinite entry in q or k gives no NaN), a NaN in q, k
-or v propagates to the rows it touches, an infinite v gives an infinite output. A row that sees no key (which
+Special values, as in :func:`~attention_tutorial.kernels.reference.naive_attention`: the scale multiplies only a
+score's distance to its row's running maximum (never positive), so any finite ``scale`` is exact — a huge
+``|scale|`` gives the hard maximum, not an overflow — and an infinite entry in q or k counts as ±float32's maximum
+(no NaN); a NaN in q, k or v propagates to the rows it touches, an infinite v gives an infinite output. The
+log-sum-exp itself is scale · max + log Σ: past float32's range (~3.4e38) it is ±inf, and a ring's merges of such
+rows are undefined (:mod:`~attention_tutorial.kernels.context_parallel` refuses such a scale). A row that sees no key (which
 blockwise's own masks never produce: a top-left causal row always sees key 0) would give zeros and lse = −inf.
 """
 
@@ -49,9 +52,10 @@ def blockwise_attention(q, k, v, *, is_causal: bool = False, scale: float | None
     differentiable as well.
     """
     B, T, S, N, K, H = attention_shape(q, k, v)
-    scale = resolve_scale(scale, H)
+    scale = min(max(resolve_scale(scale, H), -F32_MAX), F32_MAX)  # a float32 number
     bq = min(check_block_size("block_q", block_q), T)
     bk = min(check_block_size("block_k", block_k), S)
+    return_lse = check_flag("return_lse", return_lse)
     out, lse = _flash(q, k, v, check_flag("is_causal", is_causal), scale, bq, bk)
     return (out, lse) if return_lse else out
 
@@ -84,9 +88,15 @@ def _allowed(i, j, bq, bk, S, causal):
 
 
 def _scores(q_i, k_j, scale, acc_t):
-    """Scaled scores (B, K, G, bq, bk), clamped to the finite range: a huge |scale| or an infinite q/k gives ±max."""
-    s = jnp.einsum("bqkgh,bskh->bkgqs", q_i, k_j, preferred_element_type=acc_t) * scale
-    return jnp.clip(s, -F32_MAX, F32_MAX)
+    """Scores (B, K, G, bq, bk) in units of |scale|: sign(scale) · q·kᵀ, an infinite q or k entry clamped to ±max.
+    The kernel multiplies by |scale| only differences to a row's maximum (never positive): no scale overflows."""
+    s = jnp.einsum("bqkgh,bskh->bkgqs", q_i, k_j, preferred_element_type=acc_t)
+    return jnp.clip(s if scale >= 0 else -s, -F32_MAX, F32_MAX)
+
+
+def _exp(a, d):
+    """exp(a · d) for d <= 0, and 0 where d is -inf (a key not seen), also for a = |scale| = 0."""
+    return jnp.exp(jnp.where(jnp.isneginf(d), -jnp.inf, a * d))
 
 
 def _acc_type(dtype):
@@ -101,8 +111,13 @@ def _skip(i, j, bq, bk, causal):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
 def _flash(q, k, v, causal, scale, bq, bk):
-    out, (*_, lse) = _forward(q, k, v, causal, scale, bq, bk)
-    return out, _lse_rows(lse, q.shape)
+    out, (*_, m, log_l) = _forward(q, k, v, causal, scale, bq, bk)
+    return out, _lse_rows(_lse(scale, m, log_l), q.shape)
+
+
+def _lse(scale, m, log_l):
+    """log Σ exp(scale · scores) of each row from its maximum ``m`` (in units of |scale|) and log-sum ``log_l``."""
+    return abs(scale) * m + log_l
 
 
 def _lse_rows(lse, q_shape):
@@ -123,6 +138,7 @@ def _forward(q, k, v, causal, scale, bq, bk):
     qb, kb, vb = _blocks(q, k, v, bq, bk)
     G = N // K
     acc_t = _acc_type(q.dtype)
+    a = abs(scale)
 
     def one_query_block(args):
         i, q_i = args  # q_i: (B, bq, K, G, H)
@@ -135,8 +151,8 @@ def _forward(q, k, v, causal, scale, bq, bk):
                 s = jnp.where(_allowed(i, j, bq, bk, S, causal), _scores(q_i, k_j, scale, acc_t), -jnp.inf)
                 m_new = jnp.maximum(m, s.max(-1))
                 m_safe = jnp.where(jnp.isneginf(m_new), 0.0, m_new)  # a row with nothing seen yet stays at 0
-                p = jnp.exp(s - m_safe[..., None])
-                alpha = jnp.exp(m - m_safe)
+                p = _exp(a, s - m_safe[..., None])  # exp(scale · q·kᵀ − the row's max so far)
+                alpha = _exp(a, m - m_safe)
                 l = alpha * l + p.sum(-1)
                 pv = jnp.einsum("bkgqs,bskh->bqkgh", p.astype(v_j.dtype), v_j, preferred_element_type=acc_t)
                 acc = alpha.transpose(0, 3, 1, 2)[..., None] * acc + pv
@@ -150,17 +166,17 @@ def _forward(q, k, v, causal, scale, bq, bk):
         l_t = l.transpose(0, 3, 1, 2)[..., None]
         empty = l_t == 0  # a row that saw no key: zeros (a NaN row keeps l = NaN and stays NaN)
         out = jnp.where(empty, 0.0, acc / jnp.where(empty, 1.0, l_t))
-        lse = jnp.where(l == 0, -jnp.inf, m + jnp.log(jnp.where(l == 0, 1.0, l)))
-        return out, lse
+        log_l = jnp.where(l == 0, -jnp.inf, jnp.log(jnp.where(l == 0, 1.0, l)))
+        return out, (m, log_l)
 
-    out, lse = lax.map(one_query_block, (jnp.arange(qb.shape[0]), qb))  # one query block at a time: O(T) memory
+    out, (m, log_l) = lax.map(one_query_block, (jnp.arange(qb.shape[0]), qb))  # one query block at a time: O(T)
     out = out.transpose(1, 0, 2, 3, 4, 5).reshape(B, -1, N, H)[:, :T].astype(q.dtype)
-    return out, (q, k, v, out, lse)
+    return out, (q, k, v, out, m, log_l)
 
 
 def _flash_fwd(q, k, v, causal, scale, bq, bk):
     out, res = _forward(q, k, v, causal, scale, bq, bk)
-    return (out, _lse_rows(res[-1], q.shape)), res
+    return (out, _lse_rows(_lse(scale, *res[-2:]), q.shape)), res
 
 
 def _flash_bwd(causal, scale, bq, bk, residuals, cotangents):
@@ -177,17 +193,21 @@ def blockwise_backward(q, k, v, out, lse, d_out, *, is_causal: bool = False, sca
     gradients are then these keys' contributions — dq summed over the blocks gives the whole dq.
     """
     B, T, S, N, K, H = attention_shape(q, k, v)
-    scale = resolve_scale(scale, H)
+    scale = min(max(resolve_scale(scale, H), -F32_MAX), F32_MAX)  # a float32 number
     bq = min(check_block_size("block_q", block_q), T)
     bk = min(check_block_size("block_k", block_k), S)
-    res = (q, k, v, out, _lse_blocks(jnp.asarray(lse, _acc_type(q.dtype)), K, bq))
-    return _backward(
-        check_flag("is_causal", is_causal), scale, bq, bk, res, (d_out, jnp.zeros(lse.shape, _acc_type(q.dtype)))
-    )
+    for name, x, want in (("out", out, q.shape), ("d_out", d_out, q.shape), ("lse", lse, (B, N, T))):
+        if not isinstance(x, (np.ndarray, jax.Array)) or x.shape != want:
+            got = x.shape if isinstance(x, (np.ndarray, jax.Array)) else type(x).__name__
+            raise ValueError(f"{name} must be an array of shape {want} (q's (B, T, N, H), lse (B, N, T)); got {got}.")
+    acc_t = _acc_type(q.dtype)
+    lse = _lse_blocks(jnp.asarray(lse, acc_t), K, bq)
+    res = (q, k, v, out, jnp.zeros_like(lse), lse)  # the row maximum folded into the log-sum: m = 0, log l = lse
+    return _backward(check_flag("is_causal", is_causal), scale, bq, bk, res, (d_out, jnp.zeros((B, N, T), acc_t)))
 
 
 def _backward(causal, scale, bq, bk, residuals, cotangents):
-    q, k, v, out, lse = residuals  # lse: (nq, B, K, G, bq)
+    q, k, v, out, m, log_l = residuals  # per row, (nq, B, K, G, bq): its max score (units of |scale|), log-sum
     d_out, d_lse = cotangents
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
@@ -200,20 +220,23 @@ def _backward(causal, scale, bq, bk, residuals, cotangents):
     delta = jnp.sum(d_out.astype(acc_t) * out.astype(acc_t), axis=-1)
     delta = _pad(delta, 1, bq).reshape(B, -1, bq, K, G).transpose(1, 0, 3, 4, 2)
     delta = delta - _lse_blocks(jnp.asarray(d_lse, acc_t), K, bq)
-    lse = jnp.where(jnp.isneginf(lse), jnp.inf, lse)  # a row that saw nothing: every weight exp(s - inf) = 0
+    m = jnp.where(jnp.isneginf(m), 0.0, m)
+    log_l = jnp.where(jnp.isneginf(log_l), jnp.inf, log_l)  # a row that saw nothing: every weight exp(... - inf) = 0
     nq = qb.shape[0]
+    a = abs(scale)
 
     def one_key_block(dq, xs):
         j, k_j, v_j = xs
 
         def step(carry, ys):
-            i, q_i, do_i, lse_i, d_i = ys
+            i, q_i, do_i, m_i, log_l_i, d_i = ys
 
             def grads(carry):
                 dk, dv = carry
-                raw = jnp.einsum("bqkgh,bskh->bkgqs", q_i, k_j, preferred_element_type=acc_t) * scale
-                s = jnp.clip(raw, -F32_MAX, F32_MAX)
-                p = jnp.where(_allowed(i, j, bq, bk, S, causal), jnp.exp(s - lse_i[..., None]), 0.0)
+                raw = jnp.einsum("bqkgh,bskh->bkgqs", q_i, k_j, preferred_element_type=acc_t)
+                s = jnp.clip(raw if scale >= 0 else -raw, -F32_MAX, F32_MAX)  # as the forward: units of |scale|
+                p = a * (s - m_i[..., None]) - log_l_i[..., None]  # the weights, exp(scale · q·kᵀ - lse)
+                p = jnp.where(_allowed(i, j, bq, bk, S, causal), jnp.exp(p), 0.0)
                 dv = dv + jnp.einsum("bkgqs,bqkgh->bskh", p.astype(do_i.dtype), do_i, preferred_element_type=acc_t)
                 dp = jnp.einsum("bqkgh,bskh->bkgqs", do_i, v_j, preferred_element_type=acc_t)
                 ds = p * (dp - d_i[..., None])
@@ -228,7 +251,7 @@ def _backward(causal, scale, bq, bk, residuals, cotangents):
             return lax.cond(_skip(i, j, bq, bk, causal), skip, grads, carry)
 
         init = (jnp.zeros(k_j.shape, acc_t), jnp.zeros(v_j.shape, acc_t))
-        (dk_j, dv_j), dq_parts = lax.scan(step, init, (jnp.arange(nq), qb, dob, lse, delta))
+        (dk_j, dv_j), dq_parts = lax.scan(step, init, (jnp.arange(nq), qb, dob, m, log_l, delta))
         return dq + dq_parts, (dk_j, dv_j)
 
     dq0 = jnp.zeros(qb.shape, acc_t)

@@ -43,7 +43,15 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 
-from ..inputs import attention_shape, check_block_size, check_flag, resolve_scale
+from ..inputs import (
+    attention_shape,
+    check_block_size,
+    check_flag,
+    check_int,
+    check_number,
+    check_scores_fit,
+    resolve_scale,
+)
 from .blockwise import blockwise_attention, blockwise_backward
 
 try:  # jax >= 0.6
@@ -75,6 +83,7 @@ def device_chunks(device, devices: int, layout: str):
 
 def layout_permutation(seq: int, devices: int, layout: str) -> np.ndarray:
     """Token order along the sharded axis: ``x[:, perm]`` puts device 0's tokens first, then device 1's, ..."""
+    seq, devices = check_int("seq", seq, minimum=1), check_int("devices", devices, minimum=1, example="4")
     c = chunks_per_device(layout)
     n = c * devices
     if seq % n:
@@ -90,8 +99,8 @@ def causal_work(seq: int, devices: int, layout: str) -> np.ndarray:
 
     A pair of chunks of length c costs c² when the key chunk is earlier, c(c+1)/2 on the diagonal, 0 after.
     """
-    c = seq // (devices * chunks_per_device(layout))
     layout_permutation(seq, devices, layout)  # validates
+    c = seq // (devices * chunks_per_device(layout))
     work = np.zeros((devices, devices), np.int64)
     for step in range(devices):
         for d in range(devices):
@@ -104,6 +113,9 @@ def causal_work(seq: int, devices: int, layout: str) -> np.ndarray:
 
 def ring_step_bytes(seq: int, devices: int, kv_heads: int, head_dim: int, dtype, *, batch: int = 1) -> int:
     """Bytes each device sends per ring step: its K and V blocks, 2·B·(T/P)·K·H·itemsize."""
+    for name, n in (("seq", seq), ("devices", devices), ("kv_heads", kv_heads), ("head_dim", head_dim),
+                    ("batch", batch)):  # fmt: skip
+        check_int(name, n, minimum=1)
     return 2 * batch * (seq // devices) * kv_heads * head_dim * jnp.dtype(dtype).itemsize
 
 
@@ -113,6 +125,8 @@ def chunk_to_hide_transfer(heads: int, kv_heads: int, dtype, *, flops_per_s: flo
     Compute 4·B·N·H·c² / F ≥ transfer 2·B·c·K·H·itemsize / W  ⟺  c ≥ K·itemsize·F / (2·N·W). Causal zig-zag
     steps do half the FLOPs of a full step, so they need twice this chunk.
     """
+    check_int("heads", heads, minimum=1), check_int("kv_heads", kv_heads, minimum=1)
+    check_number("flops_per_s", flops_per_s, positive=True), check_number("bytes_per_s", bytes_per_s, positive=True)
     return kv_heads * jnp.dtype(dtype).itemsize * flops_per_s / (2 * heads * bytes_per_s)
 
 
@@ -126,6 +140,39 @@ def blockwise_local(q, k, v, *, is_causal: bool, scale: float, block: int = 512)
     """The default local step: blockwise attention returning (out, lse)."""
     return blockwise_attention(q, k, v, is_causal=is_causal, scale=scale, block_q=block, block_k=block,
                                return_lse=True)  # fmt: skip
+
+
+def _describe(got) -> str:
+    if isinstance(got, (tuple, list)):
+        return f"a {type(got).__name__} of {len(got)}: " + ", ".join(_describe(x) for x in got)
+    return f"shape {tuple(got.shape)}" if hasattr(got, "shape") else type(got).__name__
+
+
+def _call_local(local, q, k, v, *, is_causal, scale):
+    """``local(q, k, v, is_causal=, scale=)``, its result checked against the contract: (out, lse)."""
+    got = local(q, k, v, is_causal=is_causal, scale=scale)
+    B, T, N, _ = q.shape
+    if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(hasattr(x, "shape") for x in got)
+            and tuple(got[0].shape) == q.shape and tuple(got[1].shape) == (B, N, T)):  # fmt: skip
+        raise ValueError(
+            f"local must return (out, lse) for its queries q {q.shape} (B, T, N, H): out of that shape and lse "
+            f"{(B, N, T)} (B, N, T), the log-sum-exp of each row's scores, which the merges need "
+            f"(blockwise_attention(..., return_lse=True) returns both); it returned {_describe(got)}."
+        )
+    return got
+
+
+def _call_local_bwd(local_bwd, q, k, v, out, lse, d_out, *, is_causal, scale):
+    """``local_bwd(q, k, v, out, lse, d_out, is_causal=, scale=)``, its result checked: (dq, dk, dv)."""
+    got = local_bwd(q, k, v, out, lse, d_out, is_causal=is_causal, scale=scale)
+    want = (q.shape, k.shape, v.shape)
+    if not (isinstance(got, (tuple, list)) and len(got) == 3 and all(hasattr(x, "shape") for x in got)
+            and tuple(tuple(x.shape) for x in got) == want):  # fmt: skip
+        raise ValueError(
+            f"local_bwd must return (dq, dk, dv) of the shapes of q, k, v {want} (blockwise_backward returns them); "
+            f"it returned {_describe(got)}."
+        )
+    return got
 
 
 def merge(a, b):
@@ -152,7 +199,10 @@ def _empty(q):
 def _pairs(q, q_ids, k, v, kv_ids, causal, scale, local):
     """Local queries (chunks q_ids) against one key block (chunks kv_ids): merged (out f32, lse)."""
     acc_t = jnp.promote_types(q.dtype, F32)
-    call = lambda q, k, v, c: tuple(x.astype(acc_t) for x in local(q, k, v, is_causal=c, scale=scale))  # noqa: E731
+
+    def call(q, k, v, c):
+        return tuple(x.astype(acc_t) for x in _call_local(local, q, k, v, is_causal=c, scale=scale))
+
     if not causal:
         return call(q, k, v, False)
     qs, ks, vs = jnp.split(q, len(q_ids), axis=1), jnp.split(k, len(kv_ids), axis=1), jnp.split(v, len(kv_ids), axis=1)
@@ -232,7 +282,7 @@ def _pairs_bwd(q, q_ids, k, v, kv_ids, out, lse, d_out, causal, scale, local_bwd
     """(dq, dk, dv) of the local queries against one key block, from the merged out and lse (float32)."""
     acc_t = out.dtype
     call = lambda q, k, v, o, l, do, c: tuple(  # noqa: E731
-        x.astype(acc_t) for x in local_bwd(q, k, v, o, l, do, is_causal=c, scale=scale)
+        x.astype(acc_t) for x in _call_local_bwd(local_bwd, q, k, v, o, l, do, is_causal=c, scale=scale)
     )
     if not causal:
         return call(q, k, v, out, lse, d_out, False)
@@ -286,11 +336,20 @@ def local_steps(name: str, *, block: int = 512) -> tuple:
     raise ValueError(f"local step must be one of {LOCAL_STEPS}; got {name!r}.")
 
 
+def _check_steps(local, local_bwd) -> None:
+    for name, fn in (("local", local), ("local_bwd", local_bwd)):
+        if fn is not None and not callable(fn):
+            raise ValueError(
+                f"{name} must be a function or None; got {type(fn).__name__} {fn!r:.60}. See local_steps(name) for "
+                "the built-in ones."
+            )
+
+
 def _allgather(q, k, v, *, axis, devices, layout, causal, scale, local):
     k_all = lax.all_gather(k, axis, axis=1, tiled=True)  # (B, S, K, H), device-major layout order
     v_all = lax.all_gather(v, axis, axis=1, tiled=True)
     if not causal:
-        return local(q, k_all, v_all, is_causal=False, scale=scale)[0]
+        return _call_local(local, q, k_all, v_all, is_causal=False, scale=scale)[0]
     me = lax.axis_index(axis)
     blocks = lambda x: x.reshape(x.shape[0], devices, -1, *x.shape[2:]).swapaxes(0, 1)  # noqa: E731
 
@@ -321,6 +380,9 @@ def context_parallel_attention(q, k, v, *, mesh: Mesh, axis: str = "seq", strate
     scale = resolve_scale(scale, H)
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}; got {strategy!r}.")
+    is_causal, reorder = check_flag("is_causal", is_causal), check_flag("reorder", reorder)
+    _check_steps(local, local_bwd)
+    check_scores_fit(q, k, scale, what="the ring's log-sum-exp merges")
     if not isinstance(mesh, Mesh):
         raise ValueError(
             f"mesh must be a jax.sharding.Mesh; got {type(mesh).__name__}. Make one with sequence_mesh(P)."
@@ -344,7 +406,7 @@ def context_parallel_attention(q, k, v, *, mesh: Mesh, axis: str = "seq", strate
         if strategy == "ring" and local_bwd is None:
             extra["local_bwd"] = functools.partial(blockwise_local_bwd, block=local.keywords["block"])
     body = functools.partial(_ring if strategy == "ring" else _allgather, axis=axis, devices=devices, layout=layout,
-                             causal=check_flag("is_causal", is_causal), scale=scale, local=local, **extra)  # fmt: skip
+                             causal=is_causal, scale=scale, local=local, **extra)  # fmt: skip
     spec = PartitionSpec(None, axis, None, None)
     sharded = _shard_map(body, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, **_UNCHECKED)
     if not reorder:
@@ -358,13 +420,21 @@ def emulate_ring(q, k, v, *, devices: int, is_causal: bool = False, layout: str 
                  scale: float | None = None, local=None, block: int = 512) -> jax.Array:  # fmt: skip
     """All P devices' ring steps run one after another on one device (local compute and LSE merges, no transfer).
 
-    What a ring costs in compute alone, to set against one call on the whole sequence.
+    What a ring costs in compute alone, to set against one call on the whole sequence. ``devices`` (P) is the number
+    of ring steps emulated; ``local`` as in :func:`context_parallel_attention`.
     """
     B, T, S, N, K, H = attention_shape(q, k, v)
     scale = resolve_scale(scale, H)
+    devices = check_int("devices", devices, minimum=1, example="4")
+    is_causal = check_flag("is_causal", is_causal)
+    _check_steps(local, None)
+    check_scores_fit(q, k, scale, what="the ring's log-sum-exp merges")
+    if is_causal and T != S:
+        raise ValueError(f"a causal ring needs T == S (self-attention); got q {q.shape}, k {k.shape}.")
     pq, pk = layout_permutation(T, devices, layout), layout_permutation(S, devices, layout)
     if local is None:
-        local = functools.partial(blockwise_local, block=min(block, T // (devices * chunks_per_device(layout))))
+        chunk = T // (devices * chunks_per_device(layout))
+        local = functools.partial(blockwise_local, block=min(check_block_size("block", block), chunk))
     qs = jnp.split(q[:, pq], devices, axis=1)
     ks, vs = jnp.split(k[:, pk], devices, axis=1), jnp.split(v[:, pk], devices, axis=1)
     outs = []
@@ -373,7 +443,7 @@ def emulate_ring(q, k, v, *, devices: int, is_causal: bool = False, layout: str 
         for step in range(devices):
             src = (d - step) % devices
             part = _pairs(qs[d], device_chunks(d, devices, layout), ks[src], vs[src],
-                          device_chunks(src, devices, layout), check_flag("is_causal", is_causal), scale, local)  # fmt: skip
+                          device_chunks(src, devices, layout), is_causal, scale, local)  # fmt: skip
             acc = part if acc is None else merge(acc, part)
         outs.append(acc[0])
     return jnp.concatenate(outs, axis=1)[:, np.argsort(pq)].astype(q.dtype)
@@ -382,8 +452,8 @@ def emulate_ring(q, k, v, *, devices: int, is_causal: bool = False, layout: str 
 def sequence_mesh(devices: int | None = None, axis: str = "seq") -> Mesh:
     """A one-axis mesh over the first ``devices`` devices (all by default)."""
     avail = jax.devices()
-    n = len(avail) if devices is None else devices
-    if not 1 <= n <= len(avail):
+    n = len(avail) if devices is None else check_int("devices", devices, minimum=1, example="2")
+    if n > len(avail):
         raise ValueError(f"asked for {n} devices; this process has {len(avail)} ({avail[0].platform}). On a CPU, set "
                          f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before importing jax.")  # fmt: skip
     return Mesh(np.array(avail[:n]), (axis,))

@@ -11,8 +11,10 @@ keywords and their accepted shapes as in :mod:`attention_tutorial.kernels.masks`
 Rows with nothing to see: the XLA path returns the mean of v over all S keys for a row emptied by a mask, the
 causal triangle, a window or ``key_value_seq_lengths`` (JAX masks with a large finite negative number, so the
 softmax of such a row is uniform), and zeros for rows at or past ``query_seq_lengths`` (JAX zeroes those).
-JAX does not clamp scores: a ``|scale|`` so large that q·kᵀ·scale overflows float32 (~3e38) gives NaN here,
-where the naive version and the float64 reference clamp and return the hard maximum.
+JAX does not guard its scores: a ``|scale|`` so large that q·kᵀ·scale overflows float32 (~3.4e38) would give NaN, so
+such a scale is refused (``ValueError``) when q and k are concrete — checked against |scale| · H · max|q| · max|k|;
+under ``jit`` their values are unknown and the check cannot run. The naive version and blockwise compute any
+finite scale exactly (the hard maximum at huge ones), as the float64 reference does.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-from ..inputs import AttentionShape, Unsupported, attention_shape, invalid_reason, resolve_scale
+from ..inputs import AttentionShape, Unsupported, attention_shape, check_scores_fit, invalid_reason, resolve_scale
 from .masks import Alignment, causal_mask, check_mask_args
 
 Implementation = Literal["xla", "cudnn"] | None
@@ -58,6 +60,7 @@ def dot_product_attention(
     if reason := xla_why_not(shape, jnp.result_type(q)):  # a valid problem it cannot run
         raise Unsupported(f"jax.nn.dot_product_attention cannot run this: {reason}")
     scale = resolve_scale(scale, shape.head_dim)
+    check_scores_fit(q, k, scale, what="jax.nn.dot_product_attention")
     opt = check_mask_args(shape, is_causal=is_causal, causal_alignment=causal_alignment, mask=mask, bias=bias,
                           local_window_size=local_window_size, query_seq_lengths=query_seq_lengths,
                           key_value_seq_lengths=key_value_seq_lengths)  # fmt: skip

@@ -32,8 +32,12 @@ Accepted shapes (``check_mask_args`` enforces them for every implementation here
   and JAX would silently read the first axis as heads; write ``mask[:, None]`` (per batch row) or ``mask[None]``
   (per head). Additive masks (0 / -inf) belong in ``bias``.
 * ``bias``: real numbers, the same shapes as ``mask``.
-* ``query_seq_lengths`` / ``key_value_seq_lengths``: (B,) integers in [0, T] / [0, S] (lists accepted).
-* ``local_window_size``: an int w >= 0 or a pair (left, right) of ints >= 0 (NumPy integers accepted).
+* ``query_seq_lengths`` / ``key_value_seq_lengths``: (B,) integers in [0, T] / [0, S] (lists accepted). Lengths
+  traced under ``jit`` have no values to check when the function is traced: they are checked when the call runs
+  under ``jax.experimental.checkify.checkify`` (``err.throw()`` names the argument and the range), and otherwise
+  clamped to [0, T] / [0, S] (a length past the end means all positions, a negative one none).
+* ``local_window_size``: an int w >= 0 or a pair (left, right) of ints >= 0 (NumPy integers accepted). It shapes
+  the computation, so it must be a Python value: under ``jit`` pass it as a static argument or close over it.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import checkify
 
 from ..inputs import AttentionShape
 
@@ -57,6 +62,10 @@ WINDOW = 256
 def mask_args(kind: str, shape: AttentionShape, dtype, *, causal: bool = False, window: int = WINDOW,
               seed: int = 0) -> dict:  # fmt: skip
     """The keyword arguments (arrays and static values) that express mask ``kind`` for ``shape``."""
+    if not (isinstance(shape, tuple) and len(shape) == 6 and all(_is_int(n) and n > 0 for n in shape)):
+        raise ValueError(f"shape must be an AttentionShape(B, T, S, N, K, H) of positive ints; got {shape!r:.80}.")
+    shape = AttentionShape(*(int(n) for n in shape))
+    window, seed = _count("window", window, 0), _count("seed", seed, 0)
     B, T, S, N = shape.batch, shape.seq_q, shape.seq_kv, shape.heads
     if kind == "none":
         return {}
@@ -86,6 +95,7 @@ def split_static(kwargs: dict) -> tuple[dict, dict]:
 def causal_mask(seq_q: int, seq_kv: int, *, alignment: Alignment = "top_left") -> np.ndarray:
     """The (T, S) causal 'may attend' matrix: j <= i (top_left) or j <= i + S - T (bottom_right)."""
     _check_alignment(alignment)
+    seq_q, seq_kv = _count("seq_q", seq_q, 1), _count("seq_kv", seq_kv, 1)
     return np.tril(np.ones((seq_q, seq_kv), bool), k=0 if alignment == "top_left" else seq_kv - seq_q)
 
 
@@ -129,6 +139,12 @@ def check_mask_args(shape: AttentionShape, *, is_causal=False, causal_alignment=
     }
 
 
+def _count(name: str, x, minimum: int) -> int:
+    if not _is_int(x) or x < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}; got {type(x).__name__} {x!r:.60}.")
+    return int(x)
+
+
 def _is_int(x) -> bool:
     return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, (bool, np.bool_))
 
@@ -138,6 +154,11 @@ def _window(w):
         return None
     pair = (w, w) if _is_int(w) else w
     fix = "pass an int w >= 0 (w keys each side) or a pair (left, right) of ints >= 0, e.g. (128, 0)"
+    if any(isinstance(x, jax.core.Tracer) for x in (pair if isinstance(pair, (tuple, list)) else [pair])):
+        raise ValueError(
+            "local_window_size must be a Python int or pair of ints, not a traced value: under jax.jit pass it as a "
+            "static argument (static_argnames=('local_window_size',)) or close over it; it shapes the computation."
+        )
     if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not all(_is_int(x) for x in pair):
         raise ValueError(f"local_window_size must be integers; got {type(w).__name__} {w!r:.60}; {fix}.")
     if min(pair) < 0:
@@ -196,10 +217,15 @@ def _lengths(name, x, B, limit, axis):
         raise ValueError(f"{name} must have shape (B,) = ({B},), one length per batch row; got shape {x.shape}.")
     if not jnp.issubdtype(x.dtype, jnp.integer):
         raise ValueError(f"{name} must be integers; got dtype {x.dtype}. Cast with jnp.asarray({name}, jnp.int32).")
-    try:
-        values = np.asarray(x)
-    except jax.errors.TracerArrayConversionError:  # traced under jit: only shape and dtype can be checked
-        return x.astype(jnp.int32)
+    if isinstance(x, jax.core.Tracer):  # traced under jit: the values are checked under checkify, else clamped
+        checkify.debug_check(
+            jnp.all((x >= 0) & (x <= limit)),
+            f"{name} must lie in [0, {axis}] = [0, {limit}]; got values from {{lo}} to {{hi}}.",
+            lo=jnp.min(x),
+            hi=jnp.max(x),
+        )
+        return jnp.clip(x, 0, limit).astype(jnp.int32)
+    values = np.asarray(x)
     bad = np.flatnonzero((values < 0) | (values > limit))
     if bad.size:
         row = int(bad[0])

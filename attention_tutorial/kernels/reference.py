@@ -15,10 +15,13 @@ example in :mod:`attention_tutorial.kernels.masks`):
 Every bad value raises ``ValueError`` naming the fix (:func:`~attention_tutorial.kernels.masks.check_mask_args`).
 
 Rows with nothing to see (every key masked): the output is **zeros** here and in the float64 reference, never
-NaN. JAX's XLA path (:mod:`.fused`) instead gives the mean of v over all S keys for a row emptied by ``mask``,
+NaN. JAX's XLA path (:mod:`attention_tutorial.kernels.fused`) instead gives the mean of v over all S keys for a row emptied by ``mask``,
 ``is_causal``, a window or ``key_value_seq_lengths``, and zeros for a row at or past ``query_seq_lengths``.
-Scores are clamped to the finite range, so a huge ``|scale|`` gives no NaN; -inf in ``bias`` hides a key like
-False in ``mask`` (a row whose keys are all hidden so is a row with nothing to see).
+Any finite ``scale`` is computed exactly: the scale multiplies each score's distance to its row's best, which is
+never positive, so ``scale · q·kᵀ`` beyond float32's range (~3.4e38) neither overflows nor ties at a clamp: a huge
+``|scale|`` gives the hard maximum, as in float64. An infinite entry in q or k counts as ±float32's maximum (no
+NaN); -inf in ``bias`` hides a key like False in ``mask`` (a row whose keys are all hidden so is a row with nothing
+to see).
 """
 
 from __future__ import annotations
@@ -59,14 +62,14 @@ def naive_attention(
                           key_value_seq_lengths=key_value_seq_lengths)  # fmt: skip
     qg = q.reshape(B, T, K, N // K, H)  # group the query heads by the kv head they share
 
-    # 1. scores: every query against every key -> (B, K, G, T, S), float32 accumulation
-    scale = min(max(scale, -F32_MAX), F32_MAX)  # a float32 number
-    scores = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
-    scores = jnp.clip(scores.reshape(B, N, T, S), -F32_MAX, F32_MAX)  # a huge |scale| overflows: inf - inf is NaN
+    # 1. scores: every query against every key -> (B, N, T, S), float32 accumulation, then scaled
+    raw = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32).reshape(B, N, T, S)
+    raw = jnp.clip(raw, -F32_MAX, F32_MAX)  # an infinite entry in q or k: ±max, not inf - inf = NaN below
+    allowed = _allowed(T, S, opt)
+    scores = _scaled(raw, scale, allowed)  # scale · raw less a constant per row: the softmax stays the same
     if opt["bias"] is not None:  # -inf in the bias hides a key, as False in the mask does
         scores = jnp.minimum(scores + jnp.asarray(opt["bias"], jnp.float32), F32_MAX)
     # 2. mask: positions a query may not see get a score of -inf (weight exactly 0)
-    allowed = _allowed(T, S, opt)
     if allowed is not None:
         scores = jnp.where(allowed, scores, -jnp.inf)
     # 3. softmax over the keys, written out: the (B, N, T, S) weight matrix, O(T·S) memory
@@ -79,6 +82,18 @@ def naive_attention(
     weights = weights.astype(v.dtype).reshape(B, K, N // K, T, S)
     out = jnp.einsum("bkgts,bskh->btkgh", weights, v, preferred_element_type=jnp.float32)
     return out.reshape(B, T, N, H).astype(q.dtype)
+
+
+def _scaled(raw, scale: float, allowed):
+    """scale · (raw − best) per row, where best is the raw score among the keys a row may see that the scale makes
+    largest: every result is <= 0, so a huge |scale| cannot overflow float32 (scale · raw itself would, to ±inf, and
+    ties at the clamp would hide the true maximum). Softmax ignores a constant per row: the weights are unchanged."""
+    if scale == 0:
+        return 0.0 * raw  # zeros (a NaN stays NaN)
+    pick, fill = (jnp.max, -jnp.inf) if scale > 0 else (jnp.min, jnp.inf)
+    best = pick(raw if allowed is None else jnp.where(allowed, raw, fill), axis=-1, keepdims=True)
+    best = jax.lax.stop_gradient(jnp.where(jnp.isfinite(best), best, 0.0))  # a row that sees nothing: no shift
+    return jnp.float32(min(max(scale, -F32_MAX), F32_MAX)) * (raw - best)
 
 
 def _allowed(T, S, opt):
