@@ -1,10 +1,13 @@
-"""The kernels' ablations: each of our Mosaic GPU forwards as it is and with its exponentials removed, timed beside
-cuDNN in the same process.
+"""The kernels' ablations: each of our Mosaic GPU forwards as it is, with its exponentials removed, and with part of
+them moved to the FMA units, timed beside cuDNN in the same process.
 
 Without ``exp2`` (``MosaicConfig(no_exp=True)``: each exp2 of the softmax becomes the identity, so the numbers are
 wrong) a kernel keeps every matmul, copy, barrier and the rest of its softmax: how fast it runs then bounds what
-hiding its exponentials better could gain. Each kernel and variant is timed right after cuDNN on the same inputs, in
-``ROUNDS`` rounds over all of them, so that a drift of the GPU's clock moves both sides of a pair alike.
+hiding its exponentials better could gain. With ``exp_poly`` (:data:`EXP_POLY`: 25 % or 50 % of each score tile's
+columns through a cubic on the FMA units instead of ``MUFU.EX2``, :mod:`~attention_tutorial.kernels.mosaic.exp2`;
+right numbers) the plain and pipelined bf16 forwards at H = 128 try one lever towards that bound. Each kernel and
+variant is timed right after cuDNN on the same inputs, in ``ROUNDS`` rounds over all of them, so that a drift of the
+GPU's clock moves both sides of a pair alike.
 
 Kernels (:data:`KERNELS`): the plain and the pipelined bf16 forward at H = 128 and 256, without a mask and causal,
 against cuDNN (``jax.nn.dot_product_attention``, bf16); our FP8 forward with p in registers against cuDNN's FP8
@@ -14,8 +17,8 @@ Records (grid ``"ablations"``, written by ``python -m attention_tutorial record 
 usual record fields (impl, batch, seq_q, seq_kv, heads, kv_heads, head_dim, dtype, causal, pass "fwd", status,
 median_ms, p10_ms, p90_ms, tflops, compile_s, pct_peak, ...) plus
 
-* ``variant``: ``"as_is"`` or ``"no_exp"`` — the kernel's variant; a cuDNN record carries the variant of the kernel
-  it was timed beside (cuDNN itself always runs as it is);
+* ``variant``: one of :data:`VARIANTS` — the kernel's variant (:data:`DESCRIPTIONS`); a cuDNN record carries the
+  variant of the kernel it was timed beside (cuDNN itself always runs as it is);
 * ``round``: 1, 2, ...;
 * ``pair``: the impl of our kernel in the pair (``"mosaic"``, ``"mosaic_pipe"``, ``"mosaic_fp8_regs"``), on our
   kernel's record and on its cuDNN record alike (``impl`` tells them apart: ``"cudnn"`` or ``"cudnn_fp8_s448"``);
@@ -40,10 +43,16 @@ from .sweep import Point, empty_record, failure_fields, timed_record
 from .timing import time_fn
 
 GRID = "ablations"
-VARIANTS = ("as_is", "no_exp")
+EXP_POLY = {"exp_poly_25": 0.25, "exp_poly_50": 0.5}  # variant: the fraction of score columns on the FMA units
+VARIANTS = ("as_is", "no_exp", *EXP_POLY)
+DESCRIPTIONS = {
+    "as_is": "as they are",
+    "no_exp": "taken out (wrong numbers)",
+    **{name: f"{100 * f:.0f} % of p's by a polynomial on the FMA units" for name, f in EXP_POLY.items()},
+}
 ROUNDS = 2
 SHAPE = (4, 8192, 16)  # B, T = S, N (= K)
-TIMING = {"repeats": 10, "warmup": 2, "max_seconds": 0.4}  # per timing: ~1-4 ms calls, 80 timings in all
+TIMING = {"repeats": 10, "warmup": 2, "max_seconds": 0.4}  # per timing: ~1-4 ms calls, 112 timings in all
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,23 +78,32 @@ KERNELS = tuple(
 )  # fmt: skip
 
 
+def kernel_variants(kernel: AblationKernel) -> tuple[str, ...]:
+    """The variants ``kernel`` is timed in: as it is and without exp2, and for the plain and pipelined bf16
+    forwards at H = 128 also with :data:`EXP_POLY`'s fractions (a budget of about 3 minutes for the whole run)."""
+    if kernel.impl in ("mosaic", "mosaic_pipe") and kernel.head_dim == 128:
+        return VARIANTS
+    return ("as_is", "no_exp")
+
+
 def kernel_fn(kernel: AblationKernel, variant: str):
-    """Our kernel as a function of (q, k, v), as it is (``"as_is"``) or without its exponentials (``"no_exp"``)."""
+    """Our kernel as a function of (q, k, v), as it is (``"as_is"``), without its exponentials (``"no_exp"``) or
+    with part of them on the FMA units (``"exp_poly_25"``, ``"exp_poly_50"``)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}.")
     from ..kernels.mosaic.budget import MosaicConfig, default_config
 
-    no_exp = variant == "no_exp"
+    switches = {"no_exp": variant == "no_exp", "exp_poly": EXP_POLY.get(variant, 0.0)}
     if kernel.impl == "mosaic_fp8_regs":
         from ..kernels.mosaic.fp8 import mosaic_fp8_attention
 
         return functools.partial(mosaic_fp8_attention, is_causal=kernel.causal, p_via="registers",
-                                 config=MosaicConfig(no_exp=no_exp))  # fmt: skip
+                                 config=MosaicConfig(**switches))  # fmt: skip
     if kernel.impl not in ("mosaic", "mosaic_pipe"):
         raise ValueError(f"kernel.impl must be 'mosaic', 'mosaic_pipe' or 'mosaic_fp8_regs'; got {kernel.impl!r}.")
     from ..kernels.mosaic.attention import mosaic_flash_attention
 
-    config = dataclasses.replace(default_config(kernel.head_dim, pipeline=kernel.impl == "mosaic_pipe"), no_exp=no_exp)
+    config = dataclasses.replace(default_config(kernel.head_dim, pipeline=kernel.impl == "mosaic_pipe"), **switches)
     return functools.partial(mosaic_flash_attention, is_causal=kernel.causal, config=config)
 
 
@@ -112,17 +130,19 @@ def why_not(kernel: AblationKernel, shape: AttentionShape) -> str | None:
     return check(shape, jnp.bfloat16, kernel.causal)
 
 
-def ablation_records(*, kernels=KERNELS, shape=SHAPE, rounds: int = ROUNDS, peak_tflops=None, progress=False,
-                     **timing) -> list[dict]:  # fmt: skip
-    """Time every kernel of ``kernels`` in each variant beside its cuDNN baseline, ``rounds`` times over; the
-    records of the module docstring. A pair that cannot run or fails is recorded with its status and reason, both
-    sides, in every round."""
+def ablation_records(*, kernels=KERNELS, shape=SHAPE, rounds: int = ROUNDS, variants=None, peak_tflops=None,
+                     progress=False, **timing) -> list[dict]:  # fmt: skip
+    """Time every kernel of ``kernels`` in each of its variants (:func:`kernel_variants`, or ``variants`` for
+    every kernel) beside its cuDNN baseline, ``rounds`` times over; the records of the module docstring. A pair that
+    cannot run or fails is recorded with its status and reason, both sides, in every round."""
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be a positive int; got {rounds!r}.")
+    if variants is not None and (isinstance(variants, str) or not variants or set(variants) - set(VARIANTS)):
+        raise ValueError(f"variants must be a non-empty sequence of {VARIANTS}; got {variants!r}.")
     B, T, N = shape
     timing = {**TIMING, **timing}
     inputs, compiled, failed = {}, {}, {}
-    pairs = [(kernel, variant) for kernel in kernels for variant in VARIANTS]
+    pairs = [(kernel, variant) for kernel in kernels for variant in (variants or kernel_variants(kernel))]
 
     def args(H):
         if H not in inputs:

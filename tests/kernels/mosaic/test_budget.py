@@ -139,3 +139,27 @@ def test_fp8_budget_refuses_profiling_and_takes_no_exp():
     shape = AttentionShape(1, 1024, 1024, 2, 2, 128)
     assert fp8_problem(shape, MosaicConfig(no_exp=True)) is None
     assert "no profiler regions" in fp8_problem(shape, MosaicConfig(profile_space=8, profile_dir="/t"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"exp_poly": 1.5}, ValueError, r"exp_poly must be a fraction of the score columns in \[0, 1\]; got 1\.5"),
+        ({"exp_poly": -0.25}, ValueError, r"in \[0, 1\]; got -0\.25"),
+        ({"exp_poly": True}, TypeError, r"exp_poly must be a real number .*; got True"),
+        ({"exp_poly": "0.25"}, TypeError, r"exp_poly must be a real number .*; got '0\.25'"),
+        ({"exp_poly": 0.3}, ValueError, r"8-column groups of block_kv = 128 .*multiple of 0\.0625; got 0\.3: try 0\.25 "
+                                        r"or 0\.3125"),
+        ({"exp_poly": 0.0625, "block_kv": 64}, ValueError, r"multiple of 0\.125; got 0\.0625: try 0 or 0\.125"),
+        ({"exp_poly": 0.25, "no_exp": True}, ValueError, r"exp_poly=0\.25 and no_exp=True exclude each other"),
+    ],
+)  # fmt: skip
+def test_exp_poly_refuses_fractions_the_tile_layout_cannot_split(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        MosaicConfig(**kwargs)
+
+
+@pytest.mark.parametrize(("kwargs", "columns"), [({}, 0), ({"exp_poly": 0.25}, 32), ({"exp_poly": 1}, 128),
+                                                 ({"exp_poly": 0.125, "block_kv": 64}, 8)])  # fmt: skip
+def test_exp_poly_counts_whole_groups_of_eight_columns(kwargs, columns):
+    assert MosaicConfig(**kwargs).exp_poly_columns == columns

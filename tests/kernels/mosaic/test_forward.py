@@ -1,6 +1,7 @@
 """The forward kernel: it lowers for CUDA on a CPU (with and without the profiler's regions, with and without its
-exponentials) and matches float64 on a Hopper GPU."""
+exponentials, with part of them on the FMA units) and matches float64 on a Hopper GPU."""
 
+import dataclasses
 import functools
 import inspect
 import re
@@ -155,3 +156,59 @@ def test_gpu_profiled_forward_writes_a_trace_and_the_same_numbers(pipeline, tmp_
     # the same arithmetic; at most a bf16 rounding apart where the compiler schedules it differently
     assert np.max(np.abs(np.asarray(out, np.float32) - np.asarray(plain, np.float32))) <= 2**-7
     assert len(list(tmp_path.glob("*.json"))) == 1
+
+
+EXP_POLY_CONFIGS = [(128, MosaicConfig(exp_poly=0.25)), (128, MosaicConfig(exp_poly=0.5, pipeline=True)),
+                    (128, MosaicConfig(exp_poly=1.0)), (256, MosaicConfig(block_kv=64, exp_poly=0.25)),
+                    (256, MosaicConfig(block_kv=64, exp_poly=0.25, pipeline=True))]  # fmt: skip
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("head_dim", "cfg"), EXP_POLY_CONFIGS)
+def test_exp_poly_lowers_to_one_mosaic_gpu_kernel(causal, head_dim, cfg):
+    """The polynomial's integer and bit operations, the column split and join in wgmma's layout: Mosaic GPU lowers
+    them for CUDA, plain and pipelined."""
+    q = jax.ShapeDtypeStruct((2, 256, 8, head_dim), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((2, 512, 2, head_dim), jnp.bfloat16)
+    fn = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg))
+    hlo = fn.trace(q, kv, kv).lower(lowering_platforms=("cuda",)).as_text()
+    assert re.findall(r"custom_call @(mosaic_gpu\w*)", hlo) == ["mosaic_gpu_v2"]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_exp_poly_changes_only_the_exponentials_of_p(pipeline, causal):
+    def counts(cfg):
+        text = str(_jaxpr(cfg, causal))
+        ops = re.findall(r"^\s*(?:[\w:\[\],{}<> ]+ = )?(\w+)[\[ ]", text, re.M)  # each equation's primitive
+        names = ("exp2", "shift_left", "bitcast_convert_type", "inline_mgpu_p", "slice", "reduce_max", "reduce_sum",
+                 "wgmma_ref", "barrier_wait")  # fmt: skip
+        return {op: ops.count(op) for op in names}
+
+    as_is = counts(MosaicConfig(pipeline=pipeline))
+    split, poly = (counts(MosaicConfig(pipeline=pipeline, exp_poly=f)) for f in (0.25, 1.0))
+    assert as_is["shift_left"] == as_is["inline_mgpu_p"] == 0
+    loops = as_is["exp2"] // 2  # each softmax: exp2 of alpha and of p
+    assert split["exp2"] == as_is["exp2"] and split["shift_left"] == split["inline_mgpu_p"] == loops
+    assert poly["exp2"] == loops and poly["shift_left"] == loops and poly["inline_mgpu_p"] == 0  # p all on the FMAs
+    same = ("reduce_max", "reduce_sum", "wgmma_ref", "barrier_wait")
+    assert {k: split[k] for k in same} == {k: poly[k] for k in same} == {k: as_is[k] for k in same}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("head_dim", "cfg"), EXP_POLY_CONFIGS)
+def test_gpu_exp_poly_matches_reference_and_the_kernel_without_it(causal, head_dim, cfg):
+    """Within bfloat16 of float64, and of the same kernel with every exponential on MUFU.EX2."""
+    if reason := why_not(AttentionShape(1, 1024, 1024, 8, 8, head_dim), jnp.bfloat16, causal):
+        pytest.skip(reason)
+    plain = dataclasses.replace(cfg, exp_poly=0.0)
+    for b, t, s, n, k in ((2, 512, 1024, 8, 2), (1, 1024, 256, 4, 1)):  # GQA T<S, MQA T>S
+        q, kk, v = make_qkv(b, t, n, head_dim, seq_kv=s, kv_heads=k, dtype=jnp.bfloat16, seed=t + s + head_dim)
+        out, lse = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg,
+                                             return_lse=True))(q, kk, v)  # fmt: skip
+        check_output(out, q, kk, v, causal)
+        np.testing.assert_allclose(np.asarray(lse)[..., :256], reference_lse(q[:, :256], kk, is_causal=causal),
+                                   atol=1e-2, rtol=1e-3)  # fmt: skip
+        mufu = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, config=plain))(q, kk, v)
+        assert np.max(np.abs(np.asarray(out, np.float32) - np.asarray(mufu, np.float32))) <= 2**-7
