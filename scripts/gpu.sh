@@ -4,6 +4,9 @@
 #   bash scripts/gpu.sh tune KERNEL      tile sizes of our kernels against cuDNN (pallas, mosaic, pipe, fp8)
 #   bash scripts/gpu.sh kernels          the Mosaic kernels' GPU tests, then the ablations and the warpgroup timeline
 #                                        recorded into the result file (about 8 minutes; a summary last)
+#   bash scripts/gpu.sh exp_poly         part of p's exponentials on the FMA units: its GPU tests, then the plain and
+#                                        pipelined forwards (H = 128, both masks) at exp_poly 0, 0.25, 0.5 beside cuDNN,
+#                                        two rounds, as a table (about 2 minutes; records in $OUT/exp_poly.json)
 #   bash scripts/gpu.sh record NAME...   the recorder for these grids and extras (record.EXTRAS: fp8, train, …),
 #                                        merging into /tmp/results
 #   bash scripts/gpu.sh notebook PAGE    one page converted to the reader's .ipynb and executed (carry .whl)
@@ -42,6 +45,32 @@ timeline = data["provenance"].get("timeline", {})
 print("timeline:", {k: v["status"] for k, v in timeline.items()})
 for s in region_shares(timeline_rows(timeline)):
     print(f"  {s.kernel}: span {s.span:.0f} ticks;", ", ".join(f"{k} {100 * v:.0f} %" for k, v in s.shares.items()))
+PY
+    ;;
+  exp_poly)
+    workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 4)
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 90 python3 -m pytest -q -p no:cacheprovider -p no:benchmark -m gpu \
+      "${workers[@]}" -k exp_poly tests/kernels/mosaic 2>&1 | tail -8
+    timeout 90 python3 - "$OUT/exp_poly.json" <<'PY'
+import json, sys
+from attention_tutorial.measure.ablations import EXP_POLY, KERNELS, ablation_ratios, ablation_records
+
+kernels = [k for k in KERNELS if k.impl in ("mosaic", "mosaic_pipe") and k.head_dim == 128]
+variants = ("as_is", *EXP_POLY)
+recs = ablation_records(kernels=kernels, variants=variants, rounds=2)
+json.dump(recs, open(sys.argv[1], "w"), indent=1, default=str)
+bad = [r for r in recs if r["status"] != "ok"]
+for r in bad[:4]:
+    print("not ok:", r["impl"], r["variant"], r["causal"], r["status"], str(r.get("reason"))[:200])
+ratios = {(a.impl, a.causal, a.variant): a for a in ablation_ratios(recs)}
+print("% of cuDNN, B=4 T=S=8192 N=16 H=128 bf16, each round (median of rounds)")
+print(f"{'kernel':12} {'mask':8}" + "".join(f"{'exp_poly=' + str(EXP_POLY.get(v, 0.0)):>22}" for v in variants))
+for k in kernels:
+    cells = []
+    for v in variants:
+        a = ratios.get((k.impl, k.causal, v))
+        cells.append(" ".join(f"{100 * x:.1f}" for x in a.per_round) + f" ({100 * a.median:.1f})" if a else "-")
+    print(f"{k.impl:12} {'causal' if k.causal else 'none':8}" + "".join(f"{c:>22}" for c in cells))
 PY
     ;;
   record)
