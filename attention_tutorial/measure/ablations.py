@@ -3,9 +3,10 @@ them moved to the FMA units, timed beside cuDNN in the same process.
 
 Without ``exp2`` (``MosaicConfig(no_exp=True)``: each exp2 of the softmax becomes the identity, so the numbers are
 wrong) a kernel keeps every matmul, copy, barrier and the rest of its softmax: how fast it runs then bounds what
-hiding its exponentials better could gain. With ``exp_poly`` (:data:`EXP_POLY`: 25 % or 50 % of each score tile's
-columns through a cubic on the FMA units instead of ``MUFU.EX2``, :mod:`~attention_tutorial.kernels.mosaic.exp2`;
-right numbers) the plain and pipelined bf16 forwards at H = 128 try one lever towards that bound. Each kernel and
+hiding its exponentials better could gain. With ``exp_poly`` (:data:`EXP_POLY`; right numbers) the plain and
+pipelined bf16 forwards at H = 128 try one lever towards that bound: 25 % or 50 % of each score tile's columns go
+through a cubic on the FMA units instead of ``MUFU.EX2`` (:mod:`~attention_tutorial.kernels.mosaic.exp2`, whose count
+of issue slots balances the two units near 23 % and has the FMA side the bottleneck again by 50 %). Each kernel and
 variant is timed right after cuDNN on the same inputs, in ``ROUNDS`` rounds over all of them, so that a drift of the
 GPU's clock moves both sides of a pair alike.
 

@@ -1,8 +1,14 @@
 """2^x on the FMA units: part of the softmax's exponentials taken off the special-function unit.
 
-A Hopper SM computes 16 ``exp2`` per clock on its multi-function unit (``MUFU.EX2``) but 128 float32 FMAs: for
-each of a score tile's exponentials, eight FMA-pipe instructions cost the issue slots one ``MUFU.EX2`` keeps the unit
-busy for. FlashAttention-4 computes some of them with a polynomial instead, so that both units work at once:
+A Hopper SM completes 16 ``exp2`` per clock on its multi-function unit (``MUFU.EX2``; FlashAttention-3 §3 counts
+3.9 TFLOPS of special functions on an H100 SXM5: 132 SMs × 16 × 1.83 GHz) but 128 float32 FMAs, and issues one warp
+instruction per clock in each of its four quarters (128 threads' worth). So one ``MUFU.EX2`` keeps the unit busy as
+long as eight instructions take to issue — about what the polynomial below costs (a clamp, three adds, three FMAs,
+a shift and an integer add). Alone it is no faster; beside the MUFU both run at once. With the rest of the softmax
+(about 4.5 instructions per score: the scaled subtract, the max, the sum, half a conversion to 16 bits), a fraction
+φ of the scores on the polynomial issues 4.5 + 7φ instructions per score against the MUFU's 8(1 − φ) clock-slots:
+they balance near φ = 0.23, where the softmax would take 6.3 slots per score instead of 8. FlashAttention-4 splits
+Blackwell's exponentials this way:
 
     2^x = 2^n · 2^f,   n = round(x),   f = x − n ∈ [−½, ½]
 
@@ -10,11 +16,12 @@ busy for. FlashAttention-4 computes some of them with a polynomial instead, so t
   bit is worth 1), which sits in the sum's low mantissa bits; subtracting 1.5·2^23 again gives n as a float.
 * 2^f: a cubic in Horner form, three FMAs (:data:`POLY`).
 * 2^n: n added to the exponent field of 2^f's bits — the sum's bits shifted left by 23 (which leaves n · 2^23)
-  plus 2^f's bits, one integer multiply-add.
+  plus 2^f's bits, integer arithmetic.
 
 Below −127 the exponent field would wrap: x is clamped to −127 first, where f = 0, 2^f = 1 exactly and the bits
 add up to +0.0. So 2^x → 0 for x ≤ −127 and −inf, as ``MUFU.EX2`` (which flushes results below 2^−126 to zero);
-between −127 and −125.5 the result is a denormal below 2^−126. Softmax arguments are at most ~0.
+between −127 and −125.5 it lies in [0, 2^−125), not within the cubic's error of 2^x. Softmax arguments are at most
+about 0.
 
 :func:`exp2_split` runs the first columns of a score tile in wgmma's register layout through :func:`exp2_poly` and
 the rest through ``exp2``: ``MosaicConfig(exp_poly=f)`` chooses the fraction.
@@ -39,8 +46,8 @@ COLUMN_GROUP = 8  # wgmma's accumulator layout holds a tile's columns in groups 
 
 def exp2_poly(x):
     """2^x in float32 without ``exp2``: a cubic for the fraction, integer arithmetic on the bits for the power of
-    two (module docstring). Relative error ≤ 1.02e−4 for −125.5 ≤ x ≤ 127; 0 for x ≤ −127 and −inf; a denormal
-    below 2^−126 between. Pure jax.numpy: it runs anywhere, and inside Mosaic GPU kernels."""
+    two (module docstring). Relative error ≤ 1.02e−4 for −125.5 ≤ x ≤ 127; +0.0 for x ≤ −127 and −inf; in
+    [0, 2^−125) between. Pure jax.numpy: it runs anywhere, and inside Mosaic GPU kernels."""
     x = jnp.maximum(jnp.asarray(x, jnp.float32), FLOOR)
     rounded = x + ROUND
     f = x + (ROUND - rounded)  # x − n, in [−½, ½] (written so that XLA cannot fold x + ROUND − ROUND into x)
