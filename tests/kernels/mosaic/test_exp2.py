@@ -132,11 +132,12 @@ def test_gpu_exp_poly_split_in_a_kernel_matches_float64_and_the_cpu(poly_cols):
     call, x = split_kernel((64, 128), poly_cols)
     out = np.asarray(jax.jit(call)(), np.float64)
     poly, mufu = (slice(0, poly_cols), x[:, :poly_cols]), (slice(poly_cols, 128), x[:, poly_cols:])
-    for (cols, xs), bound in ((poly, 1.02e-4), (mufu, 1e-6)):
+    for (cols, xs), bound in ((poly, 1.02e-4), (mufu, 1e-5)):  # ex2.approx: a few last bits
         y = out[:, cols]
         normal = xs >= -125.5
         assert rel_error(y[normal], xs[normal]).max() <= bound
         assert (y[xs <= -127] == 0).all() and (y[~normal] < 2 * TINY).all() and (y >= 0).all()
-    assert rel_error(out[:, :poly_cols], x[:, :poly_cols])[x[:, :poly_cols] >= -125.5].max() > 5e-5  # the cubic's
+    normal = x[:, :poly_cols] >= -125.5
+    assert rel_error(out[:, :poly_cols][normal], x[:, :poly_cols][normal]).max() > 5e-5  # the cubic's error, not MUFU's
     cpu = np.asarray(jax.jit(exp2_poly)(x[:, :poly_cols]), np.float64)
     np.testing.assert_allclose(out[:, :poly_cols], cpu, rtol=5e-7, atol=2.0**-140)  # denormals: a few last bits
