@@ -51,6 +51,38 @@ def te_vs_cudnn(te_records, all_records) -> list[dict]:
     return rows
 
 
+@dataclass(frozen=True)
+class AroundKernel:
+    """One profiled call: its main kernel's time and everything else it launched, in µs per call."""
+
+    impl: str
+    causal: bool
+    main_us: float
+    other_us: float
+    other: tuple  # (name, µs per call) of the other kernels, memsets and copies, longest first
+
+
+def around_kernel(device_time_records) -> list[AroundKernel]:
+    """What each profiled call (``device_time`` records) spends on its main kernel and on everything around it."""
+    out = []
+    for r in device_time_records or []:
+        kernels = [k for k in r.get("kernels") or [] if k.get("kind") != "op"]
+        if r.get("status") != "ok" or not kernels:
+            continue
+        main = max(kernels, key=lambda k: k["us"])
+        rest = sorted((k for k in kernels if k is not main), key=lambda k: -k["us"])
+        out.append(AroundKernel(r["impl"], r["causal"], main["us"], sum(k["us"] for k in rest),
+                                tuple((k["name"], k["us"]) for k in rest)))  # fmt: skip
+    return out
+
+
+def table_rows(rows, fields=("seq_q", "head_dim", "pass")) -> list[dict]:
+    """Rows of :func:`te_vs_cudnn` or :func:`fp8_speedups` for a table: the point, the ratio to 2 decimals, its
+    range over runs as one cell, the verdict."""
+    return [{**{f: r[f] for f in fields if f in r}, "ratio": f"{r['ratio']:.2f}",
+             "range over runs": f"{r['low']:.2f}–{r['high']:.2f}", "verdict": r["word"]} for r in rows]  # fmt: skip
+
+
 def summary(rows) -> Versus | None:
     """The rows of :func:`te_vs_cudnn` or :func:`fp8_speedups` in one :class:`Versus` (None without rows)."""
     return _summary(rows)

@@ -6,10 +6,26 @@ from attention_tutorial.site import transformer_engine as page
 
 
 def _rec(impl, T, causal, ms, spread=0.01, **extra):
-    point = {"batch": 1, "seq_q": T, "seq_kv": T, "heads": 16, "kv_heads": 16, "head_dim": 128,
-             "dtype": "bfloat16", "causal": causal, "pass": "fwd"}
-    return {"impl": impl, "status": "ok", "median_ms": ms, "p10_ms": ms * (1 - spread), "p90_ms": ms * (1 + spread),
-            **point, **extra}
+    point = {
+        "batch": 1,
+        "seq_q": T,
+        "seq_kv": T,
+        "heads": 16,
+        "kv_heads": 16,
+        "head_dim": 128,
+        "dtype": "bfloat16",
+        "causal": causal,
+        "pass": "fwd",
+    }
+    return {
+        "impl": impl,
+        "status": "ok",
+        "median_ms": ms,
+        "p10_ms": ms * (1 - spread),
+        "p90_ms": ms * (1 + spread),
+        **point,
+        **extra,
+    }
 
 
 def test_te_vs_cudnn_pairs_points_and_reads_spreads():
@@ -26,8 +42,13 @@ def test_te_vs_cudnn_pairs_points_and_reads_spreads():
 
 
 def test_fp8_speedups_and_their_figure():
-    recs = [_rec("cudnn", 4096, False, 2.0), _rec("cudnn_fp8_s448", 4096, False, 1.0),
-            _rec("cudnn", 4096, True, 1.0), _rec("cudnn_fp8_s448", 4096, True, 1.25), _rec("cudnn_fp8_s448", 8192, True, 1.0)]
+    recs = [
+        _rec("cudnn", 4096, False, 2.0),
+        _rec("cudnn_fp8_s448", 4096, False, 1.0),
+        _rec("cudnn", 4096, True, 1.0),
+        _rec("cudnn_fp8_s448", 4096, True, 1.25),
+        _rec("cudnn_fp8_s448", 8192, True, 1.0),
+    ]
     rows = page.fp8_speedups(recs)
     assert [(r["seq_q"], r["causal"]) for r in rows] == [(4096, False), (4096, True)]
     assert [r["ratio"] for r in rows] == pytest.approx([2.0, 0.8])
@@ -37,8 +58,15 @@ def test_fp8_speedups_and_their_figure():
     assert ys == pytest.approx([2.0, 0.8])  # no mask, then causal
 
 
-@pytest.mark.parametrize("name, dtype", [("bfloat16", ml_dtypes.bfloat16), ("float16", np.float16),
-                                         ("FP8 E4M3", ml_dtypes.float8_e4m3fn), ("FP8 E5M2", ml_dtypes.float8_e5m2)])
+@pytest.mark.parametrize(
+    "name, dtype",
+    [
+        ("bfloat16", ml_dtypes.bfloat16),
+        ("float16", np.float16),
+        ("FP8 E4M3", ml_dtypes.float8_e4m3fn),
+        ("FP8 E5M2", ml_dtypes.float8_e5m2),
+    ],
+)
 def test_formats_match_the_dtypes(name, dtype):
     sign, exp, man, largest = page.FORMATS[name]
     info = ml_dtypes.finfo(dtype)
@@ -46,3 +74,38 @@ def test_formats_match_the_dtypes(name, dtype):
     assert largest == pytest.approx(float(info.max), rel=1e-6)
     fig = page.formats_figure()
     assert len(fig.axes[0].patches) == 3 * 4
+
+
+def test_around_kernel_splits_the_main_kernel_from_the_rest():
+    recs = [
+        {
+            "impl": "cudnn",
+            "causal": False,
+            "status": "ok",
+            "kernels": [
+                {"name": "Memset", "us": 6.0, "count": 3.0, "kind": "memset"},
+                {"name": "sdpa_flash_fprop", "us": 800.0, "count": 1.0, "kind": "kernel"},
+                {"name": "python op", "us": 50.0, "count": 1.0, "kind": "op"},
+            ],
+        },
+        {"impl": "te", "causal": False, "status": "error", "kernels": []},
+    ]
+    (a,) = page.around_kernel(recs)
+    assert (a.impl, a.main_us, a.other_us) == ("cudnn", 800.0, 6.0)  # host ops are not device work
+    assert a.other == (("Memset", 6.0),)
+
+
+def test_table_rows_round_and_join_the_range():
+    rows = [
+        {"seq_q": 128, "head_dim": 64, "pass": "fwd", "ratio": 0.94379, "low": 0.6055, "high": 1.1723, "word": "on par"}
+    ]
+    assert page.table_rows(rows) == [
+        {
+            "seq_q": 128,
+            "head_dim": 64,
+            "pass": "fwd",
+            "ratio": "0.94",
+            "range over runs": "0.61–1.17",
+            "verdict": "on par",
+        }
+    ]
