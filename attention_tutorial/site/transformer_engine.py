@@ -104,7 +104,7 @@ def fp8_speedups(fp8_records, fp8_impl: str = "cudnn_fp8_s448", base: str = "cud
 def fp8_speedup_figure(rows):
     """bf16 time / FP8 time against T, one line per mask, the range over runs as error bars; 1 = the same speed."""
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    for i, causal in enumerate((False, True)):
+    for causal in (False, True):
         rs = [r for r in rows if r["causal"] == causal]
         if not rs:
             continue
