@@ -237,10 +237,14 @@ def _backward(causal, scale, bq, bk, residuals, cotangents):
                 s = jnp.clip(raw if scale >= 0 else -raw, -F32_MAX, F32_MAX)  # as the forward: units of |scale|
                 p = a * (s - m_i[..., None]) - log_l_i[..., None]  # the weights, exp(scale · q·kᵀ - lse)
                 p = jnp.where(_allowed(i, j, bq, bk, S, causal), jnp.exp(p), 0.0)
+                # 1. dV += Pᵀ dO
                 dv = dv + jnp.einsum("bkgqs,bqkgh->bskh", p.astype(do_i.dtype), do_i, preferred_element_type=acc_t)
+                # 2. dP = dO Vᵀ
                 dp = jnp.einsum("bqkgh,bskh->bkgqs", do_i, v_j, preferred_element_type=acc_t)
+                # 3. dS = P ∘ (dP − D)
                 ds = p * (dp - d_i[..., None])
                 ds = jnp.where(jnp.abs(raw) > F32_MAX, 0.0, ds).astype(q_i.dtype)  # the clamp passes no gradient
+                # 4. dK += dSᵀ Q · scale, dQ = dS K · scale
                 dk = dk + jnp.einsum("bkgqs,bqkgh->bskh", ds, q_i, preferred_element_type=acc_t) * scale
                 dq_i = jnp.einsum("bkgqs,bskh->bqkgh", ds, k_j, preferred_element_type=acc_t) * scale
                 return (dk, dv), dq_i
