@@ -64,8 +64,66 @@ def test_the_figure_draws_one_row_per_warpgroup_each_bar_where_its_region_lies()
     colours = {tuple(b.get_facecolor()[0]) for b in bars}
     assert len(colours) == 5  # q·kᵀ, softmax, p·v, wait, copy each their own colour
     assert ax.get_xlim() == (0, 400)
+    assert "cycles" in ax.get_xlabel() and any("µs" in a.get_xlabel() for a in ax.child_axes)
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert legend[0].startswith("q·kᵀ") and len(legend) == 5
     with pytest.raises(ValueError, match="no kernel recorded ok"):
         kt.timeline_figure({"mosaic": {"status": "error"}})
+    matplotlib.pyplot.close("all")
+
+
+def test_times_are_cycles_the_warpgroups_start_offset_converted_from_ns():
+    # a track recorded 1000 ns after the first, its regions 0 and 100 cycles after its own start
+    assert kt.in_cycles([["qk", 1000, 1100, 0], ["wait", 1020, 1060, 1]], clock_ghz=2.0) == [
+        ("qk", 2000, 2100, 0), ("wait", 2020, 2060, 1)]  # fmt: skip
+    assert kt.in_cycles([]) == []
+    cta1 = next(r for r in kt.timeline_rows(TIMELINE, ctas=2, clock_ghz=1.5) if r.cta == 1)
+    assert cta1.bars[0] == kt.Bar("qk", 1500, 1600, 0)
+    with pytest.raises(ValueError, match="clock_ghz must be a positive"):
+        kt.in_cycles([["qk", 0, 1, 0]], clock_ghz=0)
+
+
+def _pingpong_timeline(wg1_offset=150):
+    """Two compute warpgroups, softmax 100 cycles every 300, the second ``wg1_offset`` later; matmuls between."""
+
+    def track(wg, offset):
+        regions = [["Init", 0, 10, 0]]
+        for j in range(3):
+            t = offset + 300 * j
+            regions += [["softmax", t, t + 100, 0], ["pv", t + 110, t + 200, 0], ["qk", t + 200, t + 290, 0]]
+        return _track(0, wg, regions)
+
+    entry = {"status": "ok", "tiles": {"block_q": 64, "block_kv": 128, "stages": 2}, "shape": {"head_dim": 128},
+             "tracks": [track(0, 20), track(1, 20 + wg1_offset), _track(0, 2, [["copy", 0, 50, 0]])]}  # fmt: skip
+    return {"mosaic": entry}
+
+
+def test_pingpong_measures_softmax_length_period_and_overlap():
+    pp = kt.pingpong(_pingpong_timeline())
+    assert (pp.softmax, pp.step) == (100, 300)
+    assert pp.matmul == 2 * 2 * 64 * 128 * 128 / 4096  # q·kᵀ and p·v of one 64 × 128 block at H = 128
+    assert pp.both == 0  # the two softmaxes take turns
+    assert pp.either == pytest.approx(600 / 850)  # six softmaxes of 100 over 20..870
+    assert pp.softmax_over_matmul == pytest.approx(100 / 1024) and pp.tensor_busy_max == 1.0
+    overlapping = kt.pingpong(_pingpong_timeline(wg1_offset=50))
+    assert overlapping.both == pytest.approx(3 * 50 / 750)  # each pair overlaps by 50 over 20..770
+    assert kt.pingpong({"mosaic": {"status": "error"}}) is None
+    assert kt.pingpong(TIMELINE) is None  # one softmax per warpgroup: no period
+
+
+def test_the_zoom_shows_a_few_key_blocks_from_the_window_start():
+    timeline = _pingpong_timeline()
+    rows = kt.timeline_rows(timeline)
+    assert kt.zoom_window(rows, blocks=1) == (320, 620)  # the middle softmax of warpgroup 0 to the next
+    assert kt.zoom_window(rows, blocks=5) == (20, 620)  # fewer follow: up to the last softmax
+    with pytest.raises(ValueError, match="blocks must be a positive int"):
+        kt.zoom_window(rows, blocks=0)
+    with pytest.raises(ValueError, match="fewer than two softmax"):
+        kt.zoom_window(kt.timeline_rows(TIMELINE))
+    fig = kt.zoom_figure(timeline, blocks=1, kernels=("mosaic",))
+    ax = fig.axes[0]
+    assert ax.get_xlim() == (0, 300)
+    starts = sorted(c.get_paths()[0].get_extents().x0 for c in ax.collections)
+    assert 0 in [round(x) for x in starts]  # the window's softmax starts at 0
+    assert {t.get_text() for t in ax.texts} >= {"softmax", "p·v", "q·kᵀ"}
     matplotlib.pyplot.close("all")
