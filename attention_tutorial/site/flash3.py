@@ -16,7 +16,8 @@ from pathlib import Path
 from ..measure.flops import DATASHEET
 from ..results import store
 from ..results.claims import same_point
-from .pallas_kernels import Speed, race, unique
+from ..results.plotting import label
+from .pallas_kernels import Speed, pct, race, unique
 
 # --- the goals --------------------------------------------------------------------------------------------------------
 
@@ -200,6 +201,16 @@ def exp_bound(ratios, target: float, *, head_dim: int = 128, impls=("mosaic", "m
                     min(a.median for a in as_is) < target)  # fmt: skip
 
 
+def ablation_rows(ratios) -> list[dict]:
+    """The ablation runs (:func:`attention_tutorial.measure.ablations.ablation_ratios`) as table rows: kernel, H,
+    mask, the exponentials as they are or taken out, the baseline, the speed in each run and the range over runs
+    (whole percents)."""
+    return [{"kernel": label(a.impl), "H": a.head_dim, "mask": "causal" if a.causal else "none",
+             "exponentials": "as they are" if a.variant == "as_is" else "taken out (wrong numbers)",
+             "against": label(a.baseline), "speed, each run": ", ".join(f"{100 * v:.0f} %" for v in a.per_round),
+             "range over runs": pct((a.low, a.high))} for a in ratios]  # fmt: skip
+
+
 # --- FP8's error -----------------------------------------------------------------------------------------------------
 
 
@@ -258,9 +269,31 @@ def tuning_table(kernel: str, gpu: str = store.REFERENCE_GPU, directory=None) ->
     return json.loads(path.read_text())
 
 
-def config_speed(rows, configs, base: str) -> dict[tuple[int, bool, str], float | None]:
-    """{(H, causal, config): its TFLOP/s over ``base``'s at the same H and mask} for each of ``configs``;
-    None where the config did not run (or ``base`` did not)."""
+def config_speed(rows, configs, base: str, *, causal: bool | None = None) -> dict[tuple[int, bool, str], float | None]:
+    """{(H, causal, config): its TFLOP/s over ``base``'s at the same H and mask} for each of ``configs`` (one mask
+    only where ``causal`` is given); None where the config did not run (or ``base`` did not)."""
     by = {(r["H"], r["causal"], r["config"]): r["tflops"] for r in rows}
     return {(h, c, cfg): (by[(h, c, cfg)] / by[(h, c, base)] if by[(h, c, cfg)] and by.get((h, c, base)) else None)
-            for (h, c, cfg) in by if cfg in configs}  # fmt: skip
+            for (h, c, cfg) in by if cfg in configs and causal in (None, c)}  # fmt: skip
+
+
+def ratio_span(speeds) -> tuple[float, float] | None:
+    """(lowest, highest) of the ratios of :func:`config_speed` that ran; None when none did."""
+    ran = [v for v in speeds.values() if v is not None]
+    return (min(ran), max(ran)) if ran else None
+
+
+def tile_rows(rows, base: str, *, causal: bool = False) -> list[dict]:
+    """One mask's rows of a tuning table as table rows: the configuration tried, TFLOP/s (one decimal; "did not fit"
+    where it did not compile or fit) and its speed relative to ``base``'s (two decimals)."""
+    mine = [r for r in rows if bool(r["causal"]) == causal]
+    ref = next((r["tflops"] for r in mine if r["config"] == base), None)
+    return [{"configuration": r["config"], "TFLOP/s": f"{r['tflops']:.1f}" if r["tflops"] else "did not fit",
+             "relative speed": f"{r['tflops'] / ref:.2f}" if r["tflops"] and ref else "–"} for r in mine]  # fmt: skip
+
+
+def fp8_error_rows(errors) -> list[dict]:
+    """:class:`FP8Error` entries as table rows: errors to three decimals, the verdict word."""
+    return [{"mask": "causal" if e.causal else "none", "T": e.seq_q, "ours": f"{e.ours:.3f}",
+             "ours, output rounded to E4M3": f"{e.ours_rounded:.3f}", "cuDNN FP8's": f"{e.theirs:.3f}",
+             "ours against cuDNN's": e.word} for e in errors]  # fmt: skip

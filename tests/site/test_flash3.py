@@ -157,6 +157,12 @@ def test_config_speed_divides_by_the_base_at_the_same_h_and_mask(tmp_path):
             {"H": 128, "causal": True, "config": "small", "tflops": 300.0}]  # no base causal  # fmt: skip
     got = page.config_speed(rows, ("small", "big"), "base")
     assert got == {(128, False, "small"): 0.8, (128, False, "big"): None, (128, True, "small"): None}
+    assert page.config_speed(rows, ("small",), "base", causal=True) == {(128, True, "small"): None}
+    assert page.ratio_span(got) == (0.8, 0.8) and page.ratio_span({"x": None}) is None
+    tiles = page.tile_rows(rows, "base")
+    assert [(t["configuration"], t["TFLOP/s"], t["relative speed"]) for t in tiles] == [
+        ("base", "500.0", "1.00"), ("small", "400.0", "0.80"), ("big", "did not fit", "–")]  # fmt: skip
+    assert [t["relative speed"] for t in page.tile_rows(rows, "base", causal=True)] == ["–"]  # no causal base
     (tmp_path / "pipe_x.json").write_text(json.dumps(rows))
     assert page.tuning_table("pipe", gpu="x", directory=tmp_path) == rows
 
@@ -170,8 +176,23 @@ def test_the_recorded_tuning_backs_the_page():
     assert all(0.9 < v < 1.02 for v in fp8.values())
     pipe = page.tuning_table("pipe")
     assert set(page.config_speed(pipe, ("64x128 stages 3 pipelined",), "64x128 stages 2 pipelined").values()) == {None}
-    small = page.config_speed(pipe, ("64x64 stages 2 pipelined",), "64x128 stages 2 pipelined")
+    small = page.config_speed(pipe, ("64x64 stages 2 pipelined",), "64x128 stages 2 pipelined", causal=False)
     assert all(v < 1.0 for v in small.values())
+    plain = page.config_speed(pipe, ("64x128 stages 2",), "64x128 stages 2 pipelined", causal=False)
+    assert 0.95 < plain[(128, False, "64x128 stages 2")] < 1.0  # unmasked, pipelining gains a few percent
+
+
+def test_ablation_and_fp8_error_rows_read_as_a_table():
+    ratios = [_ratio("mosaic", "as_is", False, (0.974, 0.986), 0.9, 1.05),
+              _ratio("mosaic", "no_exp", True, (1.10,), 1.06, 1.18)]  # fmt: skip
+    rows = page.ablation_rows(ratios)
+    assert [(r["speed, each run"], r["range over runs"], r["mask"]) for r in rows] == [
+        ("97 %, 99 %", "90–105 %", "none"), ("110 %", "106–118 %", "causal")]  # fmt: skip
+    assert len({tuple(r) for r in rows}) == 1  # every row has the same columns, whatever the baseline
+    err = page.FP8Error(4096, False, ours=0.0531, ours_rounded=0.0594, theirs=0.0589)
+    (row,) = page.fp8_error_rows([err])
+    assert (row["ours"], row["ours, output rounded to E4M3"], row["cuDNN FP8's"]) == ("0.053", "0.059", "0.059")
+    assert row["ours against cuDNN's"] == "alike" and row["mask"] == "none"
 
 
 def _ratio(impl, variant, causal, rounds, low, high, H=128):
