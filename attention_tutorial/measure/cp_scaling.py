@@ -16,7 +16,8 @@ problems beside ours where TE is installed; where it is not, or its API differs 
 record says "unsupported"/"error" with the reason. On a GPU each multi-device point is also traced
 (:func:`overlap_fields`): per GPU, how much of the NCCL kernels' time ran while a compute kernel ran.
 
-Records follow :mod:`attention_tutorial.measure.sweep`'s schema (``experiment`` "context_parallel", ``devices``,
+Records follow :mod:`attention_tutorial.measure.sweep`'s schema (``experiment`` "context_parallel", ``devices`` and
+``gpus`` (P, the GPUs it ran on), ``ring_steps`` (P for a ring, None for all-gather and the one-device step),
 ``strategy``, ``layout``, ``scaling``, ``family`` ("ours" or "te"), ``efficiency``, ``tflops_per_gpu``;
 ``pct_peak`` is per device).
 :func:`interconnect` says how the GPUs are connected, as ``nvidia-smi`` reports it.
@@ -36,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..inputs import AttentionShape, make_qkv
+from ..inputs import AttentionShape, check_flag, check_int, make_qkv
 from ..kernels import context_parallel as cp
 from .compiled import compile_stats
 from .flops import attention_flops, peak_for
@@ -56,14 +57,14 @@ def device_counts(devices=None) -> tuple[int, ...]:
     """The P to measure, 1 first: all powers of two up to this process's device count (and the count itself) for
     ``None``; 1 to ``devices`` in powers of two for an int; the given ones (plus 1) for a sequence."""
     avail = jax.device_count()
-    if devices is None or isinstance(devices, int):
-        top = avail if devices is None else devices
-        if not 1 <= top <= avail:
+    if devices is None or not isinstance(devices, (list, tuple, range)):
+        top = avail if devices is None else check_int("devices", devices, minimum=1, example="4")
+        if top > avail:
             raise ValueError(f"asked for {top} devices; this process has {avail} ({jax.devices()[0].platform}).")
         counts = {1, top} | {2**i for i in range(top.bit_length()) if 2**i <= top}
     else:
-        counts = {1, *devices}
-        if max(counts) > avail or min(counts) < 1:
+        counts = {1, *(check_int("each of devices", p, minimum=1) for p in devices)}
+        if max(counts) > avail:
             raise ValueError(f"device counts {sorted(counts)} must lie in 1..{avail} (this process's devices).")
     return tuple(sorted(counts))
 
@@ -83,6 +84,7 @@ def scaling_records(devices=None, *, seqs=SEQS, weak_base: int | None = WEAK_BAS
     reached are recorded as "unsupported" with the reason. ``timing`` goes to ``time_fn``.
     """
     counts = device_counts(devices)
+    te, profile = check_flag("te", te), check_flag("profile", profile)
     shape = {"batch": batch, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": dtype}
     strong = [[("strong", t, p) for p in counts] for t in seqs]
     weak = [[("weak", weak_base * p, p) for p in counts]] if weak_base else []
@@ -95,8 +97,9 @@ def scaling_records(devices=None, *, seqs=SEQS, weak_base: int | None = WEAK_BAS
                 kind, f"te_{strategy}"
             )
             point = Point(f"{name}_P{p}_{scaling}", batch, t, t, heads, kv_heads, head_dim, dtype, c, pass_)
-            rec = {**empty_record(point), "experiment": EXPERIMENT, "devices": p, "strategy": strategy,
-                   "layout": layout, "scaling": scaling, "family": "te" if kind.startswith("te") else "ours"}  # fmt: skip
+            rec = {**empty_record(point), "experiment": EXPERIMENT, "devices": p, "gpus": p,
+                   "ring_steps": p if strategy == "ring" else None, "strategy": strategy, "layout": layout,
+                   "scaling": scaling, "family": "te" if kind.startswith("te") else "ours"}  # fmt: skip
             key = (kind, strategy, layout, t, c, pass_, p)
             if key in done:  # the same measurement serves strong and weak scaling
                 records.append({**rec, **_timed(done[key])})

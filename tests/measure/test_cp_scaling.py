@@ -130,6 +130,22 @@ def test_spent_budget_records_the_reason():
     assert all(r["status"] == "unsupported" and "budget" in r["reason"] and check_record(r) == [] for r in recs)
 
 
+def test_records_say_the_gpus_and_the_ring_steps_apart():
+    recs = cp_scaling.scaling_records(4, seqs=(256,), weak_base=None, passes=("fwd",), causal=(False,), te=True,
+                                      budget_s=0.0, **TINY)  # fmt: skip
+    ran = {r["impl"]: (r["gpus"], r["ring_steps"]) for r in recs}
+    assert ran["local_P1_strong"] == (1, None) and ran["te_local_P1_strong"] == (1, None)
+    assert ran["cp_ring_contiguous_P4_strong"] == (4, 4) and ran["te_ring_P4_strong"] == (4, 4)
+    assert ran["cp_allgather_contiguous_P2_strong"] == (2, None)  # all-gather: no ring
+    assert all(r["devices"] == r["gpus"] for r in recs)
+
+
+@pytest.mark.parametrize(("devices", "match"), [(0, ">= 1"), (2.0, "integer"), (True, "integer"), ((0, 2), ">= 1")])
+def test_device_counts_refuse_what_is_no_count(devices, match):
+    with pytest.raises(ValueError, match=match):
+        cp_scaling.device_counts(devices)
+
+
 def test_recorder_offers_the_extra():
     from attention_tutorial.cli import _parser
     from attention_tutorial.results.record import EXTRAS, GRID_DETAILS
