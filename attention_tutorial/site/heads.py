@@ -28,6 +28,8 @@ from ..results.claims import TOLERANCES, Claim, agreement, compare, growth, same
 from ..results.plotting import LINESTYLES, PALETTE, impl_style, label
 
 GREY = "#555555"
+#: Streaming multiprocessors per GPU (NVIDIA's datasheets), by the name a result file records.
+SMS = {"NVIDIA H200": 132, "NVIDIA H100 80GB HBM3": 132, "NVIDIA A100-SXM4-80GB": 108, "NVIDIA A100-SXM4-40GB": 108}
 
 # --- GQA is MHA with repeated kv heads
 
@@ -231,6 +233,8 @@ class SharedCache:
     full: Bandwidth
     near: Bandwidth  # the call of another K whose time is closest to K = 1's
     near_vs_one: Claim  # that call against K = 1's (value: K = 1's time / its time)
+    streams_one: int  # separate k/v streams the K = 1 call reads: B × K
+    streams_full: int  # and the K = kv_full call
 
 
 def shared_cache(records, impl: str = "cudnn") -> SharedCache | None:
@@ -248,7 +252,8 @@ def shared_cache(records, impl: str = "cudnn") -> SharedCache | None:
     near = min((r for r in ok if r["kv_heads"] != 1), key=lambda r: abs(r["median_ms"] - one[0]["median_ms"]))
     return SharedCache(seq_kv=s, kv_full=full, bytes_ratio=moved(mha[0]) / moved(one[0]), speedup=compare(one, mha),
                        one=_bandwidth(one[0]), full=_bandwidth(mha[0]), near=_bandwidth(near),
-                       near_vs_one=compare([near], one))  # fmt: skip
+                       near_vs_one=compare([near], one), streams_one=one[0]["batch"] * one[0]["kv_heads"],
+                       streams_full=mha[0]["batch"] * full)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -506,6 +511,11 @@ def over_peak(records) -> list[dict]:
     return [r for r in _ok(records) if (r.get("pct_peak") or 0) > 100]
 
 
+#: Tick labels of :func:`masks_cost_figure`: the dense mask is the causal triangle as a matrix, with or without
+#: ``is_causal``.
+MASK_COST_NAMES = {"dense": "dense\n(causal matrix)"}
+
+
 def masks_cost_figure(records, title: str = ""):
     """Median time per mask kind: one panel per causal setting, a bar per implementation; a point that did not
     run is marked with its status instead of a bar."""
@@ -528,7 +538,7 @@ def masks_cost_figure(records, title: str = ""):
                     handles.setdefault(label(impl), bar)
                 elif rs:
                     ax.text(pos, 0, rs[0]["status"], rotation=90, ha="center", va="bottom", fontsize=7, color=colour)
-        ax.set_xticks(range(len(kinds)), kinds)
+        ax.set_xticks(range(len(kinds)), [MASK_COST_NAMES.get(k, k) for k in kinds], fontsize=8)
         ax.set_title("causal" if causal else "no causal mask", fontsize=10)
         ax.grid(True, axis="y", color="#dddddd")
     axes[0][0].set_ylabel("ms per call (median)")

@@ -118,6 +118,7 @@ def test_shared_cache_sets_one_kv_head_against_mha_at_the_longest_common_context
     assert (c.one.pct_read, c.full.pct_read) == (80.0, 96.0)
     # the call of another K closest in time to K = 1's 0.30 ms is K = 32 at S = 2048 (0.13 ms)
     assert (c.near.kv_heads, c.near.seq_kv) == (32, 2048) and c.near_vs_one.value == pytest.approx(0.30 / 0.13)
+    assert (c.streams_one, c.streams_full) == (16, 16 * 32)  # B × K separate k/v streams
     assert heads.shared_cache([r for r in DECODE if r["kv_heads"] == 1]) is None
     assert heads.shared_cache([]) is None
 
@@ -275,6 +276,8 @@ def test_masks_cost_figure_bars_are_the_medians_and_a_failure_is_named():
     assert sorted(round(p.get_height(), 3) for p in causal_ax.patches) == [0.5, 0.9, 6.0]
     assert [round(p.get_height(), 3) for p in plain_ax.patches] == [1.5]
     assert [t.get_text() for t in plain_ax.texts] == ["unsupported"]
+    ticks = [t.get_text() for t in plain_ax.get_xticklabels()]
+    assert ticks == ["none", "window", "dense\n(causal matrix)"]  # the dense mask is the causal triangle itself
 
 
 # --- the recorded file
@@ -287,3 +290,10 @@ def test_the_recorded_decode_grid_moves_32_times_fewer_bytes_with_one_kv_head():
     fewest = attention_bytes(16, 1, c.seq_kv, 32, 32, 128, "bfloat16") / attention_bytes(16, 1, c.seq_kv, 32, 1, 128,
                                                                                            "bfloat16")  # fmt: skip
     assert c.bytes_ratio == pytest.approx(fewest, rel=1e-3)
+
+
+def test_no_recorded_mask_point_beats_the_peak_when_only_kept_positions_count():
+    """A FLOP model that credited work a mask removes would put a point above 100 % of the measured peak."""
+    data = store.recorded(store.REFERENCE_GPU)
+    masks = heads.kept_tflops(store.select(data["records"], grid="masks"), data["provenance"])
+    assert [r for r in masks if r.get("status") == "ok"] and heads.over_peak(masks) == []
