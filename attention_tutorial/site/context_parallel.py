@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
@@ -54,6 +55,33 @@ def per_device(seq: int, devices: int, *, heads: int = 32, kv_heads: int = 8, he
 
 
 # --- the two strategies
+
+
+def float64_reference(q, k, v, d_out, *, causal: bool = True):
+    """Attention's output and its gradients (dq, dk, dv) for the cotangent ``d_out``, all in float64 on the CPU
+    (whatever device holds the inputs; GQA and a top-left causal mask as in ``jax.nn.dot_product_attention``, whose
+    own XLA path accumulates in float32): the reference a sharded run is checked against."""
+
+    def attend(q, k, v):  # (B, T, N, H), (B, S, K, H) -> (B, T, N, H)
+        (b, t, n, h), (s, kv) = q.shape, k.shape[1:3]
+        qg = q.reshape(b, t, kv, n // kv, h)
+        scores = jnp.einsum("btkgh,bskh->bkgts", qg, k) / np.sqrt(h)
+        if causal:
+            scores = jnp.where(jnp.tril(jnp.ones((t, s), bool)), scores, -jnp.inf)
+        weights = jax.nn.softmax(scores, axis=-1)
+        return jnp.einsum("bkgts,bskh->btkgh", weights, v).reshape(b, t, n, h)
+
+    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+        f64 = [jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, v, d_out)]
+        out, vjp = jax.vjp(attend, *f64[:3])
+        return np.asarray(out), tuple(np.asarray(g) for g in vjp(f64[3]))
+
+
+def max_error(got, want) -> float:
+    """The largest absolute difference between ``got`` and ``want`` (arrays, or matching tuples of arrays)."""
+    if isinstance(got, (tuple, list)):
+        return max(max_error(g, w) for g, w in zip(got, want, strict=True))
+    return float(np.max(np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64))))
 
 
 def ring_schedule(devices: int) -> np.ndarray:

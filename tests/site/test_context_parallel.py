@@ -24,6 +24,45 @@ def test_per_device_divides_the_causal_work_and_the_held_tensors_by_p():
         site.per_device(1000, 3)
 
 
+def test_the_float64_reference_and_its_gradients_against_numpy():
+    rng = np.random.default_rng(0)
+    q, k, v, d_out = (rng.standard_normal((1, 5, 2, 3)).astype(np.float32) for _ in range(4))
+    out, (dq, dk, dv) = site.float64_reference(q, k, v, d_out, causal=True)
+    s = np.einsum("btnh,bsnh->bnts", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(3)
+    s = np.where(np.tril(np.ones((5, 5), bool)), s, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    assert out.dtype == np.float64
+    np.testing.assert_allclose(out, np.einsum("bnts,bsnh->btnh", w, v), rtol=1e-12)
+    np.testing.assert_allclose(dv, np.einsum("bnts,btnh->bsnh", w, d_out), rtol=1e-12)  # dV = Wᵀ dO
+    # dq by a central difference of <out, d_out> in float64
+    eps, bump = 1e-6, np.zeros_like(q, np.float64)
+    bump[0, 3, 1, 2] = eps
+
+    def loss(x):
+        return float(np.sum(site.float64_reference(x, k, v, d_out)[0] * d_out))
+
+    numeric = (loss(q + bump) - loss(q - bump)) / (2 * eps)
+    assert dq[0, 3, 1, 2] == pytest.approx(numeric, rel=1e-5)
+    assert dk.shape == k.shape
+    # GQA: 4 query heads on 2 kv heads, against the package's NumPy float64 reference
+    from attention_tutorial import reference_attention
+
+    qg = rng.standard_normal((2, 6, 4, 3))
+    kg, vg = (rng.standard_normal((2, 6, 2, 3)) for _ in range(2))
+    for causal in (True, False):
+        out, grads = site.float64_reference(qg, kg, vg, np.ones_like(qg), causal=causal)
+        np.testing.assert_allclose(out, reference_attention(qg, kg, vg, is_causal=causal), rtol=1e-12, atol=1e-14)
+        assert [g.shape for g in grads] == [qg.shape, kg.shape, vg.shape]
+
+
+def test_max_error_of_arrays_and_of_tuples():
+    assert site.max_error(np.ones(3), np.array([1.0, 1.5, 0.75])) == 0.5
+    assert site.max_error((np.zeros(2), np.ones(2)), (np.zeros(2), np.full(2, 3.0))) == 2.0
+    with pytest.raises(ValueError):
+        site.max_error((np.zeros(2),), (np.zeros(2), np.zeros(2)))
+
+
 def test_ring_schedule_hands_each_device_the_block_of_device_d_minus_s():
     sched = site.ring_schedule(4)
     np.testing.assert_array_equal(sched[0], [0, 1, 2, 3])  # step 0: its own block
