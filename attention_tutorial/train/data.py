@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..inputs import check_int
+
 VOCAB = 256  # byte-level tokens
 HELD_OUT_EVERY = 20  # about one file in twenty is held out
 EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
@@ -78,6 +80,8 @@ def load_corpus(root=None) -> Corpus:
 def batch_at(tokens: np.ndarray, *, batch: int, seq_len: int, seed: int, step: int) -> np.ndarray:
     """Batch ``step`` of the stream for ``seed``: (batch, seq_len + 1) int32 windows of ``tokens`` (inputs are
     [:, :-1], targets [:, 1:])."""
+    batch, seq_len = check_int("batch", batch, minimum=1), check_int("seq_len", seq_len, minimum=1)
+    seed, step = check_int("seed", seed, minimum=0), check_int("step", step, minimum=0)
     if tokens.size < seq_len + 2:
         raise ValueError(f"need more than seq_len + 1 = {seq_len + 1} tokens; got {tokens.size}.")
     starts = np.random.default_rng((seed, step)).integers(0, tokens.size - seq_len - 1, size=batch)

@@ -5,11 +5,18 @@ returns one record per logged step (loss, step time, tokens/s, TFLOP/s, peak dev
 same seed gives the same initial parameters and the same batches whatever the attention, so runs compare
 directly. Timing: the train step is compiled first (``compile_s``) and run once on a throw-away copy of the state
 (warm-up), then every step is timed from dispatch to ``block_until_ready`` of its outputs; the next batch is
-already on the device, so the time is the step's own.
+already on the device, so the time is the step's own. The summary's steady state leaves out the learning-rate
+warm-up's steps (at most half the run): its step time (median, p10, p90), tokens/s with the same spread, and the
+model FLOP utilisation (MFU) against the datasheet's dense bf16 peak and the measured bf16 matmul peak, from the
+FLOPs per token the model's shapes give (:func:`flops_per_token`).
+
+A run whose loss turns NaN or infinite stops there: its summary has status "error", the step (``failed_step``)
+and the loss, and no timings.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import NamedTuple
 
@@ -19,11 +26,12 @@ import numpy as np
 import optax
 
 from .. import registry
+from ..inputs import check_int, check_number
 from ..measure.compiled import compile_stats
-from ..measure.flops import attention_flops, peak_for
+from ..measure.flops import attention_flops, datasheet_peak, peak_for
 from ..measure.timing import summarize
 from . import TWIN
-from .data import batch_at, load_corpus
+from .data import Corpus, batch_at, load_corpus
 from .model import GPT, TINY, Config, matmul_flops_per_token
 
 
@@ -51,8 +59,12 @@ def optimizer(config: Config, steps: int):
 
 def init_params(config: Config, seed: int):
     """The model's initial parameters for ``seed`` (independent of the attention implementation)."""
-    tokens = jnp.zeros((1, config.seq_len), jnp.int32)
-    return GPT(config).init(jax.random.key(seed), tokens)["params"]
+    return _init(config, jax.random.key(check_int("seed", seed, minimum=0)))
+
+
+@functools.partial(jax.jit, static_argnums=0)  # one program: run op by op, every initialiser would compile apart
+def _init(config: Config, key):
+    return GPT(config).init(key, jnp.zeros((1, config.seq_len), jnp.int32))["params"]
 
 
 def rounding_step(dtype) -> float:
@@ -64,9 +76,15 @@ def rounding_step(dtype) -> float:
 def perturb_params(params, rel: float, seed: int):
     """``params`` with each entry nudged up or down by ``rel`` times itself, the signs drawn at random from ``seed``: a
     difference of the size one rounding makes, to see how far rounding alone moves a training run."""
+    return _perturb(params, rel, jax.random.key(check_int("seed", seed, minimum=0)))
+
+
+@jax.jit
+def _perturb(params, rel, key):
     leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    signs = [jax.random.rademacher(k, x.shape, x.dtype) for k, x in zip(keys, leaves)]
+    signs = jax.random.rademacher(key, (sum(x.size for x in leaves),), jnp.float32)  # one draw for all: one sampler
+    ends = np.cumsum([x.size for x in leaves])
+    signs = [s.reshape(x.shape).astype(x.dtype) for s, x in zip(jnp.split(signs, ends[:-1]), leaves)]
     return jax.tree.unflatten(tree, [x * (1 + rel * s) for x, s in zip(leaves, signs)])
 
 
@@ -81,12 +99,25 @@ def make_step(model, opt):
     return step
 
 
+def flops_per_token(config: Config) -> dict:
+    """Model FLOPs per trained token (forward + backward), from the model's shapes.
+
+    ``matmul``: 3 × the forward's 2 FLOPs per weight used (:func:`~.model.matmul_flops_per_token`: the blocks'
+    projections and MLP and the output layer; the token embedding is a lookup, no FLOPs — its one-hot gradient is
+    the implementation's cost, not the model's). ``attention``: per layer, the score and value matmuls, 4·N·H per
+    (query, key) pair the causal mask keeps, ×3.5 for forward + backward; the mask keeps T(T+1)/2 of the T² pairs
+    (about half), and only those are counted. ``total`` is their sum: the numerator of MFU.
+    """
+    c = config
+    attn = c.layers * attention_flops(c.batch, c.seq_len, c.seq_len, c.heads, c.head_dim, causal=True,
+                                      pass_="fwd+bwd") / (c.batch * c.seq_len)  # fmt: skip
+    matmul = 3.0 * matmul_flops_per_token(c)
+    return {"matmul": matmul, "attention": attn, "total": matmul + attn}
+
+
 def step_flops(config: Config) -> float:
     """Model FLOPs of one training step: 3 × the forward matmuls (forward + backward) plus causal attention."""
-    c = config
-    tokens = c.batch * c.seq_len
-    attn = attention_flops(c.batch, c.seq_len, c.seq_len, c.heads, c.head_dim, causal=True, pass_="fwd+bwd")
-    return 3.0 * matmul_flops_per_token(c) * tokens + c.layers * attn
+    return flops_per_token(config)["total"] * config.batch * config.seq_len
 
 
 def peak_bytes() -> int | None:
@@ -103,6 +134,41 @@ def evaluate(model, params, tokens: np.ndarray, config: Config, *, seed: int, ba
     losses = [_jit_loss(model, params, batch_at(tokens, batch=config.batch, seq_len=config.seq_len, seed=seed, step=i))
               for i in range(batches)]  # fmt: skip
     return float(np.mean([float(x) for x in losses]))
+
+
+def check_args(impl, *, steps, config, seed, log_every, eval_batches, peak_tflops, perturb) -> dict:
+    """The arguments of :func:`train_records` checked (``ValueError`` naming the argument, the value and the fix)
+    and normalised (Python ints and floats)."""
+    if not isinstance(impl, str) or not impl:
+        raise ValueError(f"impl must be an implementation name such as 'xla'; got {type(impl).__name__} {impl!r:.60}.")
+    if not isinstance(config, Config):
+        raise ValueError(f"config must be a train.model.Config (e.g. model.TINY); got {type(config).__name__}.")
+    return {
+        "steps": check_int("steps", steps, minimum=1, example="200"),
+        "seed": check_int("seed", seed, minimum=0, example="0"),
+        "log_every": check_int("log_every", log_every, minimum=1, example="5"),
+        "eval_batches": check_int("eval_batches", eval_batches, minimum=1, example="4"),
+        "peak_tflops": None if peak_tflops is None else check_number("peak_tflops", peak_tflops, positive=True),
+        "perturb": check_number("perturb", perturb, non_negative=True, example="2**-7"),
+    }
+
+
+def check_corpus(corpus: Corpus, config: Config) -> None:
+    """Refuse a corpus whose token ids fall outside [0, config.vocab), or too short for one sequence."""
+    for split in ("train", "held_out"):
+        ids = getattr(corpus, split)
+        if not (isinstance(ids, np.ndarray) and ids.ndim == 1 and np.issubdtype(ids.dtype, np.integer)):
+            raise ValueError(f"corpus.{split} must be a 1-D NumPy array of integer token ids; got {ids!r:.60}.")
+        if ids.size < config.seq_len + 2:
+            raise ValueError(
+                f"corpus.{split} has {ids.size} tokens; one batch needs seq_len + 2 = {config.seq_len + 2}."
+            )
+        safe = ids.dtype.itemsize == 1 and not np.issubdtype(ids.dtype, np.signedinteger) and config.vocab >= 256
+        if not safe and (int(ids.min()) < 0 or int(ids.max()) >= config.vocab):
+            raise ValueError(
+                f"corpus.{split} holds token ids from {int(ids.min())} to {int(ids.max())}, outside the vocabulary "
+                f"[0, {config.vocab}); build the model with Config(vocab=...) that covers them."
+            )
 
 
 def _base(impl: str, config: Config, seed: int, steps: int, perturb: float = 0.0) -> dict:
@@ -125,10 +191,13 @@ def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0
     and ``pct_peak`` given the measured bf16 matmul ``peak_tflops``. When the registry says ``impl`` cannot run
     this shape here, the summary alone comes back with status "unsupported". ``perturb`` > 0 nudges the initial
     weights by that relative amount (:func:`perturb_params`): the run is then a *twin*, its records marked
-    ``perturb``, the yardstick of how far rounding alone moves the loss curve.
+    ``perturb``, the yardstick of how far rounding alone moves the loss curve. A loss that turns NaN or infinite
+    ends the run: the summary then has status "error", ``failed_step`` and the loss in its ``reason``, no timings.
     """
-    if steps < 1 or log_every < 1:
-        raise ValueError(f"steps and log_every must be >= 1; got steps={steps}, log_every={log_every}.")
+    a = check_args(impl, steps=steps, config=config, seed=seed, log_every=log_every, eval_batches=eval_batches,
+                   peak_tflops=peak_tflops, perturb=perturb)  # fmt: skip
+    steps, seed, log_every, eval_batches = a["steps"], a["seed"], a["log_every"], a["eval_batches"]
+    peak_tflops, perturb = a["peak_tflops"], a["perturb"]
     c = config
     base = _base(impl, c, seed, steps, perturb)
     reason = registry.why_not(impl, c.attention_shape(), c.dtype, causal=True)
@@ -136,6 +205,7 @@ def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0
         return TrainResult([], {**base, "kind": "summary", "status": "unsupported", "reason": reason,
                                 "median_ms": None, "p10_ms": None, "p90_ms": None, "tflops": None})  # fmt: skip
     corpus = corpus or load_corpus()
+    check_corpus(corpus, c)
     model, opt = GPT(c, impl), optimizer(c, steps)
     params = init_params(c, seed)
     if perturb:
@@ -154,12 +224,19 @@ def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0
         params, opt_state, loss = stats.compiled(params, opt_state, tokens_in)
         jax.block_until_ready((params, opt_state, loss))
         ms = (time.perf_counter() - t0) * 1e3
+        loss = float(loss)
+        if not np.isfinite(loss):  # diverged: the run stops here, a failure with the step
+            reason = (f"the loss became {loss} at step {s} of {steps}: training diverged. Lower Config.learning_rate "
+                      f"(now {c.learning_rate:g}) or lengthen Config.warmup_steps (now {c.warmup_steps}).")  # fmt: skip
+            return TrainResult(records, {**base, "kind": "summary", "status": "error", "reason": reason,
+                                         "failed_step": s, "eval_loss_init": eval_before,
+                                         "median_ms": None, "p10_ms": None, "p90_ms": None, "tflops": None})  # fmt: skip
         times.append(ms)
         window.append(ms)
         nxt = batch(s + 1) if s + 1 < steps else None
         if s % log_every == 0 or s == steps - 1:
             records.append(
-                _timed({**base, "kind": "step", "step": s, "loss": float(loss)}, window, flops, tokens, peak_tflops)
+                _timed({**base, "kind": "step", "step": s, "loss": loss}, window, flops, tokens, peak_tflops)
             )
             window = []
     eval_after = evaluate(model, params, corpus.held_out, c, seed=seed, batches=eval_batches)
@@ -168,7 +245,33 @@ def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0
                       "attention_kernel": stats.attention_kernel, "params": _count(params),
                       "step_bytes": _footprint(stats.compiled), "step_flops": flops, **corpus.describe()},
                      times, flops, tokens, peak_tflops)  # fmt: skip
-    return TrainResult(records, summary)
+    return TrainResult(records, {**summary, **steady_state(times, c, peak_tflops)})
+
+
+def steady_state(times_ms, config: Config, peak_tflops: float | None = None, *, gpu: str | None = None) -> dict:
+    """Summary fields of the steady state: the steps after the learning-rate warm-up (at most the first half of the
+    run is left out; ``steady_from`` says where it starts). Step time and tokens/s as median, p10 and p90 over those
+    steps (the tokens/s percentiles are those of each step's own tokens/s), the model FLOPs per token
+    (:func:`flops_per_token`), and the MFU at the median step time: ``mfu_datasheet_pct`` against the datasheet's
+    dense bf16 peak of ``gpu`` (default: this device; None on a CPU or an unlisted GPU) and ``mfu_measured_pct``
+    against ``peak_tflops``, the measured bf16 matmul peak (None without it)."""
+    c = config
+    start = min(c.warmup_steps, len(times_ms) // 2)
+    steady = np.asarray(times_ms[start:], np.float64)
+    tokens = c.batch * c.seq_len
+    median, p10, p90 = summarize(steady)
+    tps, tps_p10, tps_p90 = summarize(tokens / (steady / 1e3))
+    per_token = flops_per_token(c)
+    achieved = per_token["total"] * tokens / (median / 1e3) / 1e12  # TFLOP/s at the median step
+    gpu = jax.devices()[0].device_kind if gpu is None else gpu
+    sheet, sheet_basis = datasheet_peak(gpu, c.dtype)
+    return {"steady_from": start, "steady_steps": int(steady.size), "steady_median_ms": median, "steady_p10_ms": p10,
+            "steady_p90_ms": p90, "steady_tokens_per_s": tps, "steady_tokens_per_s_p10": tps_p10,
+            "steady_tokens_per_s_p90": tps_p90, "flops_per_token": per_token["total"],
+            "matmul_flops_per_token": per_token["matmul"], "attention_flops_per_token": per_token["attention"],
+            "steady_tflops": achieved, "datasheet_tflops": sheet, "datasheet_basis": sheet_basis,
+            "mfu_datasheet_pct": 100 * achieved / sheet if sheet else None,
+            "mfu_measured_pct": 100 * achieved / peak_tflops if peak_tflops else None}  # fmt: skip
 
 
 def _timed(rec: dict, samples_ms, flops: float, tokens: int, peak_tflops: float | None) -> dict:

@@ -11,15 +11,21 @@ on a GPU).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
+from jax.experimental import checkify
 
 from .. import registry
-from ..inputs import AttentionShape
+from ..inputs import AttentionShape, check_int, check_number
 from .data import VOCAB
+
+EMBEDDINGS = ("onehot", "gather")  # how the token embedding's gradient is formed: see embed
+ONEHOT_MAX_VOCAB = 8192  # the one-hot matrix is (B·T, vocab): beyond this, use "gather"
 
 
 @dataclass(frozen=True)
@@ -37,12 +43,29 @@ class Config:
     warmup_steps: int = 2
     weight_decay: float = 0.1
     vocab: int = VOCAB
+    embedding: str = "onehot"  # the token embedding's gradient: a one-hot matmul ("onehot") or a scatter ("gather")
 
     def __post_init__(self):
         for name in ("layers", "d_model", "heads", "head_dim", "seq_len", "batch", "vocab"):
-            if not (isinstance(getattr(self, name), int) and getattr(self, name) > 0):
-                raise ValueError(f"Config.{name} must be a positive int; got {getattr(self, name)!r}.")
-        jnp.dtype(self.dtype)  # raises TypeError for an unknown dtype name
+            check_int(f"Config.{name}", getattr(self, name), minimum=1)
+        check_int("Config.warmup_steps", self.warmup_steps, minimum=0, example="30")
+        check_number("Config.learning_rate", self.learning_rate, positive=True, example="1e-3")
+        check_number("Config.weight_decay", self.weight_decay, non_negative=True, example="0.1")
+        try:
+            floating = isinstance(self.dtype, str) and jnp.issubdtype(jnp.dtype(self.dtype), jnp.floating)
+        except TypeError:
+            floating = False
+        if not floating:
+            raise ValueError(
+                f"Config.dtype must name a floating type, e.g. 'bfloat16' or 'float32'; got {self.dtype!r}."
+            )
+        if self.embedding not in EMBEDDINGS:
+            raise ValueError(f"Config.embedding must be one of {EMBEDDINGS}; got {self.embedding!r}.")
+        if self.embedding == "onehot" and self.vocab > ONEHOT_MAX_VOCAB:
+            raise ValueError(
+                f"Config.embedding='onehot' builds a (batch·seq_len, vocab) matrix; vocab={self.vocab} is over "
+                f"{ONEHOT_MAX_VOCAB}: use embedding='gather'."
+            )
 
     def fields(self) -> dict:
         """The config as record fields."""
@@ -60,6 +83,67 @@ SMALL = Config(layers=2, d_model=256, heads=4, head_dim=64, seq_len=512, batch=8
                learning_rate=1e-3, warmup_steps=15)  # fmt: skip
 H200 = Config(layers=6, d_model=768, heads=6, head_dim=128, seq_len=2048, batch=8, dtype="bfloat16",
               learning_rate=1e-3, warmup_steps=30)  # fmt: skip
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def onehot_embed(table, tokens, dtype):
+    """``table[tokens]`` in ``dtype``: table (V, D), tokens (B, T) ints -> (B, T, D), the same values as a lookup.
+
+    Its gradient is a matrix product, one_hot(tokens)ᵀ · g: (V, B·T) · (B·T, D), exact products accumulated in
+    float32 on the tensor cores. A lookup's own gradient is a scatter-add of B·T rows into V: with V = 256 and
+    B·T = 16k, about 64 updates land on each row, and the GPU serialises them (atomics on the same addresses).
+    """
+    return jnp.take(table, tokens, axis=0).astype(dtype)
+
+
+def _onehot_fwd(table, tokens, dtype):
+    return onehot_embed(table, tokens, dtype), (table, tokens)
+
+
+def _onehot_bwd(dtype, res, g):
+    table, tokens = res
+    onehot = jax.nn.one_hot(tokens, table.shape[0], dtype=g.dtype)  # (B, T, V): 0 and 1 are exact in any dtype
+    grad = jnp.einsum("btv,btd->vd", onehot, g, preferred_element_type=jnp.promote_types(g.dtype, jnp.float32))
+    return grad.astype(table.dtype), None
+
+
+onehot_embed.defvjp(_onehot_fwd, _onehot_bwd)
+
+
+def check_tokens(tokens, vocab: int) -> None:
+    """Refuse token ids outside [0, vocab): a lookup would return NaN rows (a one-hot row of zeros) and train on
+    them. Checked at once for concrete ids; traced under ``jit`` only under ``jax.experimental.checkify``."""
+    if not jnp.issubdtype(jnp.result_type(tokens), jnp.integer):
+        raise ValueError(f"tokens must be integer ids; got dtype {jnp.result_type(tokens)}. Cast with .astype(int32).")
+    if isinstance(tokens, jax.core.Tracer):
+        checkify.debug_check(
+            jnp.all((tokens >= 0) & (tokens < vocab)),
+            f"token ids must lie in [0, vocab) = [0, {vocab}); got ids from {{lo}} to {{hi}}.",
+            lo=jnp.min(tokens),
+            hi=jnp.max(tokens),
+        )
+        return
+    lo, hi = int(jnp.min(tokens)), int(jnp.max(tokens))
+    if lo < 0 or hi >= vocab:
+        raise ValueError(
+            f"token ids must lie in [0, vocab) = [0, {vocab}); got ids from {lo} to {hi}. Map them into the "
+            "vocabulary, or build the model with Config(vocab=...) large enough."
+        )
+
+
+class Embed(nn.Module):
+    """Token embedding (vocab, d_model): a lookup whose gradient is ``Config.embedding``'s ("onehot": see
+    :func:`onehot_embed`; "gather": the lookup's own scatter-add, as ``flax.linen.Embed``)."""
+
+    config: Config
+
+    @nn.compact
+    def __call__(self, tokens):
+        c = self.config
+        table = self.param("embedding", nn.initializers.normal(0.02), (c.vocab, c.d_model))
+        if c.embedding == "onehot":
+            return onehot_embed(table, tokens, jnp.dtype(c.dtype))
+        return jnp.take(table.astype(c.dtype), tokens, axis=0)
 
 
 def attention_fn(attention: str | Callable) -> Callable:
@@ -99,9 +183,9 @@ class GPT(nn.Module):
         B, T = tokens.shape
         if T > c.seq_len:
             raise ValueError(f"tokens have T={T} positions; the model was built for at most seq_len={c.seq_len}.")
-        embed = nn.Embed(c.vocab, c.d_model, dtype=dt, embedding_init=nn.initializers.normal(0.02), name="embed")
+        check_tokens(tokens, c.vocab)
         pos = self.param("pos", nn.initializers.normal(0.02), (c.seq_len, c.d_model))
-        x = (embed(tokens) + pos[:T].astype(dt)).astype(dt)
+        x = (Embed(c, name="embed")(tokens) + pos[:T].astype(dt)).astype(dt)
         fn = attention_fn(self.attention)
         for i in range(c.layers):
             x = Block(c, fn, name=f"block{i}")(x)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from attention_tutorial.measure.flops import BF16_PEAK
+from attention_tutorial.measure.sweep import check_record
 from attention_tutorial.results import store
 from attention_tutorial.train.loop import train_records
 from attention_tutorial.train.model import TINY
@@ -39,7 +40,7 @@ def test_same_seed_same_curve_whatever_the_attention(runs):
 
 
 def test_bf16_runs_agree_within_bf16_noise():
-    cfg = dataclasses.replace(TINY, dtype="bfloat16")
+    cfg = dataclasses.replace(TINY, layers=1, d_model=32, heads=2, head_dim=16, seq_len=32, batch=2, dtype="bfloat16")
     a, b = (
         [r["loss"] for r in train_records(i, steps=3, config=cfg, eval_batches=1).records] for i in ("xla", "blockwise")
     )
@@ -111,3 +112,86 @@ def test_perturb_params_nudges_every_weight_by_the_relative_step():
     signs = np.concatenate([np.sign(np.asarray(b) - np.asarray(a)).ravel()
                             for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(nudged))])  # fmt: skip
     assert 0.4 < np.mean(signs[signs != 0] > 0) < 0.6  # both directions, at random
+
+
+SMALL = dataclasses.replace(TINY, layers=1, d_model=32, heads=2, head_dim=16, seq_len=32, batch=2)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"steps": 2.5}, "steps must be an integer >= 1"),
+        ({"steps": True}, "steps must be an integer >= 1"),
+        ({"steps": 0}, "steps must be an integer >= 1"),
+        ({"seed": -1}, "seed must be an integer >= 0"),
+        ({"seed": 1.5}, "seed must be an integer >= 0"),
+        ({"log_every": 0}, "log_every must be an integer >= 1"),
+        ({"eval_batches": 0}, "eval_batches must be an integer >= 1"),
+        ({"perturb": float("nan")}, "perturb must be a finite number >= 0"),
+        ({"perturb": -0.1}, "perturb must be a finite number >= 0"),
+        ({"peak_tflops": -1.0}, "peak_tflops must be a finite number > 0"),
+        ({"impl": None}, "impl must be an implementation name"),
+        ({"config": "tiny"}, "config must be a train.model.Config"),
+    ],
+)
+def test_bad_arguments_name_the_argument_and_the_fix(kwargs, match):
+    args = {"impl": "xla", "steps": 1, "config": SMALL, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        train_records(args.pop("impl"), **args)
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_before_training():
+    from attention_tutorial.train.data import Corpus
+
+    with pytest.raises(ValueError, match=r"ids from \d+ to \d+, outside the vocabulary \[0, 100\)"):
+        train_records("xla", steps=1, config=dataclasses.replace(SMALL, vocab=100))  # bytes reach 255
+    wide = np.full(1000, 300, np.uint16)
+    with pytest.raises(ValueError, match="from 300 to 300"):
+        train_records("xla", steps=1, config=SMALL, corpus=Corpus(wide, wide, "", 1, 1, ""))
+
+
+def test_a_run_whose_loss_turns_non_finite_fails_at_that_step():
+    diverging = dataclasses.replace(SMALL, learning_rate=1e30, warmup_steps=0)
+    rec, summary = train_records("xla", steps=4, config=diverging, log_every=1, eval_batches=1)
+    assert summary["status"] == "error" and summary["failed_step"] >= 1
+    assert "nan" in summary["reason"] or "inf" in summary["reason"]
+    assert "learning_rate" in summary["reason"] and summary["median_ms"] is None and check_record(summary) == []
+    # the steps before it stand, each with a finite loss
+    assert [r["step"] for r in rec] == list(range(summary["failed_step"]))
+    assert all(np.isfinite(r["loss"]) and r["status"] == "ok" for r in rec)
+
+
+def test_steady_state_leaves_out_the_warm_up_and_judges_both_peaks():
+    from attention_tutorial.measure.flops import DATASHEET
+    from attention_tutorial.train.loop import flops_per_token, steady_state
+
+    cfg = dataclasses.replace(TINY, warmup_steps=3)
+    times = [90.0, 80.0, 70.0] + [10.0 + i for i in range(11)]  # warm-up steps slow, then 10..20 ms
+    got = steady_state(times, cfg, 2.0, gpu="NVIDIA H200")
+    tokens = cfg.batch * cfg.seq_len
+    assert got["steady_from"] == 3 and got["steady_steps"] == 11
+    assert (got["steady_median_ms"], got["steady_p10_ms"], got["steady_p90_ms"]) == pytest.approx((15.0, 11.0, 19.0))
+    per_step = sorted(tokens / (t / 1e3) for t in times[3:])
+    assert got["steady_tokens_per_s"] == pytest.approx(per_step[5])  # the median of each step's own tokens/s
+    assert got["steady_tokens_per_s_p10"] < got["steady_tokens_per_s"] < got["steady_tokens_per_s_p90"]
+    # FLOPs per token from the shapes, counted here independently: 6 per weight used (the embedding is a lookup) and
+    # the causal attention's kept pairs, T(T+1)/2 of T², 4·N·H each, ×3.5 forward + backward
+    d, T, NH = cfg.d_model, cfg.seq_len, cfg.heads * cfg.head_dim
+    weights = cfg.layers * (d * 3 * NH + NH * d + 2 * d * 4 * d) + d * cfg.vocab  # qkv, out, up, down; the head
+    attention = cfg.layers * 3.5 * 4 * NH * (T * (T + 1) / 2) / T
+    assert flops_per_token(cfg)["total"] == pytest.approx(6 * weights + attention)
+    assert got["flops_per_token"] == pytest.approx(6 * weights + attention)
+    tflops = got["flops_per_token"] * tokens / 0.015 / 1e12
+    assert got["mfu_datasheet_pct"] == pytest.approx(100 * tflops / DATASHEET["NVIDIA H200"].bf16_tflops)
+    assert got["mfu_measured_pct"] == pytest.approx(100 * tflops / 2.0)
+    cpu = steady_state(times[:2], cfg, None, gpu="cpu")  # too short for the warm-up: half the run is kept
+    assert cpu["steady_from"] == 1 and cpu["mfu_datasheet_pct"] is None and cpu["mfu_measured_pct"] is None
+
+
+def test_the_summary_holds_the_steady_state(runs):
+    summary = runs["xla"].summary
+    assert summary["steady_from"] == min(TINY.warmup_steps, STEPS // 2)
+    assert summary["steady_steps"] == STEPS - summary["steady_from"]
+    assert summary["steady_p10_ms"] <= summary["steady_median_ms"] <= summary["steady_p90_ms"]
+    assert summary["flops_per_token"] * TINY.batch * TINY.seq_len == pytest.approx(summary["step_flops"])
+    assert summary["cfg_embedding"] == "onehot"

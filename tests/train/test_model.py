@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -71,3 +72,74 @@ def test_named_configs_are_valid_and_small_one_fits_our_kernels():
     # SMALL is a GPU build's live run: bf16 and a shape every GPU implementation takes (H 64, T a multiple of 128)
     assert SMALL.dtype == "bfloat16" and SMALL.head_dim in (64, 128) and SMALL.seq_len % 128 == 0
     assert SMALL.learning_rate < TINY.learning_rate and SMALL.warmup_steps > TINY.warmup_steps
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("learning_rate", float("nan"), "learning_rate must be a finite number > 0"),
+        ("learning_rate", float("inf"), "learning_rate must be a finite number > 0"),
+        ("learning_rate", -1e-3, "learning_rate must be a finite number > 0"),
+        ("learning_rate", "1e-3", "learning_rate must be a finite number > 0"),
+        ("batch", True, "batch must be an integer >= 1"),
+        ("seq_len", 64.0, "seq_len must be an integer >= 1"),
+        ("warmup_steps", -1, "warmup_steps must be an integer >= 0"),
+        ("weight_decay", float("nan"), "weight_decay must be a finite number >= 0"),
+        ("dtype", "int32", "dtype must name a floating type"),
+        ("dtype", "no_such_type", "dtype must name a floating type"),
+        ("embedding", "scatter", "embedding must be one of"),
+        ("vocab", 50_000, "use embedding='gather'"),
+    ],
+)
+def test_bad_config_values_name_the_field(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        Config(**{field: value})
+    assert Config(warmup_steps=0, weight_decay=0.0, vocab=50_000, embedding="gather").warmup_steps == 0
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_onehot_embedding_is_a_lookup_in_values_and_gradients(dtype):
+    from attention_tutorial.train.model import onehot_embed
+
+    rng = np.random.default_rng(0)
+    with jax.enable_x64(dtype == jnp.float64):
+        table = jnp.asarray(rng.standard_normal((256, 16)), dtype)
+        tokens = jnp.asarray(rng.integers(0, 256, (4, 64)), jnp.int32)  # many repeats: rows gather several updates
+        weight = jnp.asarray(rng.standard_normal((4, 64, 16)), dtype)
+        ours = jax.value_and_grad(lambda t: (onehot_embed(t, tokens, dtype) * weight).sum())
+        plain = jax.value_and_grad(lambda t: (jnp.take(t, tokens, axis=0) * weight).sum())
+        np.testing.assert_array_equal(onehot_embed(table, tokens, dtype), jnp.take(table, tokens, axis=0))
+        (v1, g1), (v2, g2) = ours(table), plain(table)
+        assert g1.dtype == g2.dtype == dtype
+    tol = 1e-6 if dtype == jnp.float32 else 1e-14  # the same sums, added in another order
+    np.testing.assert_allclose(g1, g2, rtol=tol, atol=tol)
+    assert float(v1) == pytest.approx(float(v2), rel=tol)
+    # the check can fail: a token that appears twice collects two rows of the upstream gradient
+    counts = np.bincount(np.asarray(tokens).ravel(), minlength=256)
+    row = int(np.argmax(counts))
+    assert counts[row] > 1
+    np.testing.assert_allclose(g1[row], np.asarray(weight)[np.asarray(tokens) == row].sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_both_embeddings_train_the_same_model(params, tokens):
+    gather = dataclasses.replace(TINY, embedding="gather")
+    a = jax.value_and_grad(lambda p: loss_fn(GPT(TINY, "xla"), p, tokens))(params)
+    b = jax.value_and_grad(lambda p: loss_fn(GPT(gather, "xla"), p, tokens))(params)
+    assert float(a[0]) == float(b[0])  # the same forward values
+    for x, y in zip(jax.tree.leaves(a[1]), jax.tree.leaves(b[1])):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+
+
+def test_token_ids_outside_the_vocabulary_are_refused(params):
+    from jax.experimental import checkify
+
+    model, bad = GPT(TINY, "xla"), jnp.full((1, 8), 256, jnp.int32)
+    with pytest.raises(ValueError, match=r"\[0, 256\); got ids from 256 to 256"):
+        model.apply({"params": params}, bad)
+    with pytest.raises(ValueError, match="integer ids"):
+        model.apply({"params": params}, bad.astype(jnp.float32))
+    # traced under jit: the values are checked when the call runs under checkify
+    err, _ = checkify.checkify(jax.jit(lambda p, t: model.apply({"params": p}, t)))(params, bad.at[0, 3].set(-1))
+    assert "got ids from -1 to 256" in err.get()
+    err, _ = checkify.checkify(jax.jit(lambda p, t: model.apply({"params": p}, t)))(params, bad % 256)
+    assert err.get() is None
