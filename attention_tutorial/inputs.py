@@ -133,8 +133,7 @@ def check_int(name: str, value, *, minimum: int = 0, example: str = "") -> int:
     example = f" (e.g. {name}={example})" if example else ""
     if not _is_int(value):
         raise ValueError(
-            f"{name} must be an integer >= {minimum}{example}; got {type(value).__name__} {value!r:.60}. "
-            f"Pass an int, e.g. {name}=int({name})."
+            f"{name} must be an integer >= {minimum}{example}; got {type(value).__name__} {value!r:.60}. Pass an int."
         )
     if value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}{example}; got {int(value)}.")
