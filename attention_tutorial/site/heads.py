@@ -330,6 +330,18 @@ def decode_figure(records, *, read_gbps: float | None = None, copy_gbps: float |
 
 # --- Live against recorded
 
+RANGE = "p10–p90 (ms)"  # the column :func:`with_range` adds
+
+
+def with_range(records) -> list[dict]:
+    """``records`` (copies) with their p10–p90 spread as one column, :data:`RANGE` ('0.1723–0.1730'), for a table;
+    "–" where a record has no spread."""
+    out = []
+    for r in records or ():
+        lo, hi = r.get("p10_ms"), r.get("p90_ms")
+        out.append({**r, RANGE: f"{lo:.4g}–{hi:.4g}" if lo is not None and hi is not None else "–"})
+    return out
+
 
 def live_check(live, recorded) -> list[dict]:
     """For each ok live record that the recording also measured (same implementation, every point field equal):

@@ -110,6 +110,12 @@ def test_best_bandwidth_picks_the_highest_gbps_of_one_implementation():
     assert heads.best_bandwidth(DECODE, "te") is None
 
 
+def test_with_range_puts_the_spread_in_one_column():
+    rows = heads.with_range([DECODE[0], {"impl": "cudnn", "status": "unsupported"}])
+    assert rows[0][heads.RANGE] == "0.129–0.131" and rows[1][heads.RANGE] == "–"
+    assert heads.RANGE not in DECODE[0]  # copies: the records stay as they were
+
+
 def test_shared_cache_sets_one_kv_head_against_mha_at_the_longest_common_context():
     c = heads.shared_cache(DECODE)
     assert (c.seq_kv, c.kv_full) == (131072, 32)
