@@ -169,3 +169,58 @@ def test_invalid_reason_names_the_problem(shape, dtype, message):
 def test_invalid_reason_is_none_for_valid_problems():
     assert invalid_reason(AttentionShape(1, 8, 8, 4, 2, 16), jnp.bfloat16) is None
     assert invalid_reason((np.int64(1), 8, 8, 4, 4, 16), "float32") is None
+
+
+@pytest.mark.parametrize("value", [3, np.int64(3), np.int32(0)])
+def test_check_int_accepts_python_and_numpy_integers(value):
+    from attention_tutorial.inputs import check_int
+
+    got = check_int("n", value, minimum=0)
+    assert got == int(value) and type(got) is int
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [(2.5, "float 2.5"), (2.0, "float 2.0"), (True, "bool True"), (None, "NoneType"), ("3", "str '3'"), (-1, "-1\\.$")],
+)
+def test_check_int_names_the_argument_the_value_and_the_fix(value, message):
+    from attention_tutorial.inputs import check_int
+
+    with pytest.raises(ValueError, match=rf"^steps must be an integer >= 0 \(e\.g\. steps=200\); got .*{message}"):
+        check_int("steps", value, minimum=0, example="200")
+
+
+@pytest.mark.parametrize(
+    ("value", "kw", "ok"),
+    [(1e-3, {"positive": True}, True), (0, {"non_negative": True}, True), (np.float32(2), {}, True),
+     (0.0, {"positive": True}, False), (-1, {"non_negative": True}, False), (float("nan"), {}, False),
+     (float("inf"), {}, False), (True, {}, False), ("1e-3", {}, False), (None, {}, False)],
+)  # fmt: skip
+def test_check_number_refuses_what_is_not_a_finite_number_in_range(value, kw, ok):
+    from attention_tutorial.inputs import check_number
+
+    if ok:
+        assert check_number("lr", value, **kw) == float(value)
+    else:
+        with pytest.raises(ValueError, match=r"^lr must be a finite number"):
+            check_number("lr", value, **kw)
+
+
+def test_make_qkv_refuses_a_negative_seed():
+    with pytest.raises(ValueError, match="seed must be >= 0"):
+        make_qkv(1, 8, 2, 8, seed=-1)
+
+
+def test_check_scores_fit_refuses_an_overflowing_scale_and_only_that():
+    from attention_tutorial.inputs import check_scores_fit
+
+    q = jnp.full((1, 2, 1, 4), 2.0)
+    k = jnp.full((1, 2, 1, 4), 3.0)
+    # scores are 4 · 2 · 3 = 24 per unit of scale: 1e37 gives 2.4e38 (fits float32), 2e37 gives 4.8e38 (does not)
+    check_scores_fit(q, k, 1e37, what="f")
+    with pytest.raises(ValueError, match=r"scale=-2e\+37 can make scores up to 4\.8e\+38.*f would return NaN"):
+        check_scores_fit(q, k, -2e37, what="f")
+    # an infinite entry is not counted: what it does is each function's own documented business
+    check_scores_fit(q.at[0, 0, 0, 0].set(jnp.inf), k, 1e37, what="f")
+    # float16 values cannot reach it at any ordinary scale: no reduction, no error
+    check_scores_fit(q.astype(jnp.float16), k.astype(jnp.float16), 1e20, what="f")
