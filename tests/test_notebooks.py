@@ -332,6 +332,43 @@ for path in sys.argv[1:]:
 """
 
 
+def _run_fresh(tmp_path, names, extra_cells=None):
+    """Run the pages ``names`` as notebooks in a fresh venv holding only the wheel, nbclient and ipykernel (each
+    with ``extra_cells[name]`` appended); return {name: executed notebook}, the venv and its outputs checked."""
+    venv = tmp_path / "venv"
+    system_site = ["--system-site-packages"] if os.environ.get("ATTENTION_TUTORIAL_NB_SYSTEM_SITE") == "1" else []
+    subprocess.run([sys.executable, "-m", "venv", *system_site, str(venv)], check=True, timeout=300)
+    py = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    subprocess.run([str(py), "-m", "pip", "install", "-q", str(_wheel(tmp_path)), "nbclient", "ipykernel"],
+                   check=True, timeout=900)  # fmt: skip
+    work = tmp_path / "work"  # away from the checkout: the kernel imports the installed wheel
+    work.mkdir()
+    paths = {}
+    for name in names:
+        nb = notebooks.to_notebook(DOCS / f"{name}.md", REPO, site_url=SITE, glued=_AnyGlued())
+        for source in (extra_cells or {}).get(name, []):
+            nb.cells.append(nbformat.v4.new_code_cell(source))
+        paths[name] = work / f"{name}.ipynb"
+        nbformat.write(nb, paths[name])
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env |= {"JUPYTER_PATH": str(venv / "share" / "jupyter"), "JUPYTER_DATA_DIR": str(tmp_path / "jupyter"),
+            "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter")}  # fmt: skip
+    proc = subprocess.run([str(py), "-c", RUNNER, *map(str, paths.values())], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=1800)  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    done = {}
+    for name, path in paths.items():
+        nb = nbformat.read(path, as_version=4)
+        errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
+        assert errors == [], name
+        done[name] = nb
+    return done, venv
+
+
+def _text(cell) -> str:
+    return "".join(o.get("text", "") or "".join(o.get("data", {}).get("text/plain", "")) for o in cell.outputs)
+
+
 @pytest.mark.slow
 def test_two_notebooks_run_top_to_bottom_in_a_fresh_environment_with_only_the_wheel(tmp_path):
     """A venv with the wheel, nbclient and ipykernel, nothing of the checkout and no myst-nb. On a machine without
@@ -371,3 +408,25 @@ def test_two_notebooks_run_top_to_bottom_in_a_fresh_environment_with_only_the_wh
         assert f"PREFIX {venv}" in last and f"PACKAGE {venv}" in last and "MYST_NB False" in last, last
         assert f"BACKEND {jax.default_backend()}" in last, last  # a GPU where the tests see one
         assert "install" in nb.cells[0].metadata["tags"] and not nb.cells[0].outputs  # the wheel was there already
+
+
+@pytest.mark.slow
+def test_the_measured_timeline_and_the_ablations_show_in_notebooks_run_from_the_wheel(tmp_path):
+    """The recorded warpgroup timeline and the runs without exp2 ship in the wheel: the kernel pages' notebooks,
+    run in a fresh venv with only the wheel, draw the timeline and read the ablations."""
+    check = ("from attention_tutorial.measure.ablations import ablation_ratios\n"
+             "from attention_tutorial.results import recorded\n"
+             "data = recorded('nvidia-h200')\n"
+             "print('ABLATIONS', len(ablation_ratios(data['records'])))\n"
+             "print('TIMELINE', *sorted(data['provenance'].get('timeline', {})))")  # fmt: skip
+    done, _ = _run_fresh(tmp_path, ["pallas_kernels", "flash3"], {"pallas_kernels": [check], "flash3": [check]})
+    for name, nb in done.items():
+        last = _text(nb.cells[-1])
+        assert int(last.split("ABLATIONS ")[1].split()[0]) > 0 and "TIMELINE mosaic mosaic_pipe" in last, (name, last)
+    timeline_cells = [
+        c for c in done["pallas_kernels"].cells if c.cell_type == "code" and "timeline_figure(trace)" in c.source
+    ]
+    assert timeline_cells, "the page no longer draws the measured timeline"
+    for cell in timeline_cells:
+        assert any("image/png" in o.get("data", {}) for o in cell.outputs), "the measured timeline was not drawn"
+        assert "No measured warpgroup timeline" not in _text(cell)
