@@ -1,0 +1,82 @@
+"""Where a training step's time goes: the GPU's own profile of one compiled step, kernel by kernel.
+
+:func:`step_profile` traces a few calls of the training step (the same step :func:`~.loop.train_records` times)
+with JAX's profiler and groups its kernels: the attention kernels, the matrix products of the rest of the model, the
+token embedding's gradient (a scatter-add, or a one-hot matrix product) and everything else (element-wise
+fusions, the optimizer, copies). Run it with both embeddings to see what the one-hot gradient changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import jax
+
+from .. import registry
+from ..inputs import check_int
+from ..measure.profile import DEVICE_KINDS, device_profile
+from .data import batch_at, load_corpus
+from .loop import init_params, make_step, optimizer, step_flops
+from .model import GPT, H200, Config
+
+# Groups of a step's kernels, by name, first match wins. Attention: the fused kernels of every implementation
+# (cuDNN's fmha/sdpa, our Pallas kernels, XLA's softmax fusions are "other"). Matmuls: cuBLAS/CUTLASS GEMMs and
+# XLA's own dot fusions. Embedding: the scatter-add a lookup's gradient compiles to.
+GROUPS = (
+    ("attention", re.compile(r"fmha|sdpa|flash|mosaic|attention|_kernel\b.*wg|pallas", re.IGNORECASE)),
+    ("embedding gradient", re.compile(r"scatter", re.IGNORECASE)),
+    ("matmuls", re.compile(r"gemm|cublas|cutlass|nvjet|xmma|matmul|dot|wgmma", re.IGNORECASE)),
+)
+
+
+def group_of(name: str) -> str:
+    """The group a kernel of the step belongs to (:data:`GROUPS`), else "other"."""
+    for group, pattern in GROUPS:
+        if pattern.search(name):
+            return group
+    return "other"
+
+
+def group_shares(kernels) -> dict[str, float]:
+    """{group: µs per step} of a step's device work (rows with ``name``, ``us``, ``kind``; host ops left out)."""
+    out: dict[str, float] = {}
+    for k in kernels:
+        if k["kind"] not in DEVICE_KINDS:
+            continue
+        g = group_of(k["name"])
+        out[g] = out.get(g, 0.0) + k["us"]
+    return out
+
+
+def step_profile(impl: str, *, config: Config = H200, embedding: str | None = None, seed: int = 0,
+                 repeats: int = 5, top: int = 8, corpus=None) -> dict:  # fmt: skip
+    """One record: the profile of ``repeats`` training steps with attention ``impl`` (grid "train_profile").
+
+    ``embedding`` overrides ``config.embedding`` ("onehot" or "gather"). The record holds the host time per step, the
+    summed device time per step, µs per step in each group (:func:`group_shares`) and the ``top`` longest kernels.
+    """
+    c = config if embedding is None else dataclasses.replace(config, embedding=embedding)
+    repeats = check_int("repeats", repeats, minimum=1, example="5")
+    base = {"impl": impl, "embedding": c.embedding, "batch": c.batch, "seq_q": c.seq_len, "seq_kv": c.seq_len,
+            "heads": c.heads, "kv_heads": c.heads, "head_dim": c.head_dim, "dtype": c.dtype, "causal": True,
+            "pass": "fwd+bwd", **{f"cfg_{k}": v for k, v in c.fields().items()}}  # fmt: skip
+    reason = registry.why_not(impl, c.attention_shape(), c.dtype, causal=True)
+    if reason:
+        return {**base, "status": "unsupported", "reason": reason, "median_ms": None, "p10_ms": None, "p90_ms": None}
+    corpus = corpus or load_corpus()
+    model, opt = GPT(c, impl), optimizer(c, 10)
+    params = init_params(c, seed)
+    opt_state = opt.init(params)
+    tokens = jax.device_put(batch_at(corpus.train, batch=c.batch, seq_len=c.seq_len, seed=seed, step=0))
+    kernels, host_ms, busy_ms = device_profile(make_step(model, opt), params, opt_state, tokens, repeats=repeats)
+    rows = [{"name": k.name, "us": k.device_us, "count": k.count, "kind": k.kind} for k in kernels]
+    device_us = sum(k["us"] for k in rows if k["kind"] in DEVICE_KINDS)
+    return {**base, "status": "ok", "median_ms": host_ms, "p10_ms": None, "p90_ms": None,
+            "device_ms": device_us / 1e3, "busy_ms": busy_ms, "step_flops": step_flops(c),
+            "groups_us": group_shares(rows), "kernels": rows[:top]}  # fmt: skip
+
+
+def profile_records(impls=("cudnn", "mosaic"), embeddings=("gather", "onehot"), **options) -> list[dict]:
+    """:func:`step_profile` for each implementation and embedding gradient."""
+    return [step_profile(impl, embedding=e, **options) for impl in impls for e in embeddings]
