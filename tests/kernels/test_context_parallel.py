@@ -230,3 +230,66 @@ def test_gpu_mosaic_local_step_in_the_ring(causal):
     )
     got = jax.jit(lambda q, k, v, d: jax.vjp(f, q, k, v)[1](d))(q, k, v, d_out)
     assert_grads_match(got, q, k, v, d_out, causal=causal, tol=3e-2)
+
+
+@pytest.mark.parametrize("devices", [0, -1, 2.0, True, None])
+def test_emulated_and_real_rings_refuse_what_is_no_device_count(devices):
+    q, k, v = make_qkv(1, 16, 2, 8, seed=3)
+    with pytest.raises(ValueError, match="devices must be an integer >= 1"):
+        cp.emulate_ring(q, k, v, devices=devices)
+    for fn in (cp.sequence_mesh, lambda p: cp.layout_permutation(16, p, "zigzag")):
+        with pytest.raises(ValueError, match="devices must be an integer >= 1"):
+            fn(devices if devices is not None else 0)
+
+
+@pytest.mark.parametrize(
+    ("local", "said"),
+    [(lambda q, k, v, **kw: q, "it returned shape"), (lambda q, k, v, **kw: (q, q, q), "a tuple of 3"),
+     (lambda q, k, v, **kw: (q, q), "lse (1, 2, ")],
+)  # fmt: skip
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_local_step_breaking_its_contract_is_named(local, said, causal):
+    q, k, v = make_qkv(1, 16, 2, 8, seed=4)
+    for run in (lambda: cp.emulate_ring(q, k, v, devices=2, is_causal=causal, local=local),
+                lambda: cp.context_parallel_attention(q, k, v, mesh=cp.sequence_mesh(2), is_causal=causal,
+                                                      local=local)):  # fmt: skip
+        with pytest.raises(ValueError, match=r"local must return \(out, lse\)") as err:
+            run()
+        assert said in str(err.value)
+
+
+def test_a_local_backward_breaking_its_contract_is_named():
+    q, k, v = make_qkv(1, 16, 2, 8, seed=5)
+    ring = lambda q: cp.context_parallel_attention(q, k, v, mesh=cp.sequence_mesh(2), block=4,  # noqa: E731
+                                                   local_bwd=lambda *a, **kw: a[0]).sum()  # fmt: skip
+    with pytest.raises(ValueError, match=r"local_bwd must return \(dq, dk, dv\)"):
+        jax.grad(ring)(q)
+    with pytest.raises(ValueError, match="local must be a function or None; got int"):
+        cp.emulate_ring(q, k, v, devices=2, local=3)
+
+
+def test_flags_and_sizes_of_the_helpers_are_checked():
+    q, k, v = make_qkv(1, 16, 2, 8, seed=6)
+    with pytest.raises(ValueError, match="reorder must be True or False"):
+        cp.context_parallel_attention(q, k, v, mesh=cp.sequence_mesh(2), reorder="no")
+    with pytest.raises(ValueError, match="is_causal must be True or False"):
+        cp.emulate_ring(q, k, v, devices=2, is_causal="no")
+    with pytest.raises(ValueError, match="T == S"):
+        cp.emulate_ring(q, k[:, :8], v[:, :8], devices=2, is_causal=True)
+    with pytest.raises(ValueError, match="seq must be an integer >= 1"):
+        cp.causal_work(0, 2, "zigzag")
+    with pytest.raises(ValueError, match="batch must be an integer >= 1"):
+        cp.ring_step_bytes(16, 2, 1, 8, "bfloat16", batch=0)
+    with pytest.raises(ValueError, match="bytes_per_s must be a finite number > 0"):
+        cp.chunk_to_hide_transfer(2, 1, "bfloat16", flops_per_s=1e15, bytes_per_s=0)
+
+
+def test_a_scale_that_would_overflow_the_merges_is_refused():
+    q, k, v = make_qkv(1, 16, 2, 8, seed=7)
+    with pytest.raises(ValueError, match=r"scale=1e\+38 can make scores up to .* log-sum-exp merges"):
+        cp.emulate_ring(q, k, v, devices=2, scale=1e38)
+    with pytest.raises(ValueError, match="log-sum-exp merges"):
+        cp.context_parallel_attention(q, k, v, mesh=cp.sequence_mesh(2), scale=1e38)
+    # a large scale that fits is computed, and matches the float64 reference
+    out = cp.emulate_ring(q, k, v, devices=2, scale=1e3, block=4)
+    np.testing.assert_allclose(out, reference_attention(q, k, v, scale=1e3), atol=1e-5)

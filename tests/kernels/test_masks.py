@@ -256,3 +256,46 @@ def test_a_rank3_bias_matching_neither_batch_nor_heads_says_so():
     q, k, v = make_qkv(2, 16, 4, 8, kv_heads=2, seed=0)
     with pytest.raises(ValueError, match="matches neither B=2 nor N=4"):
         naive_attention(q, k, v, bias=np.zeros((3, 16, 16), np.float32))
+
+
+@pytest.mark.parametrize("impl", [naive_attention, dot_product_attention])
+def test_traced_lengths_are_checked_under_checkify_and_clamped_otherwise(impl):
+    from jax.experimental import checkify
+
+    q, k, v = make_qkv(2, 8, 2, 8, seed=21)
+    run = jax.jit(lambda q, k, v, ql, kl: impl(q, k, v, query_seq_lengths=ql, key_value_seq_lengths=kl))
+    good, bad = jnp.array([8, 3]), jnp.array([99, -2])
+    err, _ = checkify.checkify(run)(q, k, v, good, bad)
+    assert "key_value_seq_lengths must lie in [0, S] = [0, 8]; got values from -2 to 99" in err.get()
+    err, _ = checkify.checkify(run)(q, k, v, bad, good)
+    assert "query_seq_lengths must lie in [0, T] = [0, 8]" in err.get()
+    assert checkify.checkify(run)(q, k, v, good, good)[0].get() is None
+    # without checkify: a length past the end means every position, a negative one none (the concrete call's values)
+    np.testing.assert_array_equal(run(q, k, v, good, bad), impl(q, k, v, query_seq_lengths=[8, 3],
+                                                                key_value_seq_lengths=[8, 0]))  # fmt: skip
+    with pytest.raises(ValueError, match=r"\[0, 8\]; batch row 0 has 99"):  # concrete: refused at once
+        impl(q, k, v, key_value_seq_lengths=[99, 3])
+
+
+def test_a_traced_window_says_to_make_it_static():
+    q, k, v = make_qkv(1, 8, 2, 8, seed=22)
+    with pytest.raises(ValueError, match="static argument"):
+        jax.jit(lambda q, k, v, w: naive_attention(q, k, v, local_window_size=w))(q, k, v, 3)
+    static = jax.jit(naive_attention, static_argnames=("local_window_size",))
+    np.testing.assert_allclose(static(q, k, v, local_window_size=3), reference_attention(q, k, v, local_window_size=3),
+                               atol=2e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [(lambda: causal_mask(-1, 3), "seq_q must be an integer >= 1"),
+     (lambda: causal_mask(2.5, 3), "seq_q must be an integer >= 1"),
+     (lambda: causal_mask(2, 0), "seq_kv must be an integer >= 1"),
+     (lambda: mask_args("window", AttentionShape(1, 8, 8, 2, 2, 8), "float32", window=-1), "window must be"),
+     (lambda: mask_args("padding", AttentionShape(1, 8, 8, 2, 2, 8), "float32", seed=-1), "seed must be"),
+     (lambda: mask_args("none", (1, 8, 0, 2, 2, 8), "float32"), "AttentionShape"),
+     (lambda: mask_args("nope", AttentionShape(1, 8, 8, 2, 2, 8), "float32"), "unknown mask kind")],
+)  # fmt: skip
+def test_mask_builders_name_a_bad_size(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
