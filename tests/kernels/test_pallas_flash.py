@@ -7,10 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attention_tutorial.inputs import AttentionShape, make_qkv
+from attention_tutorial.inputs import AttentionShape
 from attention_tutorial.kernels.pallas_flash import _block_why_not, flash_attention, jax_bundled_mha
 from attention_tutorial.kernels.reference import naive_attention, reference_attention
 from attention_tutorial.measure.compiled import kernels_used
+from tests.kernels.test_reference import normal_qkv
 
 
 def reference_grads(q, k, v, d_out, *, is_causal=False, scale=None):
@@ -49,7 +50,7 @@ def reference_lse(q, k, *, is_causal=False):
 
 def assert_grads_close(fn, q, k, v, *, causal, tol):
     """jax.vjp through ``fn`` against :func:`reference_grads` with a random output gradient."""
-    d_out = jax.random.normal(jax.random.key(7), q.shape, jnp.float32).astype(q.dtype)
+    d_out = jnp.asarray(np.random.default_rng(7).standard_normal(q.shape, np.float32), q.dtype)
     _, vjp = jax.vjp(fn, q, k, v)
     assert_grads_match(jax.jit(vjp)(d_out), q, k, v, d_out, causal=causal, tol=tol)
 
@@ -72,7 +73,7 @@ def assert_grads_match(grads, q, k, v, d_out, *, causal, tol):
     ],
 )
 def test_interpreted_kernel_matches_reference(t, s, n, k, causal, bq, bk):
-    q, kk, v = make_qkv(1, t, n, 16, seq_kv=s, kv_heads=k, seed=t + s)
+    q, kk, v = normal_qkv(1, t, n, 16, seq_kv=s, kv_heads=k, seed=t + s)
     out, lse = flash_attention(q, kk, v, is_causal=causal, block_q=bq, block_k=bk, interpret=True, return_lse=True)
     np.testing.assert_allclose(out, reference_attention(q, kk, v, is_causal=causal), atol=2e-5, rtol=2e-5)
     np.testing.assert_allclose(lse, reference_lse(q, kk, is_causal=causal), atol=1e-5, rtol=1e-5)
@@ -83,7 +84,7 @@ def test_interpreted_kernel_matches_reference(t, s, n, k, causal, bq, bk):
     [(64, 64, 2, 2, False), (64, 32, 4, 2, True), (32, 64, 4, 1, True)],  # MHA, GQA with T > S, MQA with T < S
 )
 def test_interpreted_gradients_match_float64(t, s, n, k, causal):
-    q, kk, v = make_qkv(1, t, n, 16, seq_kv=s, kv_heads=k, seed=t * s)
+    q, kk, v = normal_qkv(1, t, n, 16, seq_kv=s, kv_heads=k, seed=t * s)
 
     def fn(q, k, v):
         return flash_attention(q, k, v, is_causal=causal, block_q=16, block_k=16, interpret=True)
@@ -101,7 +102,7 @@ def test_interpreted_gradients_match_float64(t, s, n, k, causal):
 )
 def test_interpreted_gradients_property(t_blocks, s_blocks, groups, causal, seed):
     n, k = groups
-    q, kk, v = make_qkv(1, 16 * t_blocks, n, 16, seq_kv=16 * s_blocks, kv_heads=k, seed=seed)
+    q, kk, v = normal_qkv(1, 16 * t_blocks, n, 16, seq_kv=16 * s_blocks, kv_heads=k, seed=seed)
 
     def fn(q, k, v):
         return flash_attention(q, k, v, is_causal=causal, block_q=16, block_k=16, interpret=True)
@@ -111,7 +112,7 @@ def test_interpreted_gradients_property(t_blocks, s_blocks, groups, causal, seed
 
 def test_lse_cotangent_reaches_the_inputs():
     """A loss on the returned log-sum-exp differentiates too (context parallelism merges partials with it)."""
-    q, k, v = make_qkv(1, 32, 2, 16, seed=4)
+    q, k, v = normal_qkv(1, 32, 2, 16, seed=4)
 
     def loss(q, k):
         return flash_attention(q, k, v, is_causal=True, block_q=16, block_k=16, interpret=True, return_lse=True)[
@@ -134,7 +135,7 @@ def test_lse_cotangent_reaches_the_inputs():
 
 def test_runs_with_x64_enabled():
     """JAX_ENABLE_X64=1 turns Python ints into int64: the loop bounds must stay int32."""
-    q, k, v = make_qkv(1, 32, 2, 16, seed=2)
+    q, k, v = normal_qkv(1, 32, 2, 16, seed=2)
     with jax.enable_x64(True):
         out = flash_attention(q, k, v, is_causal=True, block_q=16, block_k=16, interpret=True)
         dq = jax.grad(lambda q: flash_attention(q, k, v, is_causal=True, block_q=16, block_k=16).sum())(q)
@@ -143,20 +144,20 @@ def test_runs_with_x64_enabled():
 
 
 def test_block_divisibility_error():
-    q, k, v = make_qkv(1, 48, 1, 16)
+    q, k, v = normal_qkv(1, 48, 1, 16)
     with pytest.raises(ValueError, match="multiples of block_q"):
         flash_attention(q, k, v, block_q=32, interpret=True)
 
 
 @pytest.mark.parametrize(("option", "value"), [("block_q", 0), ("block_k", -16), ("num_warps", 0)])
 def test_non_positive_sizes_are_refused(option, value):
-    q, k, v = make_qkv(1, 32, 1, 16)
+    q, k, v = normal_qkv(1, 32, 1, 16)
     with pytest.raises(ValueError, match=f"{option} must be a positive integer"):
         flash_attention(q, k, v, interpret=True, **{option: value})
 
 
 def test_bad_scale_is_refused():
-    q, k, v = make_qkv(1, 32, 1, 16)
+    q, k, v = normal_qkv(1, 32, 1, 16)
     with pytest.raises(ValueError, match="scale must be finite"):
         flash_attention(q, k, v, scale=float("nan"), interpret=True)
 
@@ -173,7 +174,7 @@ def test_why_not_names_dtype_and_head_dim():
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_gpu_kernel_matches_reference(causal, head_dim, dtype):
     for b, t, n, k in ((2, 1024, 8, 8), (1, 2048, 8, 2)):
-        q, kk, v = make_qkv(b, t, n, head_dim, kv_heads=k, dtype=dtype, seed=t)
+        q, kk, v = normal_qkv(b, t, n, head_dim, kv_heads=k, dtype=dtype, seed=t)
         fn = jax.jit(lambda q, k, v: flash_attention(q, k, v, is_causal=causal))
         out = np.asarray(fn(q, kk, v), np.float32)
         ref = reference_attention(q[:, :256], kk, v, is_causal=causal)  # check the first 256 rows in float64
@@ -188,7 +189,7 @@ def test_gpu_kernel_matches_reference(causal, head_dim, dtype):
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_gpu_gradients_match_float64(causal, head_dim, dtype):
     for b, t, s, n, k in ((1, 512, 512, 4, 4), (1, 256, 512, 4, 2), (1, 512, 256, 4, 1)):  # MHA, GQA T<S, MQA T>S
-        q, kk, v = make_qkv(b, t, n, head_dim, seq_kv=s, kv_heads=k, dtype=dtype, seed=t + s)
+        q, kk, v = normal_qkv(b, t, n, head_dim, seq_kv=s, kv_heads=k, dtype=dtype, seed=t + s)
 
         def fn(q, k, v):
             return flash_attention(q, k, v, is_causal=causal)
@@ -198,13 +199,13 @@ def test_gpu_gradients_match_float64(causal, head_dim, dtype):
 
 @pytest.mark.gpu
 def test_jax_bundled_kernel_matches_reference():
-    q, k, v = make_qkv(2, 512, 4, 64, kv_heads=2, dtype=jnp.bfloat16)
+    q, k, v = normal_qkv(2, 512, 4, 64, kv_heads=2, dtype=jnp.bfloat16)
     out = np.asarray(jax_bundled_mha(q, k, v, is_causal=True), np.float32)
     np.testing.assert_allclose(out, reference_attention(q, k, v, is_causal=True), atol=1e-2, rtol=1e-2)
 
 
 def test_a_huge_scale_gives_no_nan_in_the_interpreted_kernel():
-    q, k, v = make_qkv(1, 32, 2, 16, seed=3)
+    q, k, v = normal_qkv(1, 32, 2, 16, seed=3)
     out = flash_attention(q, k, v, scale=1e30, block_q=16, block_k=16, interpret=True)
     ref = naive_attention(q, k, v, scale=1e30)  # clamps the scores the same way: the hard maximum per row
     assert np.isfinite(np.asarray(out)).all()
@@ -213,6 +214,6 @@ def test_a_huge_scale_gives_no_nan_in_the_interpreted_kernel():
 
 @pytest.mark.parametrize("flag", ["no", "False", 0, 1, None])
 def test_is_causal_must_be_a_bool(flag):
-    q, k, v = make_qkv(1, 32, 2, 16, seed=3)
+    q, k, v = normal_qkv(1, 32, 2, 16, seed=3)
     with pytest.raises(ValueError, match="is_causal must be True or False"):
         flash_attention(q, k, v, is_causal=flag, interpret=True)

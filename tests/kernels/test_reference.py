@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attention_tutorial.inputs import make_qkv
 from attention_tutorial.kernels.reference import naive_attention, reference_attention
 
 TOL = {"float32": 2e-5, "bfloat16": 2e-2}
@@ -15,10 +14,15 @@ TOL = {"float32": 2e-5, "bfloat16": 2e-2}
 naive_jit = jax.jit(naive_attention, static_argnames=("is_causal",))
 
 
-def normal_qkv(b, t, s, n, k, h, seed):
-    """Standard-normal float32 q, k, v drawn by NumPy: jax.random would compile its sampler for every shape."""
+def normal_qkv(batch, seq_q, heads, head_dim, *, seq_kv=None, kv_heads=None, dtype=jnp.float32, seed=0):
+    """q, k, v as make_qkv gives them (the same arguments, standard normal), drawn by NumPy: jax.random compiles its
+    sampler for each new shape, most of a small test's time on the CPU (make_qkv has its tests in test_inputs.py)."""
     rng = np.random.default_rng(seed)
-    return tuple(jnp.asarray(rng.standard_normal(shape, np.float32)) for shape in [(b, t, n, h)] + [(b, s, k, h)] * 2)
+    kv = (batch, seq_q if seq_kv is None else seq_kv, heads if kv_heads is None else kv_heads, head_dim)
+    return tuple(
+        jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
+        for shape in [(batch, seq_q, heads, head_dim), kv, kv]
+    )
 
 
 @st.composite
@@ -39,7 +43,8 @@ def problems(draw):
 @settings(max_examples=12)
 @given(problems())
 def test_naive_matches_float64_reference(p):
-    q, k, v = normal_qkv(p["batch"], p["seq_q"], p["seq_kv"], p["heads"], p["kv_heads"], p["head_dim"], p["seed"])
+    q, k, v = normal_qkv(p["batch"], p["seq_q"], p["heads"], p["head_dim"], seq_kv=p["seq_kv"], kv_heads=p["kv_heads"],
+                         seed=p["seed"])  # fmt: skip
     out = naive_jit(q, k, v, is_causal=p["causal"])
     ref = reference_attention(q, k, v, is_causal=p["causal"])
     assert out.shape == q.shape and out.dtype == q.dtype
@@ -47,7 +52,7 @@ def test_naive_matches_float64_reference(p):
 
 
 def test_naive_bf16_within_bf16_tolerance():
-    q, k, v = make_qkv(2, 64, 4, 32, kv_heads=2, dtype=jnp.bfloat16)
+    q, k, v = normal_qkv(2, 64, 4, 32, kv_heads=2, dtype=jnp.bfloat16)
     out = naive_attention(q, k, v, is_causal=True)
     assert out.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(out, np.float32), reference_attention(q, k, v, is_causal=True),
@@ -66,7 +71,7 @@ def test_reference_against_a_hand_computed_case():
 
 
 def test_causal_first_position_sees_only_itself_and_last_sees_all():
-    q, k, v = make_qkv(1, 16, 2, 8, seed=4)
+    q, k, v = normal_qkv(1, 16, 2, 8, seed=4)
     out = np.asarray(naive_attention(q, k, v, is_causal=True))
     full = np.asarray(naive_attention(q, k, v))
     np.testing.assert_allclose(out[:, 0], np.asarray(v)[:, 0], rtol=1e-6)  # one key -> weight 1
@@ -74,21 +79,21 @@ def test_causal_first_position_sees_only_itself_and_last_sees_all():
 
 
 def test_causal_aligns_top_left_when_t_differs_from_s():
-    q, k, v = make_qkv(1, 4, 1, 8, seq_kv=8, seed=2)
+    q, k, v = normal_qkv(1, 4, 1, 8, seq_kv=8, seed=2)
     out = np.asarray(naive_attention(q, k, v, is_causal=True))
     # top-left: query 0 sees key 0 only (bottom-right would let it see keys 0..4)
     np.testing.assert_allclose(out[0, 0, 0], np.asarray(v)[0, 0, 0], rtol=1e-6)
 
 
 def test_gqa_equals_mha_with_repeated_kv_heads():
-    q, k, v = make_qkv(2, 12, 8, 16, kv_heads=2, seed=9)
+    q, k, v = normal_qkv(2, 12, 8, 16, kv_heads=2, seed=9)
     rep = lambda x: jnp.repeat(x, 4, axis=2)  # noqa: E731 - kv head j serves query heads 4j..4j+3
     np.testing.assert_allclose(naive_attention(q, k, v), naive_attention(q, rep(k), rep(v)), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(reference_attention(q, k, v), reference_attention(q, rep(k), rep(v)), rtol=1e-12)
 
 
 def test_boolean_mask_matches_reference_and_excludes_keys():
-    q, k, v = make_qkv(2, 10, 2, 8, seq_kv=12, seed=1)
+    q, k, v = normal_qkv(2, 10, 2, 8, seq_kv=12, seed=1)
     mask = np.random.default_rng(0).random((2, 1, 10, 12)) > 0.3
     mask[..., 0] = True  # every row keeps a key
     np.testing.assert_allclose(naive_attention(q, k, v, mask=mask), reference_attention(q, k, v, mask=mask),
@@ -103,7 +108,7 @@ def test_boolean_mask_matches_reference_and_excludes_keys():
 
 
 def test_fully_masked_rows_give_zeros_not_nan():
-    q, k, v = make_qkv(1, 4, 2, 8)
+    q, k, v = normal_qkv(1, 4, 2, 8)
     mask = np.ones((1, 1, 4, 4), bool)
     mask[..., 2, :] = False  # query 2 may see nothing
     assert not mask[0, 0, 2].any() and mask[0, 0, [0, 1, 3]].all()  # the row really is empty, the others full
@@ -114,7 +119,7 @@ def test_fully_masked_rows_give_zeros_not_nan():
 
 
 def test_scale_and_bias():
-    q, k, v = make_qkv(1, 6, 2, 8, seed=5)
+    q, k, v = normal_qkv(1, 6, 2, 8, seed=5)
     bias = np.random.default_rng(1).normal(size=(1, 2, 6, 6))
     np.testing.assert_allclose(naive_attention(q, k, v, scale=0.3, bias=bias),
                                reference_attention(q, k, v, scale=0.3, bias=bias), atol=2e-5, rtol=2e-5)  # fmt: skip
@@ -122,13 +127,13 @@ def test_scale_and_bias():
 
 @pytest.mark.parametrize("window", [0, 2, (3, 0), (1, 4)])
 def test_local_window(window):
-    q, k, v = make_qkv(1, 12, 2, 8, seed=6)
+    q, k, v = normal_qkv(1, 12, 2, 8, seed=6)
     np.testing.assert_allclose(naive_attention(q, k, v, local_window_size=window),
                                reference_attention(q, k, v, local_window_size=window), atol=2e-5, rtol=2e-5)  # fmt: skip
 
 
 def test_padding_lengths():
-    q, k, v = make_qkv(3, 8, 2, 8, seed=7)
+    q, k, v = normal_qkv(3, 8, 2, 8, seed=7)
     ql, kl = np.array([8, 5, 1]), np.array([8, 3, 6])
     out = naive_attention(q, k, v, query_seq_lengths=ql, key_value_seq_lengths=kl)
     ref = reference_attention(q, k, v, query_seq_lengths=ql, key_value_seq_lengths=kl)
@@ -139,7 +144,7 @@ def test_padding_lengths():
 @pytest.mark.parametrize("scale", [1e30, -1e30])
 def test_huge_scale_is_a_hard_max_not_nan(scale):
     """|scale| -> infinity turns softmax into a one-hot on the best (or, negative, the worst) key."""
-    q, k, v = make_qkv(2, 6, 2, 8, seq_kv=5, seed=16)
+    q, k, v = normal_qkv(2, 6, 2, 8, seq_kv=5, seed=16)
     scores = np.einsum("btnh,bsnh->bnts", np.asarray(q, np.float64), np.asarray(k, np.float64))
     pick = (scores.argmax if scale > 0 else scores.argmin)(axis=-1)  # (B, N, T): the key each row picks
     b, n, _ = np.indices(pick.shape)
@@ -151,7 +156,7 @@ def test_huge_scale_is_a_hard_max_not_nan(scale):
 
 @pytest.mark.parametrize("scale", [1e300, -1e300, 3e38])
 def test_scale_beyond_float32_gives_no_nan(scale):
-    q, k, v = make_qkv(1, 8, 2, 8, seed=17)
+    q, k, v = normal_qkv(1, 8, 2, 8, seed=17)
     for fn in (naive_attention, reference_attention):
         out = np.asarray(fn(q, k, v, scale=scale, is_causal=True))
         assert np.isfinite(out).all()
@@ -159,7 +164,7 @@ def test_scale_beyond_float32_gives_no_nan(scale):
 
 
 def test_infinite_bias_masks_a_key_without_nan():
-    q, k, v = make_qkv(1, 4, 1, 8, seed=18)
+    q, k, v = normal_qkv(1, 4, 1, 8, seed=18)
     bias = np.zeros((4, 4))
     bias[:, 1] = -np.inf  # key 1 hidden from every query
     bias[2] = -np.inf  # query 2: every key at -inf
@@ -173,20 +178,54 @@ def test_infinite_bias_masks_a_key_without_nan():
 
 
 def test_naive_gradients_match_xla_and_stay_finite_with_empty_rows():
-    q, k, v = make_qkv(1, 6, 2, 8, seq_kv=4, seed=19)
-    d_out = make_qkv(1, 6, 2, 8, seed=20)[0]
+    q, k, v = normal_qkv(1, 6, 2, 8, seq_kv=4, seed=19)
+    d_out = normal_qkv(1, 6, 2, 8, seed=20)[0]
     args = {"is_causal": True, "causal_alignment": "bottom_right"}  # T > S: queries 0 and 1 see nothing
-    grads = jax.vjp(lambda q, k, v: naive_attention(q, k, v, **args), q, k, v)[1](d_out)
-    assert all(np.isfinite(g).all() for g in grads)
-    np.testing.assert_array_equal(grads[0][:, :2], 0.0)  # nothing seen, nothing to learn
-    top = jax.vjp(lambda q, k, v: naive_attention(q, k, v, is_causal=True), q, k, v)[1](d_out)
-    ref = jax.vjp(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True), q, k, v)[1](d_out)
+
+    def grads(f):  # (dq, dk, dv) for d_out, compiled as one program
+        return jax.jit(lambda q, k, v, d: jax.vjp(f, q, k, v)[1](d))(q, k, v, d_out)
+
+    bottom = grads(lambda q, k, v: naive_attention(q, k, v, **args))
+    assert all(np.isfinite(g).all() for g in bottom)
+    np.testing.assert_array_equal(bottom[0][:, :2], 0.0)  # nothing seen, nothing to learn
+    top = grads(lambda q, k, v: naive_attention(q, k, v, is_causal=True))
+    ref = grads(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True))
     for a, b in zip(top, ref):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-5)
 
 
 def test_the_float64_reference_propagates_nan_instead_of_writing_a_zero_row():
-    q, k, v = make_qkv(1, 8, 2, 4, seed=0)
+    q, k, v = normal_qkv(1, 8, 2, 4, seed=0)
     out = reference_attention(np.asarray(q).copy() * np.where(np.arange(8)[None, :, None, None] == 3, np.nan, 1), k, v)
     assert np.isnan(out[0, 3]).all()  # the poisoned query row
     assert np.isfinite(np.delete(out, 3, axis=1)).all()  # the others are untouched
+
+
+def _two_keys():
+    """One query against two keys whose raw scores are 2 and 3 (H = 1), and values telling the keys apart."""
+    q = jnp.ones((1, 1, 1, 1), jnp.float32)
+    k = jnp.asarray([2.0, 3.0], jnp.float32).reshape(1, 2, 1, 1)
+    v = jnp.asarray([10.0, 20.0], jnp.float32).reshape(1, 2, 1, 1)
+    return q, k, v
+
+
+@pytest.mark.parametrize(("scale", "value"), [(2e38, 20.0), (3e38, 20.0), (-2e38, 10.0), (1e300, 20.0)])
+def test_a_scale_past_float32_is_the_hard_maximum_not_a_tie(scale, value):
+    # scale · 2 and scale · 3 both overflow float32: clamped, they would tie and average v to 15
+    q, k, v = _two_keys()
+    for fn in (naive_attention, reference_attention):
+        assert float(np.asarray(fn(q, k, v, scale=scale)).ravel()[0]) == value
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.7, 3.0])
+def test_the_shifted_scores_keep_values_and_gradients_at_ordinary_scales(scale):
+    from attention_tutorial.inputs import make_qkv
+
+    q, k, v = make_qkv(2, 12, 4, 8, seq_kv=10, kv_heads=2, seed=31)
+    d_out = jnp.asarray(np.random.default_rng(31).standard_normal(q.shape), jnp.float32)
+    np.testing.assert_allclose(naive_attention(q, k, v, scale=scale, is_causal=True),
+                               reference_attention(q, k, v, scale=scale, is_causal=True), atol=2e-5)  # fmt: skip
+    ours = jax.vjp(lambda q, k, v: naive_attention(q, k, v, scale=scale, is_causal=True), q, k, v)[1](d_out)
+    jaxs = jax.vjp(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True), q, k, v)
+    for a, b in zip(ours, jaxs[1](d_out)):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-5)
