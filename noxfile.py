@@ -32,7 +32,7 @@ def tests(session: nox.Session) -> None:
     not slow"`` runs them all (a later ``-m`` replaces this one). Where a GPU is present (nvidia-smi) the tests run
     in one process: each worker would claim the one device."""
     _install(session, "test", "docs")  # docs: the tests build a page with a failing cell
-    workers = "0" if shutil.which("nvidia-smi") else "auto"
+    workers = "0" if shutil.which("nvidia-smi") else "logical"  # "auto" counts physical cores: 1 on many 2-vCPU VMs
     session.run("pytest", "-n", workers, "--dist", "loadfile", "-m", "not slow", *session.posargs)
 
 
