@@ -112,6 +112,16 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
         prov["grids"] = {"lessons": _grid_provenance(env, round(time.perf_counter() - t0, 1), command, peak)}
         store.save(out, prov, [])
         print(f"lessons: {', '.join(f'{k}: {len(v)} rows' for k, v in prov['lessons'].items())}", flush=True)
+    if "timing_lesson" in extras:  # the timing page's five-way timing, kept in the provenance as lessons["timing"]
+        from ..measure.timing_lesson import timing_lesson_record
+
+        t0 = time.perf_counter()
+        lesson = timing_lesson_record()
+        prov["lessons"] = {**prov.get("lessons", {}), "timing": lesson}
+        prov["grids"] = {"timing_lesson": _grid_provenance(env, round(time.perf_counter() - t0, 1), command, peak)}
+        store.save(out, prov, [])
+        print(f"timing_lesson: clock without a wait {lesson['no_wait_ms']:.3f} ms, waited calls "
+              f"{min(lesson['waited_ms']):.3f}–{max(lesson['waited_ms']):.3f} ms", flush=True)  # fmt: skip
     return out
 
 
@@ -184,7 +194,8 @@ def _train_records(peak, **timing):
 
 
 # Experiments beside the grids, by name: each returns records (None: kept in the provenance instead — kernel_code:
-# instruction counts; lessons: see measure.lessons; timeline: see measure.timeline).
+# instruction counts; lessons: see measure.lessons; timeline: see measure.timeline; timing_lesson: see
+# measure.timing_lesson, kept as lessons["timing"]).
 EXTRAS = {
     "fp8": _fp8_records,
     "device_time": _device_time_records,
@@ -195,6 +206,7 @@ EXTRAS = {
     "kernel_code": None,
     "lessons": None,
     "timeline": None,
+    "timing_lesson": None,
 }
 
 # What an extra adds to its grid's provenance, by name (called after the extra ran).

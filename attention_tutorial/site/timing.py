@@ -1,9 +1,11 @@
 """What the timing page needs: the calls it timed, summarised; dispatch against the call; host time against the
 profiler's device time. Numbers and verdicts only: the sentences are in ``docs/timing.md``.
 
-Shapes of the data: :class:`CallTimes` holds every timed call of one function in the order the page ran them;
-:func:`summarize_calls` reduces it to the numbers the page quotes and :func:`calls_figure` draws it. The profiler
-part reads ``device_time`` records (:func:`attention_tutorial.measure.profile.profile_records`).
+Shapes of the data: :class:`CallTimes` holds every timed call of one function in the order
+:func:`~attention_tutorial.measure.timing_lesson.five_ways` ran them (live, or recorded on the GPU:
+:func:`recorded_calls`); :func:`summarize_calls` reduces it to the numbers the page quotes and :func:`calls_figure`
+draws it. The profiler part reads ``device_time`` records
+(:func:`attention_tutorial.measure.profile.profile_records`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from ..measure import profile
 from ..measure.timing import summarize
 from ..results.plotting import PALETTE
 
+EARLY = 0.5  # an unwaited clock below this share of a waited call: the call returned before its result was ready
 AGREE_PCT = 3.0  # the target: host (pipelined) and device time agree within this, for calls of MIN_MS or more
 MIN_MS = 1.0
 
@@ -44,6 +47,17 @@ class CallTimes:
         if self.inner < 1:
             raise ValueError(f"CallTimes.inner must be >= 1; got {self.inner}.")
 
+    @classmethod
+    def from_record(cls, rec: dict) -> CallTimes:
+        """The times of one :func:`~attention_tutorial.measure.timing_lesson.five_ways` result (a dict, live or as
+        the recorder keeps it)."""
+        missing = [f for f in ("compile_s", "warmup_ms", "no_wait_ms", "waited_ms", "samples_ms", "inner")
+                   if f not in rec]  # fmt: skip
+        if missing:
+            raise ValueError(f"CallTimes.from_record needs a five_ways result; it lacks {', '.join(missing)}.")
+        return cls(rec["compile_s"], tuple(rec["warmup_ms"]), rec["no_wait_ms"], tuple(rec["waited_ms"]),
+                   tuple(rec["samples_ms"]), rec["inner"])  # fmt: skip
+
 
 @dataclass(frozen=True)
 class CallSummary:
@@ -53,7 +67,9 @@ class CallSummary:
     median; ``mean_over_median``: how far one slow sample pulls the
     mean; ``no_wait_pct``: the unwaited clock as a % of a waited call; ``compile_calls``: how many pipelined calls
     the compilation would have paid for; ``first_over_median``: the first call after compiling against a pipelined
-    one; ``dispatch_ms``: a waited call minus a pipelined one (>= 0), the host's share of a call that waits."""
+    one; ``dispatch_ms``: a waited call minus a pipelined one (>= 0), the host's share of a call that waits;
+    ``returned_early``: whether the unwaited clock read less than :data:`EARLY` of a waited call (the call returned
+    before its result was ready: asynchronous dispatch), else dispatch was effectively synchronous."""
 
     median_ms: float
     p10_ms: float
@@ -67,6 +83,7 @@ class CallSummary:
     waited_ms: float
     dispatch_ms: float
     samples: int
+    returned_early: bool
 
 
 def summarize_calls(times: CallTimes) -> CallSummary:
@@ -86,7 +103,15 @@ def summarize_calls(times: CallTimes) -> CallSummary:
         waited_ms=waited,
         dispatch_ms=max(waited - median, 0.0),
         samples=len(times.samples_ms),
+        returned_early=times.no_wait_ms < EARLY * waited,
     )
+
+
+def recorded_calls(provenance: dict | None) -> tuple[CallTimes, dict] | None:
+    """(times, record) of the five-way timing the recorder kept in a result file's provenance (``lessons["timing"]``,
+    from ``record --extras timing_lesson``); None where the file has none."""
+    rec = ((provenance or {}).get("lessons") or {}).get("timing")
+    return (CallTimes.from_record(rec), rec) if rec else None
 
 
 #: The phases of :func:`calls_figure`, in the order they run: (label, colour).

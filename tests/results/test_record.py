@@ -44,6 +44,23 @@ def test_lessons_are_kept_in_the_provenance_and_merged(fake_gpu, tmp_path, monke
     assert results.load(out)["provenance"]["lessons"] == {"gqa": [{"impl": "naive"}], "inputs": [{"n": 1}]}
 
 
+def test_the_timing_lesson_is_kept_beside_the_other_lessons(fake_gpu, tmp_path, monkeypatch):
+    from attention_tutorial.measure import lessons, timing_lesson
+
+    out = tmp_path / "gpu.json"
+    monkeypatch.setattr(timing_lesson, "GPU_SHAPE", timing_lesson.CPU_SHAPE)  # the simulated GPU times a CPU size
+    monkeypatch.setattr(timing_lesson, "GPU_DTYPE", timing_lesson.CPU_DTYPE)
+    monkeypatch.setattr(lessons, "lesson_records", lambda **t: {"gqa": [{"impl": "xla"}]})
+    rec_mod.record(["decode"], out=out, repeats=3, max_seconds=0.1, extras=("lessons",), progress=False, command="t")
+    rec_mod.record([], out=out, extras=("timing_lesson",), progress=False, command="again")  # measured here, for real
+    prov = results.load(out)["provenance"]
+    assert set(prov["lessons"]) == {"gqa", "timing"} and set(prov["grids"]) == {"decode", "lessons", "timing_lesson"}
+    timing = prov["lessons"]["timing"]
+    assert (timing["fn"], timing["inner"], len(timing["samples_ms"]), len(timing["waited_ms"])) == (
+        "jax.nn.dot_product_attention", 10, 20, 5)  # fmt: skip
+    assert timing["compile_s"] > 0 and timing["no_wait_ms"] > 0 and min(timing["samples_ms"]) > 0
+
+
 def test_ablations_are_a_grid_and_the_timeline_is_kept_in_the_provenance_and_merged(fake_gpu, tmp_path, monkeypatch):
     from attention_tutorial.measure import ablations, timeline
 

@@ -28,6 +28,36 @@ def test_summary_of_the_calls():
     assert s.compile_calls == pytest.approx(250 / median)
     assert s.first_over_median == pytest.approx(9.0 / median)
     assert s.dispatch_ms == pytest.approx(1.25 - median) and s.samples == 10
+    assert s.returned_early  # 0.05 ms of a 1.25 ms waited call: the call returned before its result was ready
+
+
+def test_an_unwaited_clock_near_a_waited_call_is_synchronous_dispatch():
+    sync = timing.CallTimes(0.1, (1.5,), 1.48, (1.41, 1.40, 1.45), (1.4, 1.42), inner=10)
+    s = timing.summarize_calls(sync)
+    assert s.no_wait_pct == pytest.approx(100 * 1.48 / 1.41) and not s.returned_early
+    half = timing.CallTimes(0.1, (1.0,), 0.5, (1.0,), (1.0,), inner=1)  # exactly half: not early
+    assert not timing.summarize_calls(half).returned_early
+
+
+def test_call_times_from_a_five_ways_result_and_from_the_recording():
+    rec = {"compile_s": 0.25, "warmup_ms": [9.0, 1.1, 1.0], "no_wait_ms": 0.05, "waited_ms": [1.2, 1.3, 1.25],
+           "samples_ms": list(TIMES.samples_ms), "inner": 10, "device": "NVIDIA H200"}  # fmt: skip
+    assert timing.CallTimes.from_record(rec) == TIMES
+    with pytest.raises(ValueError, match="no_wait_ms"):
+        timing.CallTimes.from_record({k: v for k, v in rec.items() if k != "no_wait_ms"})
+    times, kept = timing.recorded_calls({"lessons": {"gqa": [], "timing": rec}})
+    assert times == TIMES and kept["device"] == "NVIDIA H200"
+    assert timing.recorded_calls({"lessons": {"gqa": []}}) is None and timing.recorded_calls(None) is None
+
+
+def test_the_recorded_timing_lesson_returns_early_on_the_gpu():
+    data = store.recorded()
+    found = timing.recorded_calls(data and data["provenance"])
+    if found is None:
+        pytest.skip("the timing lesson is not recorded yet")
+    times, rec = found
+    assert rec["backend"] == "gpu"
+    assert timing.summarize_calls(times).returned_early  # asynchronous dispatch: the page's first lesson holds
 
 
 def test_a_waited_call_faster_than_the_pipelined_one_has_no_negative_dispatch():
