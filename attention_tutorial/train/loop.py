@@ -274,6 +274,31 @@ def steady_state(times_ms, config: Config, peak_tflops: float | None = None, *, 
             "mfu_measured_pct": 100 * achieved / peak_tflops if peak_tflops else None}  # fmt: skip
 
 
+def profile_step(impl: str, *, config: Config = TINY, seed: int = 0, trained_steps: int = 0, repeats: int = 5,
+                 corpus=None) -> tuple[list, float, float | None]:  # fmt: skip
+    """What one training step runs on the device: :func:`~attention_tutorial.measure.profile.device_profile` of the
+    compiled step (kernel rows, longest first, µs per step; host ms per step; the device's busy span per step),
+    from the initial parameters, or after ``trained_steps`` steps (the same batches as :func:`train_records`)."""
+    from ..measure.profile import device_profile
+
+    a = check_args(impl, steps=max(trained_steps, 1), config=config, seed=seed, log_every=1, eval_batches=1,
+                   peak_tflops=None, perturb=0.0)  # fmt: skip
+    trained_steps = check_int("trained_steps", trained_steps, minimum=0)
+    c, seed = config, a["seed"]
+    if reason := registry.why_not(impl, c.attention_shape(), c.dtype, causal=True):
+        raise ValueError(f"{impl} cannot run this model here: {reason}")
+    corpus = corpus or load_corpus()
+    check_corpus(corpus, c)
+    model, opt = GPT(c, impl), optimizer(c, max(trained_steps, 1))
+    params = init_params(c, seed)
+    opt_state = opt.init(params)
+    batch = lambda s: jax.device_put(batch_at(corpus.train, batch=c.batch, seq_len=c.seq_len, seed=seed, step=s))  # noqa: E731
+    stats = compile_stats(make_step(model, opt), params, opt_state, batch(0))
+    for s in range(trained_steps):
+        params, opt_state, _ = stats.compiled(params, opt_state, batch(s))
+    return device_profile(None, params, opt_state, batch(trained_steps), repeats=repeats, compiled=stats.compiled)
+
+
 def _timed(rec: dict, samples_ms, flops: float, tokens: int, peak_tflops: float | None) -> dict:
     median, p10, p90 = summarize(samples_ms)
     tflops = flops / (median / 1e3) / 1e12

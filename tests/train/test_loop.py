@@ -195,3 +195,36 @@ def test_the_summary_holds_the_steady_state(runs):
     assert summary["steady_p10_ms"] <= summary["steady_median_ms"] <= summary["steady_p90_ms"]
     assert summary["flops_per_token"] * TINY.batch * TINY.seq_len == pytest.approx(summary["step_flops"])
     assert summary["cfg_embedding"] == "onehot"
+
+
+def test_the_onehot_embedding_leaves_no_scatter_into_the_table():
+    """The compiled step's gradient of the token table: a scatter-add with embedding="gather", none with "onehot"
+    (the one scatter left there is the loss's, into the (B, T, vocab) logits: one update per element)."""
+    import re
+
+    import jax.numpy as jnp
+
+    from attention_tutorial.measure.compiled import compile_stats
+    from attention_tutorial.train.loop import init_params, make_step, optimizer
+    from attention_tutorial.train.model import GPT
+
+    found = {}
+    for embedding in ("gather", "onehot"):
+        cfg = dataclasses.replace(SMALL, embedding=embedding)
+        params, opt = init_params(cfg, 0), optimizer(cfg, 2)
+        stats = compile_stats(make_step(GPT(cfg, "xla"), opt), params, opt.init(params),
+                              jnp.zeros((cfg.batch, cfg.seq_len + 1), jnp.int32))  # fmt: skip
+        text = stats.compiled.as_text()
+        found[embedding] = len(re.findall(rf"= \w+\[{cfg.vocab},{cfg.d_model}\]\S* scatter\(", text))
+    assert found == {"gather": 1, "onehot": 0}
+
+
+def test_profile_step_lists_what_a_training_step_runs():
+    from attention_tutorial.train.loop import profile_step
+
+    rows, host_ms, span = profile_step("xla", config=SMALL, trained_steps=1, repeats=2)
+    assert rows and all(r.device_us >= 0 for r in rows) and sum(r.device_us for r in rows) > 0
+    assert host_ms > 0 and (span is None) == (jax.default_backend() != "gpu")
+    if jax.default_backend() != "gpu":
+        with pytest.raises(ValueError, match="cudnn cannot run this model here"):
+            profile_step("cudnn", config=SMALL)
