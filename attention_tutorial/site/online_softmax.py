@@ -1,6 +1,6 @@
 """What "How can softmax run one tile at a time?" needs: the online softmax traced step by step, the tiles a query
-block walks, the compiled memory of the naive and the tiled versions, and the IO argument — the bytes each version
-must move, computed from the shapes, set against the times the recorder measured.
+block walks, and the compiled memory of the naive and the tiled versions. The IO argument it recalls is the scaling
+page's (:mod:`attention_tutorial.site.scaling`).
 
 Shapes as everywhere: B batch, T queries, S keys, N query heads, K kv heads, H head dim.
 """
@@ -14,9 +14,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
-from ..measure.flops import attention_bytes, attention_flops, materialised_bytes
 from ..results.claims import Claim, growth_terms
-from ..results.plotting import PALETTE, impl_style, label
+from ..results.plotting import PALETTE
 
 # --- the online softmax, one row ------------------------------------------------------------------------------------
 
@@ -146,97 +145,3 @@ def memory_growth(records) -> dict[tuple[str, str], Claim]:
             raise ValueError(f"memory_growth needs at least two T per (impl, pass); {key} has {len(rs)}.")
         out[key] = growth_terms([r["seq_q"] for r in rs], [r["temp_bytes"] for r in rs], var="T")
     return out
-
-
-# --- the IO argument -------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class IOPoint:
-    """One recorded point (no mask) of the naive attention and cuDNN's fused kernel at the same shape.
-
-    ``naive_bytes``: the fewest bytes the naive version moves through HBM — q, k, v and the output once, plus the
-    T × S matrix (:func:`~attention_tutorial.measure.flops.materialised_bytes`: the scores written and read back in
-    float32, the weights in the inputs' dtype);
-    ``fused_bytes``: q, k, v and the output once. ``*_floor_ms``: those bytes at the measured copy bandwidth;
-    ``matmul_ms``: the forward's FLOPs at the measured bf16 matmul peak; ``naive_ms``, ``fused_ms``: the medians."""
-
-    seq_q: int
-    batch: int
-    naive_bytes: int
-    fused_bytes: int
-    naive_floor_ms: float
-    fused_floor_ms: float
-    matmul_ms: float
-    naive_ms: float
-    fused_ms: float
-
-    @property
-    def traffic_ratio(self) -> float:
-        return self.naive_bytes / self.fused_bytes
-
-    @property
-    def naive_share(self) -> float:
-        """The share of the naive version's measured time its bytes need at the copy bandwidth."""
-        return self.naive_floor_ms / self.naive_ms
-
-    @property
-    def fused_share(self) -> float:
-        """The share of the fused kernel's measured time its matmuls need at the matmul peak."""
-        return self.matmul_ms / self.fused_ms
-
-
-def io_points(records, provenance: dict, *, naive: str = "naive", fused: str = "cudnn") -> list[IOPoint]:
-    """:class:`IOPoint` at each recorded point (no mask, ok) where both ``naive`` and ``fused`` ran, by T; the
-    bandwidth and the peak from the recording run of the records' grid (``provenance``'s, else the file's)."""
-    by_point: dict[tuple, dict] = {}
-    for r in records:
-        if r.get("status") == "ok" and not r.get("causal") and r.get("impl") in (naive, fused):
-            key = tuple(r.get(f) for f in ("batch", "seq_q", "seq_kv", "heads", "kv_heads", "head_dim", "dtype"))
-            by_point.setdefault(key, {})[r["impl"]] = r
-    points = []
-    for (b, t, s, n, k, h, dtype), pair in sorted(by_point.items(), key=lambda kv: kv[0][1]):
-        if naive not in pair or fused not in pair:
-            continue
-        run = provenance.get("grids", {}).get(pair[fused].get("grid"), {})
-        gbps = run.get("copy_gbps") or provenance["copy_gbps"]
-        tflops = run.get("matmul_bf16_tflops") or provenance["matmul_bf16_tflops"]
-        nb, fb = materialised_bytes(b, t, s, n, k, h, dtype), attention_bytes(b, t, s, n, k, h, dtype)
-        points.append(IOPoint(t, b, nb, fb, nb / gbps / 1e6, fb / gbps / 1e6,
-                              attention_flops(b, t, s, n, h) / tflops / 1e9,
-                              pair[naive]["median_ms"], pair[fused]["median_ms"]))  # fmt: skip
-    return points
-
-
-def io_rows(points) -> list[dict]:
-    """The IO points as table rows (for a folded table): GB each version moves, the time its bound gives, the time
-    measured."""
-    return [{"T": p.seq_q, "B": p.batch, "naive: GB moved": f"{p.naive_bytes / 1e9:.1f}",
-             "fused: GB moved": f"{p.fused_bytes / 1e9:.2f}", "naive: its bytes' time (ms)": f"{p.naive_floor_ms:.2f}",
-             "naive: measured (ms)": f"{p.naive_ms:.2f}", "cuDNN: its FLOPs' time (ms)": f"{p.matmul_ms:.2f}",
-             "cuDNN: measured (ms)": f"{p.fused_ms:.2f}"} for p in points]  # fmt: skip
-
-
-def io_figure(points, *, naive: str = "naive", fused: str = "cudnn"):
-    """Measured time against T for the naive version and the fused kernel, each beside the bound the IO argument
-    gives it: the naive version's bytes at the copy bandwidth, the fused kernel's matmuls at the matmul peak (and
-    its own few bytes at the copy bandwidth)."""
-    ts = [p.seq_q for p in points]
-    fig, ax = plt.subplots(figsize=(7.2, 4.3), layout="constrained", facecolor="white")
-    for impl, ys in ((naive, [p.naive_ms for p in points]), (fused, [p.fused_ms for p in points])):
-        colour, marker = impl_style(impl)
-        ax.plot(ts, ys, marker=marker, color=colour, linewidth=2, label=f"{label(impl)}: measured")
-    ax.plot(ts, [p.naive_floor_ms for p in points], color=impl_style(naive)[0], linestyle="--", linewidth=1.4,
-            label="its T × S traffic (and q, k, v, out) at the copy bandwidth")  # fmt: skip
-    ax.plot(ts, [p.matmul_ms for p in points], color=impl_style(fused)[0], linestyle="--", linewidth=1.4,
-            label="the matmuls' FLOPs at the matmul peak")  # fmt: skip
-    ax.plot(ts, [p.fused_floor_ms for p in points], color=impl_style(fused)[0], linestyle=":", linewidth=1.4,
-            label="q, k, v, out once at the copy bandwidth")  # fmt: skip
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xticks(ts, [f"{t // 1024}k" if t >= 1024 else str(t) for t in ts])
-    ax.set_xlabel("T = S (B · T fixed)")
-    ax.set_ylabel("ms per call")
-    ax.grid(True, which="major", color="#dddddd", linewidth=0.8)
-    ax.legend(fontsize=8, loc="upper left")
-    return fig

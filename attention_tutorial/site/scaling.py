@@ -1,22 +1,27 @@
 """What the scaling page needs: the few points a build runs live, the IO argument (bytes computed from the shapes
 set against the recorded times, as a time budget and a roofline), and the numbers of each section (T, memory, B, H,
 the backward pass). Numbers and verdicts only: the sentences are in ``docs/scaling.md``.
+
+The IO argument is taught here, once: :func:`reference_roof` is the one roof (matmul peak, read bandwidth, ridge)
+every page quotes, from the recording run of the sequence-length sweep (:data:`IO_GRID`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import jax
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..measure.flops import attention_bytes, attention_flops, datasheet_peak, materialised_bytes
+from ..measure import profile
+from ..measure.flops import DATASHEET, attention_bytes, attention_flops, datasheet_peak, materialised_bytes
 from ..measure.grids import MATERIALISE_SCORES, points
 from ..measure.sweep import run_sweep
 from ..results.claims import Claim, compare, versus, words_by_x
 from ..results.plotting import impl_style, label, markdown_table
-from ..results.report import live_label, live_vs_recorded, read_ceiling, shapes, timing_options
+from ..results.report import live_label, live_vs_recorded, read_ceiling, reference, shapes, timing_options
 from ..results.store import select
 
 # What a build runs live, per grid: (on a GPU, on a CPU) — a point or two; the recorded grids carry the sweeps.
@@ -101,7 +106,11 @@ def io_point(rec: dict) -> IOPoint:
 @dataclass(frozen=True)
 class Roof:
     """A roofline: the matmul peak (TFLOP/s) and the read bandwidth (GB/s) measured in one recording run, and the
-    datasheet's figures for the same GPU (None where it has none)."""
+    datasheet's figures for the same GPU (None where it has none).
+
+    The bandwidth is the read ceiling (a sum over a large array), not the copy ceiling (read plus write): it is the
+    fastest the recorder saw HBM move bytes, so a byte count taken at it gives a floor on the time, as the byte
+    count is a floor on the traffic."""
 
     peak_tflops: float
     gbps: float
@@ -133,10 +142,19 @@ def roof(records, provenance: dict, grid_name: str) -> Roof:
     gbps, _ = read_ceiling(select(records, grid=grid_name), provenance)
     if not gbps:
         raise ValueError(f"no read ceiling recorded for grid {grid_name!r}.")
-    from ..measure.flops import DATASHEET
-
     sheet = DATASHEET.get(provenance.get("gpu"))
     return Roof(peak, gbps, sheet.bf16_tflops if sheet else None, sheet.hbm_gbps if sheet else None)
+
+
+#: The grid whose recording run gives the roof every page quotes (peak, bandwidth, ridge).
+IO_GRID = "seq_long"
+
+
+def reference_roof(grid_name: str = IO_GRID) -> Roof | None:
+    """The :class:`Roof` of the recorded reference's ``grid_name`` run: the one matmul peak, read bandwidth and ridge
+    (``.ridge``) the pages quote; None where no result file is installed."""
+    records, provenance = reference(grid_name)
+    return roof(records, provenance, grid_name) if provenance else None
 
 
 def io_figure(budget: list[IOPoint], cloud: list[IOPoint], r: Roof, *, title: str = ""):
@@ -146,7 +164,7 @@ def io_figure(budget: list[IOPoint], cloud: list[IOPoint], r: Roof, *, title: st
     and the datasheet's (dashed)."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11.0, 4.2), facecolor="white", layout="constrained",
                                       width_ratios=(1, 1.25))  # fmt: skip
-    kinds = (("measured time", 1.0), ("its bytes at the read ceiling", 0.55), ("its FLOPs at the matmul peak", 0.25))
+    kinds = (("measured time", 1.0), ("its bytes at the read bandwidth", 0.55), ("its FLOPs at the matmul peak", 0.25))
     height = 0.26
     for i, p in enumerate(budget):
         colour = impl_style(p.impl)[0]
@@ -222,6 +240,46 @@ def mask_saving(records, impl: str) -> MaskSaving | None:
     return MaskSaving(dict(sorted(by_t.items())), words_by_x(by_t), min(values), max(values))
 
 
+@dataclass(frozen=True)
+class MaskProfile:
+    """One implementation's profiled call without a mask and with a causal one (``device_time`` records): the
+    longest kernel's time (``main_us``, for XLA the pass of the softmax over the scores) and the rest of the summed
+    kernel time (``rest_us``, the matmuls and the small kernels), each as (no mask, causal), in µs per call, at T =
+    ``seq_q``."""
+
+    impl: str
+    seq_q: int
+    main_us: tuple[float, float]
+    rest_us: tuple[float, float]
+    main_names: tuple[str, str]
+
+    @property
+    def main_ratio(self) -> float:
+        """The causal call's longest kernel against the unmasked one's (above 1: the mask makes it longer)."""
+        return self.main_us[1] / self.main_us[0]
+
+    @property
+    def rest_ratio(self) -> float:
+        """Everything else, causal against unmasked."""
+        return self.rest_us[1] / self.rest_us[0]
+
+
+def mask_profile(records, impl: str) -> MaskProfile | None:
+    """:class:`MaskProfile` of ``impl`` from profiled records (both masks, ok, on a GPU); None without the pair."""
+    pair = []
+    for causal in (False, True):
+        rs = [r for r in select(records, status="ok", impl=impl, causal=causal)
+              if r.get("time_source") == "device" and r.get("device_ms") and profile.main_kernel(r)]  # fmt: skip
+        if not rs:
+            return None
+        pair.append(rs[0])
+    mains = [profile.main_kernel(r) for r in pair]
+    rests = tuple(r["device_ms"] * 1e3 - m["us"] for r, m in zip(pair, mains))
+    return MaskProfile(
+        impl, pair[0]["seq_q"], (mains[0]["us"], mains[1]["us"]), rests, (mains[0]["name"], mains[1]["name"])
+    )
+
+
 def bytes_per_score(records, impl: str) -> tuple[float, float] | None:
     """(lowest, highest) compiled temporaries per (B, N, T, S) score over ``impl``'s ok records with
     ``temp_bytes``; None without any."""
@@ -249,6 +307,11 @@ class Floor:
     @property
     def time_ratio(self) -> float:
         return self.large["median_ms"] / self.small["median_ms"]
+
+    @property
+    def floor_us(self) -> float:
+        """The fastest call in µs rounded down to 0.1 µs: no call of the sweep took less (39.85 µs -> 39.8)."""
+        return math.floor(self.fastest_ms * 1e4 + 1e-6) / 10
 
 
 def batch_floor(records, impl: str) -> Floor | None:

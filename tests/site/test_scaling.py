@@ -87,6 +87,56 @@ def test_the_io_argument_holds_on_every_recorded_forward_call():
     assert page.roof(recs, prov, "seq_long").bytes_ms(page.io_point(xla)) > 0.7 * xla["median_ms"]
 
 
+@needs_data
+def test_the_reference_roof_is_the_sequence_sweep_s_run_and_its_ridge_is_peak_over_bandwidth():
+    long, prov = store.select(DATA["records"], grid="seq_long"), DATA["provenance"]
+    r = page.reference_roof()
+    assert r == page.roof(long, prov, "seq_long")
+    assert r.ridge == pytest.approx(r.peak_tflops * 1e12 / (r.gbps * 1e9))
+    ok = [x for x in long if x["status"] == "ok" and x.get("pct_peak")]
+    # the one peak the pages quote is the one the sweep's % of peak divides by
+    assert all(x["tflops"] * 100 / x["pct_peak"] == pytest.approx(r.peak_tflops) for x in ok)
+    assert r.gbps > DATA["provenance"]["copy_gbps"]  # the read bandwidth: faster than a copy, so a floor on time
+
+
+def test_the_reference_roof_without_a_recording(monkeypatch):
+    monkeypatch.setattr(page, "reference", lambda grid: (None, None))
+    assert page.reference_roof() is None
+
+
+@needs_data
+def test_the_recorded_naive_call_waits_on_memory_and_cudnn_computes():
+    """The online-softmax page's recap: at T = 4096 the naive version's bytes fill most of its time at the read
+    bandwidth, cuDNN's matmuls most of its own at the matmul peak."""
+    r = page.reference_roof()
+    (naive,) = _recs(grid="seq_long", impl="naive", causal=False, seq_q=4096)
+    (cudnn,) = _recs(grid="seq_long", impl="cudnn", causal=False, seq_q=4096)
+    n, c = page.io_point(naive), page.io_point(cudnn)
+    assert 0.5 < r.bytes_ms(n) / n.median_ms <= 1.0 and r.matmul_ms(n) < r.bytes_ms(n)
+    assert 0.5 < r.matmul_ms(c) / c.median_ms <= 1.0 and r.bytes_ms(c) < 0.1 * c.median_ms
+
+
+def _profiled(impl, causal, main_us, other_us):
+    kernels = [{"name": f"main_{causal}", "us": main_us, "count": 1.0, "kind": "kernel"},
+               {"name": "gemm", "us": other_us, "count": 2.0, "kind": "kernel"}]  # fmt: skip
+    return rec(impl, 1.0, causal=causal, time_source="device", device_ms=(main_us + other_us) / 1e3, kernels=kernels)
+
+
+def test_mask_profile_splits_the_longest_kernel_from_the_rest():
+    m = page.mask_profile([_profiled("xla", False, 1000.0, 900.0), _profiled("xla", True, 2500.0, 910.0)], "xla")
+    assert (m.main_us, m.rest_us, m.seq_q) == ((1000.0, 2500.0), pytest.approx((900.0, 910.0)), 1024)
+    assert (m.main_ratio, m.main_names) == (2.5, ("main_False", "main_True"))
+    assert m.rest_ratio == pytest.approx(910 / 900)
+    assert page.mask_profile([_profiled("xla", False, 1.0, 1.0)], "xla") is None  # no causal call
+
+
+@needs_data
+def test_recorded_xla_causal_time_goes_to_its_softmax_pass():
+    m = page.mask_profile(_recs(grid="device_time"), "xla")
+    assert m.main_ratio > 1.5 and m.rest_ratio == pytest.approx(1.0, abs=0.05)
+    assert all(name.startswith("fusion") for name in m.main_names)  # XLA's own fused kernel, not a cuBLAS matmul
+
+
 def test_io_figure_draws_the_budget_and_the_roofline():
     points = [page.io_point(rec("xla", 2.0)), page.io_point(rec("cudnn", 0.5))]
     r = page.Roof(700.0, 4500.0, 989.4, 4800.0)
@@ -140,6 +190,9 @@ def test_batch_floor():
     assert (f.work_ratio, f.fastest_ms, f.claim.word) == (16, 0.04, "on par")
     assert f.time_ratio == pytest.approx(0.075 / 0.07)
     assert page.batch_floor(recs[:1], "cudnn") is None
+    assert f.floor_us == 40.0  # 0.04 ms exactly: not rounded down below itself
+    low = page.batch_floor([*recs, rec("xla", 0.03985, batch=2)], "cudnn")
+    assert low.floor_us == 39.8 and low.floor_us <= low.fastest_ms * 1e3
 
 
 def test_head_dim_change():
