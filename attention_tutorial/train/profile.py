@@ -11,14 +11,11 @@ from __future__ import annotations
 import dataclasses
 import re
 
-import jax
-
 from .. import registry
 from ..inputs import check_int
-from ..measure.profile import DEVICE_KINDS, device_profile
-from .data import batch_at, load_corpus
-from .loop import init_params, make_step, optimizer, step_flops
-from .model import GPT, H200, Config
+from ..measure.profile import DEVICE_KINDS
+from .loop import profile_step, step_flops
+from .model import H200, Config
 
 # Groups of a step's kernels, by name, first match wins. Attention: the fused kernels of every implementation
 # (cuDNN's fmha/sdpa, our Pallas kernels, XLA's softmax fusions are "other"). Matmuls: cuBLAS/CUTLASS GEMMs and
@@ -64,12 +61,7 @@ def step_profile(impl: str, *, config: Config = H200, embedding: str | None = No
     reason = registry.why_not(impl, c.attention_shape(), c.dtype, causal=True)
     if reason:
         return {**base, "status": "unsupported", "reason": reason, "median_ms": None, "p10_ms": None, "p90_ms": None}
-    corpus = corpus or load_corpus()
-    model, opt = GPT(c, impl), optimizer(c, 10)
-    params = init_params(c, seed)
-    opt_state = opt.init(params)
-    tokens = jax.device_put(batch_at(corpus.train, batch=c.batch, seq_len=c.seq_len, seed=seed, step=0))
-    kernels, host_ms, busy_ms = device_profile(make_step(model, opt), params, opt_state, tokens, repeats=repeats)
+    kernels, host_ms, busy_ms = profile_step(impl, config=c, seed=seed, repeats=repeats, corpus=corpus)
     rows = [{"name": k.name, "us": k.device_us, "count": k.count, "kind": k.kind} for k in kernels]
     device_us = sum(k["us"] for k in rows if k["kind"] in DEVICE_KINDS)
     return {**base, "status": "ok", "median_ms": host_ms, "p10_ms": None, "p90_ms": None,
