@@ -187,6 +187,12 @@ def _ablation_records(peak, **timing):
     return ablation_records(peak_tflops=peak, progress=True)  # its own timing budget (about 3 minutes on an H200)
 
 
+def _train_profile_records(peak, **timing):
+    from ..train.profile import profile_records  # one training step's kernels: cuDNN and ours, scatter vs one-hot
+
+    return profile_records(("cudnn", "mosaic"), ("gather", "onehot"))
+
+
 def _train_records(peak, **timing):
     from ..train.grid import train_grid  # each implementation trains in its own process (its own peak memory)
 
@@ -207,6 +213,7 @@ EXTRAS = {
     "lessons": None,
     "timeline": None,
     "timing_lesson": None,
+    "train_profile": _train_profile_records,
 }
 
 # What an extra adds to its grid's provenance, by name (called after the extra ran).
