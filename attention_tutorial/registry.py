@@ -133,6 +133,9 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
 
 def get(name: str) -> Implementation:
     """The implementation called ``name``; ``ValueError`` lists the known names otherwise."""
+    if not isinstance(name, str):
+        raise ValueError(f"implementation name must be a str; got {type(name).__name__} {name!r:.60}. "
+                         f"Choose from {sorted(IMPLEMENTATIONS)}.")  # fmt: skip
     try:
         return IMPLEMENTATIONS[name]
     except KeyError:

@@ -74,3 +74,9 @@ def test_gpu_only_implementations_say_so_on_cpu():
     for name in ("cudnn", "jax_pallas", "mosaic", "jax_mosaic", "te"):
         reason = registry.why_not(name, GOOD, jnp.bfloat16)
         assert reason is not None and ("GPU" in reason or "Hopper" in reason), (name, reason)
+
+
+@pytest.mark.parametrize("name", [None, ["xla"], 3])
+def test_a_name_that_is_no_string_is_refused_with_the_choices(name):
+    with pytest.raises(ValueError, match=r"implementation name must be a str.*'xla'"):
+        registry.get(name)

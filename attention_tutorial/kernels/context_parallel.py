@@ -132,6 +132,8 @@ def chunk_to_hide_transfer(heads: int, kv_heads: int, dtype, *, flops_per_s: flo
 
 def collectives(hlo_text: str) -> dict[str, int]:
     """How many all-gather and collective-permute operations a compiled program's HLO text holds."""
+    if not isinstance(hlo_text, str):
+        raise ValueError(f"hlo_text must be a str (compiled.as_text()); got {type(hlo_text).__name__}.")
     found = re.findall(r"\s(all-gather|collective-permute)(?:-start)?\(", hlo_text)
     return {op: found.count(op) for op in ("all-gather", "collective-permute")}
 
@@ -177,6 +179,9 @@ def _call_local_bwd(local_bwd, q, k, v, out, lse, d_out, *, is_causal, scale):
 
 def merge(a, b):
     """Merge two partial results (out f32 (B, T, N, H), lse (B, N, T)) over disjoint key sets."""
+    for name, part in (("a", a), ("b", b)):
+        if not (isinstance(part, (tuple, list)) and len(part) == 2):
+            raise ValueError(f"{name} must be a pair (out, lse), as a local step returns; got {_describe(part)}.")
     (o1, l1), (o2, l2) = a, b
     m = lax.stop_gradient(jnp.maximum(l1, l2))
     m = jnp.where(jnp.isfinite(m), m, 0.0)  # both empty: weights exp(-inf) = 0

@@ -112,6 +112,8 @@ def cudnn_why_not(shape: AttentionShape, dtype, *, device: jax.Device | None = N
     if reason := invalid_reason(shape, dtype):
         return reason
     device = jax.devices()[0] if device is None else device
+    if not isinstance(device, jax.Device):
+        raise ValueError(f"device must be a jax.Device (e.g. jax.devices()[0]) or None; got {device!r:.60}.")
     if device.platform != "gpu" or "cuda" not in getattr(device.client, "platform_version", "").lower():
         return f"it needs an NVIDIA GPU; this build runs on {device.platform.upper()} ({device.device_kind})."
     cc = tuple(int(x) for x in str(getattr(device, "compute_capability", "0.0")).split("."))

@@ -19,7 +19,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from ..inputs import AttentionShape, attention_shape, invalid_reason
+from ..inputs import AttentionShape, attention_shape, check_flag, invalid_reason
 from .masks import check_mask_args
 
 INSTALL_HINT = "pip install 'attention-tutorial[te]' on a CUDA GPU builder; see the README's 'TransformerEngine'"
@@ -27,6 +27,9 @@ INSTALL_HINT = "pip install 'attention-tutorial[te]' on a CUDA GPU builder; see 
 
 def te_config(shape: AttentionShape, causal: bool) -> dict:
     """TE ``DotProductAttention`` arguments for our shape: (B, T, N, H) batch-first, N heads, K GQA groups."""
+    if reason := invalid_reason(shape, "bfloat16"):
+        raise ValueError(reason)
+    shape, causal = AttentionShape(*(int(n) for n in shape)), check_flag("causal", causal)
     return {
         "head_dim": shape.head_dim,
         "num_attention_heads": shape.heads,
@@ -46,6 +49,7 @@ def installed() -> bool:
 
 def why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
     """Why TE attention cannot run here, or None."""
+    check_flag("causal", causal)
     if reason := invalid_reason(shape, dtype):
         return reason
     if jax.default_backend() != "gpu":
@@ -63,6 +67,8 @@ def import_te():
     warnings are about TE's packaging, not about this code."""
     import warnings
 
+    if not installed():
+        raise ImportError(f"TransformerEngine is not installed here: {INSTALL_HINT}.")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Detected a PyTorch installation", category=RuntimeWarning)
         warnings.filterwarnings("ignore", message="jax.interpreters.pxla.thread_resources", category=DeprecationWarning)
@@ -115,6 +121,7 @@ def hlo_fp8_types(fn, *args) -> tuple[str, ...]:
 
 def delayed_scaling_recipe():
     """The seed's recipe: HYBRID (E4M3 forward, E5M2 gradients), amax history 1024, scale from its max."""
+    import_te()
     from transformer_engine.common.recipe import DelayedScaling, Format
 
     return DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=1024, amax_compute_algo="max")

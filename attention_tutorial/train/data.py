@@ -80,6 +80,10 @@ def load_corpus(root=None) -> Corpus:
 def batch_at(tokens: np.ndarray, *, batch: int, seq_len: int, seed: int, step: int) -> np.ndarray:
     """Batch ``step`` of the stream for ``seed``: (batch, seq_len + 1) int32 windows of ``tokens`` (inputs are
     [:, :-1], targets [:, 1:])."""
+    if not (isinstance(tokens, np.ndarray) and tokens.ndim == 1 and np.issubdtype(tokens.dtype, np.integer)):
+        raise ValueError(
+            f"tokens must be a 1-D NumPy array of integer ids (e.g. load_corpus().train); got {tokens!r:.60}."
+        )
     batch, seq_len = check_int("batch", batch, minimum=1), check_int("seq_len", seq_len, minimum=1)
     seed, step = check_int("seed", seed, minimum=0), check_int("step", step, minimum=0)
     if tokens.size < seq_len + 2:

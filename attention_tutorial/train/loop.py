@@ -44,12 +44,15 @@ class TrainResult(NamedTuple):
 
 def loss_fn(model, params, tokens):
     """Mean next-byte cross-entropy (nats) of ``tokens`` (B, T + 1)."""
+    if np.ndim(tokens) != 2 or np.shape(tokens)[1] < 2:
+        raise ValueError(f"tokens must be (B, T + 1) with T >= 1 (inputs and the next bytes); got {np.shape(tokens)}.")
     logits = model.apply({"params": params}, tokens[:, :-1])
     return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
 
 
 def optimizer(config: Config, steps: int):
     """AdamW with linear warm-up and cosine decay to a tenth, gradients clipped to norm 1."""
+    steps = check_int("steps", steps, minimum=1, example="200")
     warmup = min(config.warmup_steps, max(steps - 1, 0))
     schedule = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, warmup, max(steps, warmup + 1),
                                                   end_value=config.learning_rate / 10)  # fmt: skip
@@ -70,12 +73,19 @@ def _init(config: Config, key):
 def rounding_step(dtype) -> float:
     """The relative size of one step of ``dtype``'s rounding grid: its machine epsilon, 2^-(stored mantissa bits)
     (half of it can round straight back to the value it started from)."""
+    try:
+        floating = jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
+    except TypeError:
+        floating = False
+    if not floating:
+        raise ValueError(f"dtype must be a floating type such as 'bfloat16'; got {dtype!r:.60}.")
     return float(jnp.finfo(jnp.dtype(dtype)).eps)
 
 
 def perturb_params(params, rel: float, seed: int):
     """``params`` with each entry nudged up or down by ``rel`` times itself, the signs drawn at random from ``seed``: a
     difference of the size one rounding makes, to see how far rounding alone moves a training run."""
+    rel = check_number("rel", rel, non_negative=True, example="2**-7")
     return _perturb(params, rel, jax.random.key(check_int("seed", seed, minimum=0)))
 
 
@@ -108,7 +118,7 @@ def flops_per_token(config: Config) -> dict:
     (query, key) pair the causal mask keeps, ×3.5 for forward + backward; the mask keeps T(T+1)/2 of the T² pairs
     (about half), and only those are counted. ``total`` is their sum: the numerator of MFU.
     """
-    c = config
+    c = _config(config)
     attn = c.layers * attention_flops(c.batch, c.seq_len, c.seq_len, c.heads, c.head_dim, causal=True,
                                       pass_="fwd+bwd") / (c.batch * c.seq_len)  # fmt: skip
     matmul = 3.0 * matmul_flops_per_token(c)
@@ -117,6 +127,7 @@ def flops_per_token(config: Config) -> dict:
 
 def step_flops(config: Config) -> float:
     """Model FLOPs of one training step: 3 × the forward matmuls (forward + backward) plus causal attention."""
+    config = _config(config)
     return flops_per_token(config)["total"] * config.batch * config.seq_len
 
 
@@ -131,6 +142,7 @@ _jit_loss = jax.jit(loss_fn, static_argnums=0)
 
 def evaluate(model, params, tokens: np.ndarray, config: Config, *, seed: int, batches: int) -> float:
     """Mean loss over ``batches`` fixed batches of ``tokens`` (the held-out split)."""
+    batches = check_int("batches", batches, minimum=1, example="4")
     losses = [_jit_loss(model, params, batch_at(tokens, batch=config.batch, seq_len=config.seq_len, seed=seed, step=i))
               for i in range(batches)]  # fmt: skip
     return float(np.mean([float(x) for x in losses]))
@@ -255,7 +267,9 @@ def steady_state(times_ms, config: Config, peak_tflops: float | None = None, *, 
     (:func:`flops_per_token`), and the MFU at the median step time: ``mfu_datasheet_pct`` against the datasheet's
     dense bf16 peak of ``gpu`` (default: this device; None on a CPU or an unlisted GPU) and ``mfu_measured_pct``
     against ``peak_tflops``, the measured bf16 matmul peak (None without it)."""
-    c = config
+    c = _config(config)
+    if len(times_ms) == 0:
+        raise ValueError("times_ms must hold at least one step time (ms).")
     start = min(c.warmup_steps, len(times_ms) // 2)
     steady = np.asarray(times_ms[start:], np.float64)
     tokens = c.batch * c.seq_len
@@ -297,6 +311,12 @@ def profile_step(impl: str, *, config: Config = TINY, seed: int = 0, trained_ste
     for s in range(trained_steps):
         params, opt_state, _ = stats.compiled(params, opt_state, batch(s))
     return device_profile(None, params, opt_state, batch(trained_steps), repeats=repeats, compiled=stats.compiled)
+
+
+def _config(config) -> Config:
+    if not isinstance(config, Config):
+        raise ValueError(f"config must be a train.model.Config (e.g. model.TINY); got {type(config).__name__}.")
+    return config
 
 
 def _timed(rec: dict, samples_ms, flops: float, tokens: int, peak_tflops: float | None) -> dict:

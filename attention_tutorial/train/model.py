@@ -180,6 +180,10 @@ class GPT(nn.Module):
     @nn.compact
     def __call__(self, tokens):
         c, dt = self.config, jnp.dtype(self.config.dtype)
+        if jnp.ndim(tokens) != 2:
+            raise ValueError(
+                f"tokens must be (B, T) integer ids; got shape {jnp.shape(tokens)}. Add a batch axis: x[None]."
+            )
         B, T = tokens.shape
         if T > c.seq_len:
             raise ValueError(f"tokens have T={T} positions; the model was built for at most seq_len={c.seq_len}.")
@@ -196,6 +200,8 @@ class GPT(nn.Module):
 
 def matmul_flops_per_token(config: Config) -> float:
     """Forward FLOPs per token of the model's matrix products, attention scores excluded: 2 per weight used."""
+    if not isinstance(config, Config):
+        raise ValueError(f"config must be a train.model.Config (e.g. TINY); got {type(config).__name__}.")
     c = config
     attn = c.heads * c.head_dim
     per_layer = c.d_model * 3 * attn + attn * c.d_model + 2 * c.d_model * 4 * c.d_model

@@ -155,3 +155,8 @@ def test_a_scale_whose_scores_overflow_float32_is_refused_not_nan():
     # a large scale that fits is computed as before
     got = dot_product_attention(q, k, v, scale=1e3, implementation="xla")
     np.testing.assert_allclose(got, reference_attention(q, k, v, scale=1e3), atol=1e-5)
+
+
+def test_cudnn_why_not_refuses_what_is_no_device():
+    with pytest.raises(ValueError, match=r"device must be a jax\.Device"):
+        cudnn_why_not(AttentionShape(1, 16, 16, 2, 2, 64), "bfloat16", device="gpu")

@@ -45,3 +45,16 @@ def test_te_reports_a_fused_backend_and_rejects_float32():
     assert te.te_backend(shape, jnp.bfloat16, causal=True).startswith("NVTE_F16")
     assert te.te_backend(shape, jnp.bfloat16, causal=False, training=True).startswith("NVTE_F16")
     assert te.te_backend(shape, jnp.float32, causal=True).startswith("NVTE_No_Backend")
+
+
+def test_bad_arguments_and_a_missing_install_are_named():
+    shape = AttentionShape(1, 16, 16, 2, 2, 8)
+    with pytest.raises(ValueError, match="causal must be True or False"):
+        te.why_not(shape, "bfloat16", "no")
+    with pytest.raises(ValueError, match="AttentionShape"):
+        te.te_config((1, 2), True)
+    if not te.installed():  # what a call without TE says: how to install it, not "No module named ..."
+        q, k, v = make_qkv(1, 16, 2, 8, dtype=jnp.bfloat16)
+        for call in (lambda: te.te_attention(q, k, v), te.delayed_scaling_recipe):
+            with pytest.raises(ImportError, match=r"attention-tutorial\[te\]"):
+                call()

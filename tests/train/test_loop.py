@@ -228,3 +228,28 @@ def test_profile_step_lists_what_a_training_step_runs():
     if jax.default_backend() != "gpu":
         with pytest.raises(ValueError, match="cudnn cannot run this model here"):
             profile_step("cudnn", config=SMALL)
+
+
+def test_the_helpers_name_a_bad_argument():
+    from attention_tutorial.train.data import load_corpus
+    from attention_tutorial.train.loop import (
+        evaluate,
+        init_params,
+        optimizer,
+        perturb_params,
+        rounding_step,
+        steady_state,
+    )
+    from attention_tutorial.train.model import GPT
+
+    params = init_params(SMALL, 0)
+    with pytest.raises(ValueError, match="batches must be an integer >= 1"):
+        evaluate(GPT(SMALL), params, load_corpus().held_out, SMALL, seed=0, batches=0)  # was NaN, silently
+    with pytest.raises(ValueError, match="steps must be an integer >= 1"):
+        optimizer(SMALL, 0)
+    with pytest.raises(ValueError, match="dtype must be a floating type"):
+        rounding_step("int32")
+    with pytest.raises(ValueError, match="rel must be a finite number >= 0"):
+        perturb_params(params, float("nan"), 0)
+    with pytest.raises(ValueError, match="times_ms must hold at least one step time"):
+        steady_state([], SMALL)

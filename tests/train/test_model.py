@@ -143,3 +143,15 @@ def test_token_ids_outside_the_vocabulary_are_refused(params):
     assert "got ids from -1 to 256" in err.get()
     err, _ = checkify.checkify(jax.jit(lambda p, t: model.apply({"params": p}, t)))(params, bad % 256)
     assert err.get() is None
+
+
+def test_misshapen_tokens_and_a_config_that_is_none_are_named(params):
+    from attention_tutorial.train.loop import step_flops
+
+    with pytest.raises(ValueError, match=r"tokens must be \(B, T\) integer ids; got shape \(8,\)"):
+        GPT(TINY, "xla").apply({"params": params}, jnp.zeros((8,), jnp.int32))
+    with pytest.raises(ValueError, match=r"tokens must be \(B, T \+ 1\) with T >= 1"):
+        loss_fn(GPT(TINY, "xla"), params, jnp.zeros((1, 1), jnp.int32))
+    for fn in (matmul_flops_per_token, step_flops):
+        with pytest.raises(ValueError, match=r"config must be a train\.model\.Config"):
+            fn("tiny")
