@@ -191,7 +191,7 @@ def io_figure(budget: list[IOPoint], cloud: list[IOPoint], r: Roof, *, title: st
         ps = [p for p in cloud if p.impl == impl]
         right.plot([p.intensity for p in ps], [p.tflops for p in ps], marker, color=colour, label=label(impl),
                    markersize=6, linestyle="none")  # fmt: skip
-    right.axvline(r.ridge, color="#bbbbbb", linewidth=0.8)
+    right.axvline(r.ridge, color="#bbbbbb", linewidth=0.8, label=f"ridge: {r.ridge:.0f} FLOPs per byte")
     right.set_xscale("log")
     right.set_yscale("log")
     right.set_xlabel("FLOPs per byte of HBM traffic (from the shapes)")

@@ -151,6 +151,8 @@ def test_io_figure_draws_the_budget_and_the_roofline():
     assert marks["cuDNN"] == pytest.approx((points[1].intensity, points[1].tflops))
     roofs = [line for line in right.lines if line.get_label().endswith("TB/s")]
     assert max(roofs[0].get_ydata()) == 700.0 and max(roofs[1].get_ydata()) == pytest.approx(989.4)
+    (ridge,) = [line for line in right.lines if line.get_label().startswith("ridge")]
+    assert list(ridge.get_xdata()) == [r.ridge, r.ridge] and round(r.ridge) == 156
     plt.close(fig)
 
 
