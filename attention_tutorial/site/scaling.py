@@ -164,7 +164,7 @@ def io_figure(budget: list[IOPoint], cloud: list[IOPoint], r: Roof, *, title: st
     and the datasheet's (dashed)."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11.0, 4.2), facecolor="white", layout="constrained",
                                       width_ratios=(1, 1.25))  # fmt: skip
-    kinds = (("measured time", 1.0), ("its bytes at the read bandwidth", 0.55), ("its FLOPs at the matmul peak", 0.25))
+    kinds = (("measured time", 1.0), ("its bytes at the read ceiling", 0.55), ("its FLOPs at the matmul peak", 0.25))
     height = 0.26
     for i, p in enumerate(budget):
         colour = impl_style(p.impl)[0]
