@@ -155,3 +155,27 @@ def test_misshapen_tokens_and_a_config_that_is_none_are_named(params):
     for fn in (matmul_flops_per_token, step_flops):
         with pytest.raises(ValueError, match=r"config must be a train\.model\.Config"):
             fn("tiny")
+
+
+@pytest.mark.gpu
+def test_onehot_gradient_at_the_h200_size_is_exact_products_summed_in_float32():
+    """On the GPU, in bfloat16 at the recorded run's size (16k tokens into a 256-row table): the one-hot gradient
+    sums exact products in float32, so it matches a float64 sum of the same bfloat16 values to float32 rounding;
+    the lookup's scatter-add is no closer."""
+    from attention_tutorial.train.model import H200, onehot_embed
+
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(0, H200.vocab, (H200.batch, H200.seq_len)).astype(np.int32)
+    upstream = jnp.asarray(rng.standard_normal((H200.batch, H200.seq_len, H200.d_model)), jnp.bfloat16)
+    table = jnp.asarray(rng.standard_normal((H200.vocab, H200.d_model)) * 0.02, jnp.float32)
+    want = np.zeros((H200.vocab, H200.d_model))
+    np.add.at(want, tokens.ravel(), np.asarray(upstream, np.float64).reshape(-1, H200.d_model))
+
+    def grad(lookup):  # tokens and upstream as arguments: closed over, XLA would fold the whole sum at compile time
+        loss = lambda t, ids, up: (lookup(t, ids) * up).astype(jnp.float32).sum()  # noqa: E731
+        return np.asarray(jax.jit(jax.grad(loss))(table, tokens, upstream))
+
+    ours = grad(lambda t, ids: onehot_embed(t, ids, jnp.bfloat16))
+    plain = grad(lambda t, ids: jnp.take(t.astype(jnp.bfloat16), ids, axis=0))
+    err = {name: np.abs(g - want).max() / np.abs(want).max() for name, g in (("ours", ours), ("plain", plain))}
+    assert err["ours"] < 1e-5 and err["ours"] <= err["plain"], err
