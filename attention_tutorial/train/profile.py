@@ -64,9 +64,17 @@ def step_profile(impl: str, *, config: Config = H200, embedding: str | None = No
     kernels, host_ms, busy_ms = profile_step(impl, config=c, seed=seed, repeats=repeats, corpus=corpus)
     rows = [{"name": k.name, "us": k.device_us, "count": k.count, "kind": k.kind} for k in kernels]
     device_us = sum(k["us"] for k in rows if k["kind"] in DEVICE_KINDS)
-    return {**base, "status": "ok", "median_ms": host_ms, "p10_ms": None, "p90_ms": None,
-            "device_ms": device_us / 1e3, "busy_ms": busy_ms, "step_flops": step_flops(c),
-            "groups_us": group_shares(rows), "kernels": rows[:top]}  # fmt: skip
+    return timed({**base, "status": "ok", "median_ms": host_ms, "device_ms": device_us / 1e3, "busy_ms": busy_ms,
+                  "step_flops": step_flops(c), "groups_us": group_shares(rows), "kernels": rows[:top]},
+                 repeats)  # fmt: skip
+
+
+def timed(rec: dict, repeats: int) -> dict:
+    """``rec`` with the fields every ok record carries: its host time per step is one mean over ``repeats`` profiled
+    steps (``timing`` says so), so p10 and p90 equal it; TFLOP/s from the step's FLOPs."""
+    ms = rec["median_ms"]
+    return {**rec, "p10_ms": ms, "p90_ms": ms, "tflops": rec["step_flops"] / (ms / 1e3) / 1e12,
+            "timing": f"mean over {repeats} profiled steps, no spread"}
 
 
 def profile_records(impls=("cudnn", "mosaic"), embeddings=("gather", "onehot"), **options) -> list[dict]:

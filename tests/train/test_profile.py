@@ -40,3 +40,9 @@ def test_a_step_profile_on_this_device_names_its_groups():
     if jax.default_backend() != "gpu":  # cuDNN cannot run here: the record says so instead of failing
         missing = profile.step_profile("cudnn", config=tiny, repeats=1)
         assert missing["status"] == "unsupported" and missing["reason"]
+
+
+def test_timed_gives_the_fields_of_an_ok_record():
+    rec = profile.timed({"median_ms": 20.0, "step_flops": 5.0e12}, repeats=5)
+    assert rec["p10_ms"] == rec["p90_ms"] == 20.0 and rec["tflops"] == pytest.approx(250.0)
+    assert "5 profiled steps" in rec["timing"]
