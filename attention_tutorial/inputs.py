@@ -158,7 +158,7 @@ F32_MAX = float(np.finfo(np.float32).max)
 
 def check_scores_fit(q, k, scale: float, *, what: str) -> None:
     """Refuse a ``scale`` with which float32 scores ``scale · q·kᵀ`` may overflow (``what``: the function that would
-    compute them as they are, for the message). |scale| · H · max|q| · max|k| (finite entries) bounds every score:
+    compute them as they are, for the message). ``|scale| · H · max|q| · max|k|`` (finite entries) bounds every score:
     checked at once when q and k are concrete; traced under ``jit`` their values are unknown, and the check runs
     only under ``jax.experimental.checkify.checkify`` (else it costs nothing: XLA drops it)."""
     H = np.shape(q)[-1]

@@ -12,7 +12,7 @@ Rows with nothing to see: the XLA path returns the mean of v over all S keys for
 causal triangle, a window or ``key_value_seq_lengths`` (JAX masks with a large finite negative number, so the
 softmax of such a row is uniform), and zeros for rows at or past ``query_seq_lengths`` (JAX zeroes those).
 JAX does not guard its scores: a ``|scale|`` so large that q·kᵀ·scale overflows float32 (~3.4e38) would give NaN, so
-such a scale is refused (``ValueError``) when q and k are concrete — checked against |scale| · H · max|q| · max|k|;
+such a scale is refused (``ValueError``) when q and k are concrete — checked against ``|scale| · H · max|q| · max|k|``;
 under ``jit`` their values are unknown and the check cannot run. The naive version and blockwise compute any
 finite scale exactly (the hard maximum at huge ones), as the float64 reference does.
 """
