@@ -17,7 +17,10 @@ set -uo pipefail
 step=$1; shift
 case "$step" in
   tests)
-    python3 -m pytest -q -m "gpu or te" -p no:cacheprovider tests 2>&1 | tail -25 ;;
+    # four workers share the GPU: each must allocate as it goes (XLA's default takes 75 % of the memory up front)
+    workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 4)
+    XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -m "gpu or te" -p no:cacheprovider -p no:benchmark \
+      "${workers[@]}" tests 2>&1 | tail -25 ;;
   tune)
     python3 scripts/tune.py "$1" "$OUT/$1_tuning.json" 2>&1 | tail -40 ;;
   kernels)
