@@ -78,7 +78,7 @@ def test_no_lab_vocabulary_in_open_text(page):
     lower = " ".join(text.lower().split())
     found = [w for w in LAB_WORDS if re.search(rf"\b{re.escape(w)}", lower)]
     found += HEX_ID.findall(text) + ISSUE_NUMBER.findall(text)
-    found += re.findall(r"scripts/\S+", text)
+    found += re.findall(r"(?:scripts|tools)/\S+", text)
     assert not found, f"{page.name} says {found} in its open text"
 
 

@@ -2,11 +2,11 @@
 # Context parallelism measured on every GPU of one host (2 or 4 H200s), through the recorder.
 #
 # On the multi-GPU machine (device tool kind nvidia-h200-x2, or nvidia-h200-x4), from the repository root:
-#   bash scripts/cp_multi_gpu.sh            the measurement (below)
-#   bash scripts/cp_multi_gpu.sh tests      first, optionally: the multi-GPU checks of tests/measure/test_cp_scaling.py
+#   bash tools/cp_multi_gpu.sh            the measurement (below)
+#   bash tools/cp_multi_gpu.sh tests      first, optionally: the multi-GPU checks of tests/measure/test_cp_scaling.py
 #                                           (NCCL work found in the trace; TE's context parallelism against the
 #                                           float64 reference), about a minute
-# which runs, merging into attention_tutorial/results/data/<gpu>.json (copied from/to $OUT as scripts/gpu.sh does):
+# which runs, merging into attention_tutorial/results/data/<gpu>.json (copied from/to $OUT as tools/gpu.sh does):
 #   python -m attention_tutorial record --grids --extras cp_scaling
 # It writes the grid "cp_scaling" (records: experiment "context_parallel"; strong scaling at T = 64k and 128k,
 # weak scaling at T = 16k·P; ring and all-gather, zig-zag and contiguous; fwd and fwd+bwd; causal and not; TE's

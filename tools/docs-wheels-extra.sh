@@ -3,7 +3,7 @@
 # ../shared/gpu/docs-wheels.sh fetches: the publishing extensions of docs/conf.py. All pure Python:
 # fetched with --no-deps (their own dependencies — nbformat, markdown-it-py, mdit-py-plugins, pyyaml, packaging —
 # already come with myst-nb).
-#   bash ../shared/gpu/docs-wheels.sh && bash scripts/docs-wheels-extra.sh   -> ./.whl/
+#   bash ../shared/gpu/docs-wheels.sh && bash tools/docs-wheels-extra.sh   -> ./.whl/
 # On the GPU machine, install .whl/*.whl as docs-wheels.sh's header says (--no-deps --target, PYTHONPATH).
 set -eu
 OUTDIR=${OUTDIR:-.whl}; mkdir -p "$OUTDIR"

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# What the project runs on the lent GPU machine (no network; see scripts/te-device.md and README).
-#   bash scripts/gpu.sh tests            GPU-marked tests (and TE ones, when TE is installed)
-#   bash scripts/gpu.sh tune KERNEL      tile sizes of our kernels against cuDNN (pallas, mosaic, pipe, fp8)
-#   bash scripts/gpu.sh kernels          the Mosaic kernels' GPU tests, then the ablations and the warpgroup timeline
+# What the project runs on the lent GPU machine (no network; see tools/te-device.md and README).
+#   bash tools/gpu.sh tests            GPU-marked tests (and TE ones, when TE is installed)
+#   bash tools/gpu.sh tune KERNEL      tile sizes of our kernels against cuDNN (pallas, mosaic, pipe, fp8)
+#   bash tools/gpu.sh kernels          the Mosaic kernels' GPU tests, then the ablations and the warpgroup timeline
 #                                        recorded into the result file (about 8 minutes; a summary last)
-#   bash scripts/gpu.sh exp_poly         part of p's exponentials on the FMA units: its GPU tests, then the plain and
+#   bash tools/gpu.sh exp_poly         part of p's exponentials on the FMA units: its GPU tests, then the plain and
 #                                        pipelined forwards (H = 128, both masks) at exp_poly 0, 0.25, 0.5 beside cuDNN,
 #                                        two rounds, as a table (about 2 minutes; records in $OUT/exp_poly.json)
-#   bash scripts/gpu.sh record NAME...   the recorder for these grids and extras (record.EXTRAS: fp8, train, …),
+#   bash tools/gpu.sh record NAME...   the recorder for these grids and extras (record.EXTRAS: fp8, train, …),
 #                                        merging into /tmp/results
-#   bash scripts/gpu.sh notebook PAGE    one page converted to the reader's .ipynb and executed (carry .whl)
-#   bash scripts/gpu.sh docs             the whole site, built live on the GPU from carried wheels (.whl)
+#   bash tools/gpu.sh notebook PAGE    one page converted to the reader's .ipynb and executed (carry .whl)
+#   bash tools/gpu.sh docs             the whole site, built live on the GPU from carried wheels (.whl)
 # Results accumulate in /tmp/results while the machine stays up, and are copied to $OUT after each step.
 set -uo pipefail
 . "$(dirname "$0")/gpu_env.sh"  # environment, $OUT, $RES
@@ -22,7 +22,7 @@ case "$step" in
     XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -m "gpu or te" -p no:cacheprovider -p no:benchmark \
       "${workers[@]}" tests 2>&1 | tail -25 ;;
   tune)
-    python3 scripts/tune.py "$1" "$OUT/$1_tuning.json" 2>&1 | tail -40 ;;
+    python3 tools/tune.py "$1" "$OUT/$1_tuning.json" 2>&1 | tail -40 ;;
   kernels)
     # the GPU tests of kernels/mosaic (values and gradients against float64, the profiled forward) and of the timeline,
     # then the two extras into $RES: each kernel as it is and without exp2 beside cuDNN, and the profiled warpgroups
@@ -88,7 +88,7 @@ PY
   notebook)
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/docsite .whl/*.whl
     export PYTHONPATH=/tmp/docsite${PYTHONPATH:+:$PYTHONPATH}
-    python3 scripts/run_notebook.py "$1" "$OUT" 2>&1 | tail -40 ;;
+    python3 tools/run_notebook.py "$1" "$OUT" 2>&1 | tail -40 ;;
   docs)
     # cache mode: a page executed on this machine is kept (docs/_build/.jupyter_cache), so a build cut off by the
     # time limit (DOCS_TIMEOUT seconds) goes on where it stopped when the same warm machine runs this step again

@@ -1,6 +1,6 @@
 """Execute one page as the notebook a reader downloads (the site's own conversion), top to bottom; save it.
 
-    python scripts/run_notebook.py docs/qkv_from_scratch.md OUT_DIR
+    python tools/run_notebook.py docs/qkv_from_scratch.md OUT_DIR
 
 Used on the GPU machine to check that the downloaded .ipynb runs there (its install cell skips itself when the
 package is importable). Prints one line per code cell and exits non-zero if a cell fails.

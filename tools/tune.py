@@ -1,13 +1,13 @@
 """Try tile sizes and pipelining for one of our kernels against cuDNN on the GPU; print and save a table.
 
-python scripts/tune.py pallas [OUT.json]   block_q, block_k, warps, stages of the Triton-lowered kernel
-python scripts/tune.py mosaic [OUT.json]   block_kv and stages of the Mosaic GPU kernel
+python tools/tune.py pallas [OUT.json]   block_q, block_k, warps, stages of the Triton-lowered kernel
+python tools/tune.py mosaic [OUT.json]   block_kv and stages of the Mosaic GPU kernel
 (GPU only; a minute or two each). B=8, T=4096, N=16, bf16; H = 128 and 64, causal and not.
-python scripts/tune.py pipe [OUT.json]     block_kv and stages of the pipelined Mosaic forward (B=4, T=8192, N=16,
+python tools/tune.py pipe [OUT.json]     block_kv and stages of the pipelined Mosaic forward (B=4, T=8192, N=16,
 H=128, bf16), the plain kernel's default beside it.
-python scripts/tune.py fp8 [OUT.json]      block_kv and stages of our FP8 forward against cuDNN's FP8 (P scale 448),
+python tools/tune.py fp8 [OUT.json]      block_kv and stages of our FP8 forward against cuDNN's FP8 (P scale 448),
 same shape.
-python scripts/tune.py bwd [OUT.json]      forward+backward (jax.vjp) of our two kernels against cuDNN's:
+python tools/tune.py bwd [OUT.json]      forward+backward (jax.vjp) of our two kernels against cuDNN's:
 B·T = 16k, T = 4096 and 8192, N=16, H=128, bf16, causal and not; each row is saved as soon as it is measured.
 
 Without OUT.json a table goes where the package reads its tuning tables,
@@ -161,7 +161,7 @@ def default_out(kernel: str) -> str:
 if __name__ == "__main__":
     kernels = ("pallas", "mosaic", "pipe", "fp8", "bwd")
     if len(sys.argv) not in (2, 3) or sys.argv[1] not in kernels:
-        raise SystemExit(f"usage: python scripts/tune.py {{{'|'.join(kernels)}}} [OUT.json]")
+        raise SystemExit(f"usage: python tools/tune.py {{{'|'.join(kernels)}}} [OUT.json]")
     out = fresh(sys.argv[2] if len(sys.argv) == 3 else default_out(sys.argv[1]))
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     print(f"saving to {out}", flush=True)

@@ -158,7 +158,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, causa
     dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
 
 
-# Tuned on the H200 (scripts/tune.py pallas, eight configurations, B=8, T=4096, N=16): (block_q, block_k, warps)
+# Tuned on the H200 (tools/tune.py pallas, eight configurations, B=8, T=4096, N=16): (block_q, block_k, warps)
 TUNED = {64: (128, 64, 4), 128: (128, 128, 8)}
 BWD_BLOCK = 64  # the backward holds more tiles per program (k, v, dk, dv or q, dO, dq): smaller blocks
 

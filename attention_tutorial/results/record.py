@@ -167,7 +167,7 @@ def _cp_scaling_records(peak, **timing):
     from ..measure.cp_scaling import scaling_records  # every GPU of this host: strong/weak scaling, ours and TE's
 
     # one lease (10 min a command): few samples per point, and points past the budget recorded as not measured;
-    # the environment may narrow it (scripts/cp_multi_gpu.sh): T of strong scaling, the budget, TE off (0)
+    # the environment may narrow it (tools/cp_multi_gpu.sh): T of strong scaling, the budget, TE off (0)
     env = os.environ.get
     seqs = tuple(int(t) for t in env("ATTENTION_TUTORIAL_CP_SEQS", "65536,131072").split(","))
     timing = {**timing, "repeats": min(timing.get("repeats", 5), 5), "warmup": 1, "min_inner": 1}

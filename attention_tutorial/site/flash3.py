@@ -259,13 +259,13 @@ TUNED = ("pallas", "mosaic", "pipe", "fp8")
 
 
 def tuning_table(kernel: str, gpu: str = store.REFERENCE_GPU, directory=None) -> list[dict]:
-    """The rows of ``scripts/tune.py KERNEL`` saved for ``gpu`` in the package's data: kernel, B, T, N, H, causal,
+    """The rows of ``tools/tune.py KERNEL`` saved for ``gpu`` in the package's data: kernel, B, T, N, H, causal,
     config (the tiles tried, or the baseline's name), tflops (None: it did not compile or fit)."""
     if kernel not in TUNED:
         raise ValueError(f"no tuning table for kernel {kernel!r}; choose from {', '.join(TUNED)}.")
     path = Path(directory or TUNING_DIR) / f"{kernel}_{gpu}.json"
     if not path.exists():
-        raise FileNotFoundError(f"{path} is not there: run `python scripts/tune.py {kernel}` on that GPU.")
+        raise FileNotFoundError(f"{path} is not there: run `python tools/tune.py {kernel}` on that GPU.")
     return json.loads(path.read_text())
 
 

@@ -146,7 +146,7 @@ def test_the_tuning_tables_are_package_data_with_their_shapes():
     assert {(x["B"], x["T"], x["N"]) for x in page.tuning_table("fp8")} == {(4, 8192, 16)}
     with pytest.raises(ValueError, match="no tuning table for kernel 'triton'"):
         page.tuning_table("triton")
-    with pytest.raises(FileNotFoundError, match=r"scripts/tune\.py pipe"):
+    with pytest.raises(FileNotFoundError, match=r"tools/tune\.py pipe"):
         page.tuning_table("pipe", gpu="nvidia-b200")
 
 
