@@ -172,6 +172,10 @@ def load(path) -> dict:
         raise ResultFileError(
             f"{path} is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno} of {len(raw)} bytes{end}."
         ) from None
+    except RecursionError:
+        raise ResultFileError(f"{path} nests its JSON too deeply to read; it is not a result file.") from None
+    except ValueError as err:  # an integer too long to convert (Python's digit limit)
+        raise ResultFileError(f"{path} holds a number JSON cannot be read as: {str(err).split(';')[0]}.") from None
     if not isinstance(data, dict) or not {"provenance", "records"} <= set(data):
         found = sorted(data)[:8] if isinstance(data, dict) else type(data).__name__
         raise ResultFileError(
@@ -307,12 +311,16 @@ def save(path, provenance: dict, records: list[dict], *, replace_grids=False, ov
     point as a new record (see ``point_key``), which its new measurement replaces; with ``replace_grids`` (the
     recorder, which measures grids whole) the grids in ``records`` replace all of those grids' old records. A file
     that is not a valid result file, holds another device's results, or whose records would be relabelled with
-    this run's versions is refused (``ResultFileError``) unless ``overwrite``, which writes ``provenance`` and
-    ``records`` alone. ``path`` must end in .json; a symlink is followed; a read-only file is refused
+    this run's versions is refused (``ResultFileError``) unless ``overwrite``, which then writes ``provenance`` and
+    ``records`` alone (a file that can be merged into is merged into even then: two runs replacing one file keep
+    each other's points). ``replace_grids`` and ``overwrite`` must be bools. ``path`` must end in .json; a symlink is followed; a read-only file is refused
     (``PermissionError``). Invalid data is never written; a NaN or infinity outside the checked fields is written
     as null with a ``note``. Processes saving to one file at once are serialised by a lock.
     """
     target = _target(path)
+    for name, flag in (("replace_grids", replace_grids), ("overwrite", overwrite)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False; got {type(flag).__name__} {flag!r}")
     if not isinstance(provenance, dict):
         raise TypeError(f"provenance must be a dict (the run's provenance); got {type(provenance).__name__}")
     if not isinstance(records, (list, tuple)):
@@ -324,12 +332,12 @@ def save(path, provenance: dict, records: list[dict], *, replace_grids=False, ov
                                   "save to another path")  # fmt: skip
         if target.exists() and not target.is_file():
             raise ResultFileError(f"refusing to write {target}: it is {_kind(target.stat().st_mode)}, not a file")
-        if target.exists() and not overwrite:
+        if target.exists():
             try:
-                old = load(target)
-            except ResultFileError as err:
-                raise ResultFileError(f"refusing to merge into {path}: {err}") from None
-            provenance, records = _merge(old, provenance, records, replace_grids, path)
+                provenance, records = _merge(_load_any(target, path), provenance, records, replace_grids, path)
+            except ResultFileError:
+                if not overwrite:  # a file that cannot be merged into is replaced only when told to
+                    raise
         data = {"provenance": provenance, "records": records}
         problems = validate(data)
         if problems:
@@ -337,6 +345,14 @@ def save(path, provenance: dict, records: list[dict], *, replace_grids=False, ov
         data, _ = _strict(data, "")
         _write(target, json.dumps(data, indent=1, allow_nan=False) + "\n")
     return data
+
+
+def _load_any(target: Path, path) -> dict:
+    """The result file at ``target``, or :class:`ResultFileError` naming ``path`` as one that cannot be merged into."""
+    try:
+        return load(target)
+    except ResultFileError as err:
+        raise ResultFileError(f"refusing to merge into {path}: {err}") from None
 
 
 def _strict(value, where: str):

@@ -256,6 +256,45 @@ def test_loading_a_broken_file_says_which_and_what(tmp_path, content, message):
     assert results.load(path)["records"][0]["grid"] == "a"
 
 
+def test_overwrite_replaces_only_a_file_that_cannot_be_merged(tmp_path):
+    path = tmp_path / "same.json"
+    path.write_text('{"my": "notes"}')
+    # two runs told to replace the file: the first replaces the notes, the second merges into what the first wrote
+    results.save(path, GOOD["provenance"], [_rec("a")], overwrite=True)
+    results.save(path, GOOD["provenance"], [_rec("b")], overwrite=True)
+    assert sorted(r["grid"] for r in results.load(path)["records"]) == ["a", "b"]
+    other = {**GOOD["provenance"], "gpu": "NVIDIA A100"}  # another device's file cannot be merged: replaced
+    results.save(path, other, [_rec("c")], overwrite=True)
+    assert [r["grid"] for r in results.load(path)["records"]] == ["c"]
+
+
+@pytest.mark.parametrize("flag", ["overwrite", "replace_grids"])
+@pytest.mark.parametrize("value", ["no", "false", 0, None])
+def test_save_flags_must_be_bools(tmp_path, flag, value):
+    path = tmp_path / "gpu.json"
+    results.save(path, GOOD["provenance"], [_rec("a", seq_q=s, seq_kv=s) for s in (8, 16)])
+    before = path.read_bytes()
+    with pytest.raises(TypeError, match=flag):
+        results.save(path, {**GOOD["provenance"], "gpu": "NVIDIA A100"}, [_rec("a")], **{flag: value})
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "nests"),
+        (json.dumps(GOOD).replace('"median_ms": 1.0', '"median_ms": ' + "9" * 5000), "number"),
+    ],
+    ids=["deep", "long-int"],
+)
+def test_json_python_cannot_read_is_a_result_file_error(tmp_path, text, message):
+    path = tmp_path / "odd.json"
+    path.write_text(text)
+    with pytest.raises(results.ResultFileError, match=message) as err:
+        results.load(path)
+    assert str(path) in str(err.value)
+
+
 def test_truncation_is_named(tmp_path):
     path = tmp_path / "cut.json"
     path.write_text(json.dumps(GOOD, indent=1)[:-40])
