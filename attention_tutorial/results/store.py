@@ -257,11 +257,15 @@ def check_target(path) -> list[str]:
     try:
         _check_path(path)
         real = Path(os.path.realpath(path)) if os.fspath(path).strip() else None
+        if real is not None:
+            _check_name(real)
         if real is not None and real.exists() and not real.is_file():
             return [f"{real} is {_kind(real.stat().st_mode)}, not a regular file; name a .json file"]
         target = _target(path)
     except (TypeError, ValueError) as err:
         return [str(err)]
+    except OSError as err:
+        return [f"cannot use {path} ({err.strerror}); choose another path"]
     folder = target.parent
     if folder.is_dir():
         try:  # the one sure test (a read-only mount, /proc, root's rights): make a file there and remove it
@@ -292,11 +296,26 @@ def _target(path) -> Path:
     _check_path(path)
     if not os.fspath(path).strip():
         raise ValueError("the path is empty; name a result file such as results.json")
+    if os.fspath(path).endswith(("/", os.sep)):
+        raise ValueError(f"{os.fspath(path)!r} ends in a slash, which names a folder; name the file without it")
     path = Path(path)
     if path.suffix.lower() != ".json":
         raise ValueError(f"{str(path)!r} does not end in .json: a result file is JSON; name it e.g. "
                          f"{str(path.with_name(path.stem + '.json'))!r}")  # fmt: skip
-    return Path(os.path.realpath(path))
+    return _check_name(Path(os.path.realpath(path)))
+
+
+NAME_MAX = 255  # bytes in one file name on Linux and macOS file systems
+NAME_ROOM = len(".") + len(".abcd1234.tmp")  # what the temporary and lock files beside a result file add
+
+
+def _check_name(target: Path) -> Path:
+    """``target``, or ``ValueError`` when its name leaves no room for the temporary file written beside it."""
+    size, most = len(os.fsencode(target.name)), NAME_MAX - NAME_ROOM
+    if size > most:
+        raise ValueError(f"the file name is too long ({size} bytes; at most {most}, room is kept for the temporary "
+                         f"file beside it); choose a shorter name")  # fmt: skip
+    return target
 
 
 def _read_only(target: Path) -> bool:
@@ -400,6 +419,9 @@ def _locked(target: Path):
     while True:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except IsADirectoryError:
+            raise IsADirectoryError(errno.EISDIR, f"the lock file {lock} is a folder; remove it (it guards saves "
+                                    f"to {target.name}) and save again") from None  # fmt: skip
         except OSError as err:
             raise OSError(err.errno, f"cannot write in the folder {target.parent} ({err.strerror}); save to a "
                           "folder you can write") from None  # fmt: skip

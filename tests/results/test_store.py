@@ -295,6 +295,21 @@ def test_json_python_cannot_read_is_a_result_file_error(tmp_path, text, message)
     assert str(path) in str(err.value)
 
 
+def test_names_the_save_cannot_use_are_refused_up_front(tmp_path):
+    folder = tmp_path / "d"
+    folder.mkdir()
+    for name, message in [("n" * 242 + ".json", "too long"), ("n" * 251 + ".json", "too long"), ("x.json/", "slash")]:
+        path = f"{folder}/{name}"
+        assert message in store.check_target(path)[0]
+        with pytest.raises(ValueError, match=message):
+            results.save(path, GOOD["provenance"], [_rec("a")])
+    results.save(folder / ("n" * 236 + ".json"), GOOD["provenance"], [_rec("a")])  # the longest that fits
+    (folder / ".lk.json.lock").mkdir()
+    with pytest.raises(OSError, match="lock file"):
+        results.save(folder / "lk.json", GOOD["provenance"], [_rec("a")])
+    assert sorted(p.name for p in folder.iterdir()) == [".lk.json.lock", "n" * 236 + ".json"]
+
+
 def test_truncation_is_named(tmp_path):
     path = tmp_path / "cut.json"
     path.write_text(json.dumps(GOOD, indent=1)[:-40])
