@@ -4,10 +4,23 @@ Shape legend used throughout: B batch, T query length, S key/value length, N que
 H head dimension; q (B, T, N, H), k and v (B, S, K, H).
 """
 
-from .cli import interrupts_held_while_importing
+import signal as _signal
+import threading as _threading
+
+# Ctrl-C before the hold below is in place (while the command line's own imports load) is noted, then handed to it.
+_early: list[int] = []
+_main = _threading.current_thread() is _threading.main_thread()  # signal handlers belong to the main thread
+_previous = _signal.signal(_signal.SIGINT, lambda *_: _early.append(1)) if _main else None
+
+from .cli import interrupts_held_while_importing  # noqa: E402
+
+if _main:
+    _signal.signal(_signal.SIGINT, _previous)
 
 # Ctrl-C while JAX's compiled extensions load would crash at exit or fail the import: it is held until they are loaded
 with interrupts_held_while_importing():
+    if _early:
+        _signal.raise_signal(_signal.SIGINT)  # the early Ctrl-C, now held like any other
     from .env import environment
     from .inputs import AttentionShape, attention_shape, make_qkv
     from .kernels.blockwise import blockwise_attention
