@@ -503,6 +503,11 @@ def _compare(args) -> int:
     problems = _count_problems(args, ("--repeats", args.repeats))
     if out.exists() and not out.is_dir():
         problems.append(f"--out {out} is a file; name a folder")
+    elif not problems:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            problems.append(f"--out {out}: cannot create the folder ({err.strerror}); choose a folder you can write")
     if problems:
         return _refuse(problems)
     ref = store.recorded(args.reference)

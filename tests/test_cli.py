@@ -61,6 +61,8 @@ def test_bench_checks_both_paths_before_measuring(tmp_path, capsys, monkeypatch)
         (["--save", str(tmp_path / "same.png"), "--plot", str(tmp_path / "same.png")], "same file"),
         (["--save", ""], "the path is empty"),
         (["--save", str(tmp_path / "x.png")], "x.json"),
+        (["--save", str(tmp_path / ("n" * 251 + ".json"))], "too long"),
+        (["--save", f"{tmp_path}/x.json/"], "slash"),
         (["--save", str(readonly)], "read-only"),
         (["--plot", ""], "name an image file"),
         (["--repeats", "0"], "--repeats 0: give a whole number"),
@@ -71,6 +73,13 @@ def test_bench_checks_both_paths_before_measuring(tmp_path, capsys, monkeypatch)
         assert message in capsys.readouterr().err, extra
     assert notes.read_text() == '{"my": "notes"}' and readonly.read_bytes() == kept  # untouched
     assert not (tmp_path / "x.png").exists()
+
+
+def test_compare_refuses_an_out_folder_it_cannot_create(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["compare", "--out", str(blocker / "sub"), "--grids", "beyond"]) == 2
+    assert "--out" in capsys.readouterr().err and blocker.read_text() == ""
 
 
 def test_force_replaces_a_file_that_is_not_a_result_file(tmp_path):
