@@ -1,6 +1,6 @@
 """Fused attention: a thin, validating wrapper over ``jax.nn.dot_product_attention``.
 
-``implementation`` picks the path: ``"xla"`` (einsums + softmax, compiled by XLA; runs everywhere),
+``implementation`` picks the path: ``"xla"`` (einsums + softmax, compiled by XLA; runs everywhere, but float16 on a CPU),
 ``"cudnn"`` (NVIDIA's fused flash-attention kernel; GPU, fp16/bf16 only) or ``None`` (JAX chooses; see the
 "which kernel ran" page for what it really picks). Shapes as in :mod:`attention_tutorial.inputs`; the masking
 keywords and their accepted shapes as in :mod:`attention_tutorial.kernels.masks` (checked before JAX sees them).
@@ -93,12 +93,21 @@ def dot_product_attention(
     )
 
 
-def xla_why_not(shape: AttentionShape, dtype) -> str | None:
-    """Why ``jax.nn.dot_product_attention`` (XLA path) cannot run ``shape`` in ``dtype``, or None."""
+def xla_why_not(shape: AttentionShape, dtype, *, device: jax.Device | None = None) -> str | None:
+    """Why ``jax.nn.dot_product_attention`` (XLA path) cannot run ``shape`` in ``dtype`` on ``device`` (default: the
+    first), or None. On a CPU, float16 is refused: compiled, its float16 matmul accumulating in float32 is one XLA's
+    CPU backend does not have."""
     if reason := invalid_reason(shape, dtype):
         return reason
-    if jnp.dtype(dtype).name not in XLA_DTYPES:
-        return f"it takes {', '.join(XLA_DTYPES)} inputs, not {jnp.dtype(dtype).name}; cast with .astype(jnp.bfloat16)."
+    name = jnp.dtype(dtype).name
+    if name not in XLA_DTYPES:
+        return f"it takes {', '.join(XLA_DTYPES)} inputs, not {name}; cast with .astype(jnp.bfloat16)."
+    device = jax.devices()[0] if device is None else device
+    if not isinstance(device, jax.Device):
+        raise ValueError(f"device must be a jax.Device (e.g. jax.devices()[0]) or None; got {device!r:.60}.")
+    if name == "float16" and device.platform == "cpu":
+        return ("XLA on a CPU cannot compile a float16 matmul that accumulates in float32; use float32 or bfloat16 "
+                "on a CPU (float16 runs on a GPU).")  # fmt: skip
     return None
 
 

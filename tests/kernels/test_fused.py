@@ -53,6 +53,20 @@ def test_cudnn_on_cpu_says_why_and_names_the_fix():
         dot_product_attention(q, k, v, implementation="cudnn")
 
 
+def test_float16_on_a_cpu_is_refused_up_front_with_the_fix():
+    shape = AttentionShape(1, 16, 16, 2, 2, 8)
+    cpu = jax.devices("cpu")[0]
+    reason = xla_why_not(shape, jnp.float16, device=cpu)
+    assert "float16" in reason and "float32 or bfloat16" in reason
+    assert xla_why_not(shape, jnp.float32, device=cpu) is None and xla_why_not(shape, jnp.bfloat16, device=cpu) is None
+    if jax.default_backend() != "cpu":
+        return
+    q, k, v = normal_qkv(1, 16, 2, 8, dtype=jnp.float16)
+    for fn in (dot_product_attention, jax.jit(dot_product_attention)):  # compiled, JAX itself fails deep inside
+        with pytest.raises(Unsupported, match="float32 or bfloat16"):
+            fn(q, k, v)
+
+
 def test_default_and_xla_use_no_cudnn_kernel_on_cpu():
     if jax.default_backend() == "gpu":
         pytest.skip("on a GPU the default may pick cuDNN")
