@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -153,6 +154,16 @@ def parse_args(argv) -> argparse.Namespace:
     folder = args.out.parent
     if args.out.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
         p.error(f"OUT {str(args.out)!r} must be a file in an existing, writable folder")
+    try:  # a named pipe would block the write, a device swallow or refuse it: a regular file only
+        mode = os.stat(args.out).st_mode
+    except FileNotFoundError:
+        mode = stat.S_IFREG
+    except OSError as err:
+        p.error(f"OUT {str(args.out)!r}: {err.strerror}; name a file in an existing, writable folder")
+    if not stat.S_ISREG(mode):
+        kind = "a named pipe" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else (
+            "not a regular file")  # fmt: skip
+        p.error(f"OUT {str(args.out)!r} is {kind}; name a regular file such as r.json")
     return args
 
 
@@ -160,7 +171,11 @@ def _child(argv) -> None:
     a = parse_args(argv)
     recs = _in_process(a.impl, a.steps, CONFIGS[a.config], a.seed, a.log_every, a.peak_tflops or None, a.perturb,
                        a.eval_batches)  # fmt: skip
-    a.out.write_text(json.dumps(recs))
+    try:
+        a.out.write_text(json.dumps(recs))
+    except OSError as err:
+        sys.exit(f"python -m attention_tutorial.train.grid: error: OUT {str(a.out)!r}: {err.strerror}; the records "
+                 "were not written")  # fmt: skip
     s = recs[-1]
     done = (
         f"{s.get('median_ms') or 0:.1f} ms/step, eval loss {s.get('eval_loss')}" if s["status"] == "ok" else s["reason"]

@@ -89,6 +89,27 @@ def test_the_command_line_refuses_bad_arguments_in_one_line(argv, words, tmp_pat
     assert exit_.value.code == 2 and err.count("\n") == 1 and words in err, err
 
 
+def test_out_must_be_a_regular_file_and_a_failed_write_is_one_line(tmp_path, capsys, monkeypatch):
+    import os
+    from pathlib import Path
+
+    os.mkfifo(tmp_path / "p.json")
+    outs = [(tmp_path / "p.json", "named pipe")] + [(Path("/dev/full"), "a device")] * Path("/dev/full").exists()
+    for out, words in outs:
+        with pytest.raises(SystemExit) as exit_:  # refused at once: opening a pipe with no reader would block
+            grid.parse_args(["xla", "1", "tiny", "0", "1", str(out), "0"])
+        assert exit_.value.code == 2 and words in capsys.readouterr().err
+    monkeypatch.setattr(grid, "_in_process", lambda *a: [{"status": "ok"}])
+
+    def full(self, text):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(SystemExit) as exit_:
+        grid._child(["xla", "1", "tiny", "0", "1", str(tmp_path / "r.json"), "0"])
+    assert "No space left" in str(exit_.value.code) and "r.json" in str(exit_.value.code)
+
+
 def test_the_module_run_with_bad_arguments_prints_no_traceback(tmp_path):
     import subprocess
     import sys
