@@ -27,16 +27,21 @@ class HeadBytes:
         return self.matrix / self.tensors
 
 
-def head_bytes(seq: int, head_dim: int = 128, itemsize: int = 2) -> HeadBytes:
-    """One head with T = S = ``seq``: the score matrix's bytes and q, k, v, o's, in elements of ``itemsize`` bytes."""
-    for name, value in (("seq", seq), ("head_dim", head_dim), ("itemsize", itemsize)):
+def _check_sizes(**sizes) -> None:
+    for name, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def head_bytes(seq: int, head_dim: int = 128, itemsize: int = 2) -> HeadBytes:
+    """One head with T = S = ``seq``: the score matrix's bytes and q, k, v, o's, in elements of ``itemsize`` bytes."""
+    _check_sizes(seq=seq, head_dim=head_dim, itemsize=itemsize)
     return HeadBytes(seq, seq * seq * itemsize, 4 * seq * head_dim * itemsize)
 
 
 def causal_weights(seq: int = 16, head_dim: int = 8, seed: int = 0) -> np.ndarray:
     """softmax(q kᵀ / √H) of one small causal head (T = S = ``seq``), in float64: what the figure shows."""
+    _check_sizes(seq=seq, head_dim=head_dim)
     rng = np.random.default_rng(seed)
     q, k = rng.standard_normal((2, seq, head_dim))
     s = q @ k.T / np.sqrt(head_dim)

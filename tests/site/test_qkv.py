@@ -15,6 +15,10 @@ def test_head_bytes_counts_the_matrix_and_the_four_tensors():
 def test_head_bytes_names_a_bad_length(bad):
     with pytest.raises(ValueError, match="seq"):
         qkv.head_bytes(bad)
+    with pytest.raises(ValueError, match="seq"):
+        qkv.causal_weights(seq=bad)
+    with pytest.raises(ValueError, match="head_dim"):
+        qkv.causal_weights(head_dim=bad)
 
 
 def test_causal_weights_are_rows_of_a_causal_softmax():
