@@ -254,6 +254,36 @@ def _refuse(problems) -> int:
     return 2
 
 
+GRID_FIXES = (
+    "impl",
+    "batch",
+    "seq",
+    "seq_kv",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "dtype",
+    "causal",
+    "both_masks",
+    "mask",
+    "passes",
+)  # what a named grid sets itself: bench options that cannot go with --grid
+
+
+def _given(args, names) -> list[str]:
+    """Which of the bench options ``names`` differ from their defaults (were given on the command line)."""
+    defaults = _parser().parse_args(["bench"])
+    return [n for n in names if getattr(args, n) != getattr(defaults, n)]
+
+
+def _words(args, name: str) -> str:
+    """The option ``name`` as given: its flag and value(s)."""
+    flag, value = "--" + {"passes": "pass"}.get(name, name).replace("_", "-"), getattr(args, name)
+    return (
+        flag if isinstance(value, bool) else f"{flag} {' '.join(map(str, value)) if isinstance(value, list) else value}"
+    )
+
+
 def _count_problems(args, *flags) -> list[str]:
     return [f"{flag} {n}: give a whole number of at least 1" for flag, n in flags if n < 1]
 
@@ -349,6 +379,9 @@ def _bench(args) -> int:
         if args.kv_heads and args.kv_heads > 0 and not args.grid:
             problems += [f"--kv-heads {args.kv_heads}: --heads {n} is not a multiple of it; give K dividing every N"
                          for n in args.heads if n > 0 and n % args.kv_heads]  # fmt: skip
+        if args.grid:
+            problems += [f"{_words(args, name)}: --grid {args.grid} fixes its own points; drop one of the two"
+                         for name in _given(args, GRID_FIXES)]  # fmt: skip
         if problems:
             return _refuse(problems)
         if args.grid:

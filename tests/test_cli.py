@@ -75,6 +75,14 @@ def test_bench_checks_both_paths_before_measuring(tmp_path, capsys, monkeypatch)
     assert not (tmp_path / "x.png").exists()
 
 
+def test_a_grid_with_sizes_of_its_own_is_refused_naming_each(capsys, monkeypatch):
+    monkeypatch.setattr(sweep, "run_point", lambda *a, **k: pytest.fail("measured"))
+    assert main(["bench", "--grid", "beyond", "--seq", "16", "-N", "2", "--causal", "--pass", "fwd+bwd"]) == 2
+    err = capsys.readouterr().err
+    assert all(f"{flag}: --grid beyond" in err for flag in ("--seq 16", "--heads 2", "--causal", "--pass fwd+bwd"))
+    assert "--batch" not in err and "--impl" not in err
+
+
 def test_compare_refuses_an_out_folder_it_cannot_create(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")
