@@ -502,11 +502,14 @@ def result_files(directory=None) -> list[Path]:
 
 
 def select(records, **where) -> list[dict]:
-    """Records whose fields equal every ``where`` item (``pass_`` matches 'pass'); a value may be a tuple of choices."""
+    """Records whose fields equal every ``where`` item (``pass_`` matches 'pass'); a value may be a tuple or list of
+    choices."""
+    if not isinstance(records, (list, tuple)) or not all(isinstance(r, dict) for r in records):
+        raise TypeError(f"records must be a list of record dicts (a result file's 'records'); got {records!r:.60}")
     where = {("pass" if k == "pass_" else k): v for k, v in where.items()}
 
     def ok(rec):
-        return all(rec.get(k) in (v if isinstance(v, tuple) else (v,)) for k, v in where.items())
+        return all(rec.get(k) in (tuple(v) if isinstance(v, (tuple, list)) else (v,)) for k, v in where.items())
 
     return [r for r in records if ok(r)]
 

@@ -136,6 +136,9 @@ def test_select_and_slug_and_describe():
     assert results.select(recs, impl="cudnn") == [recs[0]]
     assert results.select(recs, pass_="fwd+bwd") == [recs[1]]
     assert results.select(recs, causal=(True, False)) == recs
+    assert results.select(recs, impl=["naive", "cudnn"]) == recs  # a list of choices as a tuple
+    with pytest.raises(TypeError, match="records must be a list"):
+        results.select(None, impl="xla")
     assert results.slug("NVIDIA H200") == "nvidia-h200"
     assert "NVIDIA H200" in results.describe(GOOD["provenance"]) and "2026-12-02" in results.describe(
         GOOD["provenance"]
