@@ -167,7 +167,7 @@ def growth_terms(xs, ys, var: str = "x") -> Claim:
         )
     first, last = int(np.argmin(x)), int(np.argmax(x))
     if y[first] > 0 and y[last] / y[first] > 1.1 * (x[last] / x[first]) ** 2:
-        word += f" (faster than {var}² over this range)"
+        word += f" (its ends a little faster than {var}²)"
     return Claim(g.value, g.low, g.high, word)
 
 
