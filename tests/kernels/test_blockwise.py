@@ -206,10 +206,9 @@ def test_a_scale_past_float32_is_the_hard_maximum_not_a_tie(scale, value):
 
 @pytest.mark.parametrize("scale", [0.0, -0.7, 3.0])
 def test_zero_and_negative_scales_give_the_reference_values_lse_and_gradients(scale):
-    from attention_tutorial.inputs import make_qkv
     from attention_tutorial.kernels.blockwise import blockwise_backward
 
-    q, k, v = make_qkv(2, 20, 4, 8, kv_heads=2, seed=32)
+    q, k, v = normal_qkv(2, 20, 4, 8, kv_heads=2, seed=32)
     d_out = jnp.asarray(np.random.default_rng(32).standard_normal(q.shape), jnp.float32)
     run = lambda q, k, v: blockwise_attention(q, k, v, scale=scale, is_causal=True, block_q=8, block_k=8)  # noqa: E731
     np.testing.assert_allclose(run(q, k, v), reference_attention(q, k, v, scale=scale, is_causal=True), atol=2e-5)
@@ -226,18 +225,15 @@ def test_zero_and_negative_scales_give_the_reference_values_lse_and_gradients(sc
 
 @pytest.mark.parametrize("flag", ["no", 0, None])
 def test_return_lse_must_be_a_bool(flag):
-    from attention_tutorial.inputs import make_qkv
-
-    q, k, v = make_qkv(1, 8, 1, 8)
+    q, k, v = normal_qkv(1, 8, 1, 8)
     with pytest.raises(ValueError, match="return_lse must be True or False"):
         blockwise_attention(q, k, v, return_lse=flag)
 
 
 def test_blockwise_backward_names_a_misshapen_argument():
-    from attention_tutorial.inputs import make_qkv
     from attention_tutorial.kernels.blockwise import blockwise_backward
 
-    q, k, v = make_qkv(1, 16, 2, 8)
+    q, k, v = normal_qkv(1, 16, 2, 8)
     lse = jnp.zeros((1, 2, 16))
     for args, name in (((q, lse[..., :5], q), "lse"), ((q[:, :4], lse, q), "out"), ((q, lse, None), "d_out"),
                        ((q, [0.0], q), "lse")):  # fmt: skip

@@ -219,9 +219,7 @@ def test_a_scale_past_float32_is_the_hard_maximum_not_a_tie(scale, value):
 
 @pytest.mark.parametrize("scale", [0.0, -0.7, 3.0])
 def test_the_shifted_scores_keep_values_and_gradients_at_ordinary_scales(scale):
-    from attention_tutorial.inputs import make_qkv
-
-    q, k, v = make_qkv(2, 12, 4, 8, seq_kv=10, kv_heads=2, seed=31)
+    q, k, v = normal_qkv(2, 12, 4, 8, seq_kv=10, kv_heads=2, seed=31)
     d_out = jnp.asarray(np.random.default_rng(31).standard_normal(q.shape), jnp.float32)
     np.testing.assert_allclose(naive_attention(q, k, v, scale=scale, is_causal=True),
                                reference_attention(q, k, v, scale=scale, is_causal=True), atol=2e-5)  # fmt: skip
