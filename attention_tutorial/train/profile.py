@@ -73,8 +73,13 @@ def timed(rec: dict, repeats: int) -> dict:
     """``rec`` with the fields every ok record carries: its host time per step is one mean over ``repeats`` profiled
     steps (``timing`` says so), so p10 and p90 equal it; TFLOP/s from the step's FLOPs."""
     ms = rec["median_ms"]
-    return {**rec, "p10_ms": ms, "p90_ms": ms, "tflops": rec["step_flops"] / (ms / 1e3) / 1e12,
-            "timing": f"mean over {repeats} profiled steps, no spread"}
+    return {
+        **rec,
+        "p10_ms": ms,
+        "p90_ms": ms,
+        "tflops": rec["step_flops"] / (ms / 1e3) / 1e12,
+        "timing": f"mean over {repeats} profiled steps, no spread",
+    }
 
 
 def profile_records(impls=("cudnn", "mosaic"), embeddings=("gather", "onehot"), **options) -> list[dict]:
