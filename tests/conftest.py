@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 # XLA flags, set before JAX initialises its backends (flags already in XLA_FLAGS are kept as they are).
 # Eight simulated CPU devices for the context-parallel tests:
@@ -32,3 +33,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"needs an NVIDIA GPU; JAX runs on {jax.default_backend()} here"))
         if "te" in item.keywords and not (ON_GPU and installed()):
             item.add_marker(pytest.mark.skip(reason="needs TransformerEngine on a GPU (the 'te' extra)"))
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Each test leaves no pyplot figure open: a worker runs other files' tests after it (more than 20 open figures
+    is a warning, so an error here)."""
+    yield
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
