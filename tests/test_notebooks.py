@@ -376,34 +376,14 @@ def test_two_notebooks_run_top_to_bottom_in_a_fresh_environment_with_only_the_wh
     ATTENTION_TUTORIAL_NB_SYSTEM_SITE=1 to build the venv on the system's packages (its CUDA JAX)."""
     import jax
 
-    venv = tmp_path / "venv"
-    system_site = ["--system-site-packages"] if os.environ.get("ATTENTION_TUTORIAL_NB_SYSTEM_SITE") == "1" else []
-    subprocess.run([sys.executable, "-m", "venv", *system_site, str(venv)], check=True, timeout=300)
-    py = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-    subprocess.run([str(py), "-m", "pip", "install", "-q", str(_wheel(tmp_path)), "nbclient", "ipykernel"],
-                   check=True, timeout=900)  # fmt: skip
-    work = tmp_path / "work"  # away from the checkout: the kernel imports the installed wheel
-    work.mkdir()
-    paths = []
-    for name in ("qkv_from_scratch", "fused_attention"):
-        nb = notebooks.to_notebook(DOCS / f"{name}.md", REPO, site_url=SITE, glued=_AnyGlued())
-        nb.cells.append(nbformat.v4.new_code_cell(
-            "import importlib.util, sys, jax, attention_tutorial\n"
-            "print('PREFIX', sys.prefix)\nprint('PACKAGE', attention_tutorial.__file__)\n"
-            "print('MYST_NB', importlib.util.find_spec('myst_nb') is not None)\nprint('BACKEND', jax.default_backend())"
-        ))  # fmt: skip
-        paths.append(work / f"{name}.ipynb")
-        nbformat.write(nb, paths[-1])
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env |= {"JUPYTER_PATH": str(venv / "share" / "jupyter"), "JUPYTER_DATA_DIR": str(tmp_path / "jupyter"),
-            "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter")}  # fmt: skip
-    proc = subprocess.run([str(py), "-c", RUNNER, *map(str, paths)], cwd=work, env=env, capture_output=True,
-                          text=True, timeout=1800)  # fmt: skip
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
-    for path in paths:
-        nb = nbformat.read(path, as_version=4)
-        errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
-        assert errors == [], path.name
+    where = (
+        "import importlib.util, sys, jax, attention_tutorial\n"
+        "print('PREFIX', sys.prefix)\nprint('PACKAGE', attention_tutorial.__file__)\n"
+        "print('MYST_NB', importlib.util.find_spec('myst_nb') is not None)\nprint('BACKEND', jax.default_backend())"
+    )
+    names = ("qkv_from_scratch", "fused_attention")
+    done, venv = _run_fresh(tmp_path, names, {name: [where] for name in names})
+    for nb in done.values():
         last = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
         assert f"PREFIX {venv}" in last and f"PACKAGE {venv}" in last and "MYST_NB False" in last, last
         assert f"BACKEND {jax.default_backend()}" in last, last  # a GPU where the tests see one
