@@ -58,6 +58,7 @@ def test_each_command_parses_and_either_runs_on_a_cpu_or_says_it_needs_a_gpu():
             assert "GPU" in comment, argv
 
 
+@pytest.mark.slow  # the bench times its points as a user's run would: half a minute on two cores
 @pytest.mark.parametrize("argv", [a for a, c in _commands() if "GPU" not in c and a[0] in ("env", "bench") and "--grid" not in a],
                          ids=lambda a: " ".join(a[:3]))  # fmt: skip
 def test_the_quick_commands_run_on_a_cpu(argv, tmp_path):
