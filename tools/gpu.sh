@@ -9,7 +9,7 @@
 #                                        two rounds, as a table (about 2 minutes; records in $OUT/exp_poly.json)
 #   bash tools/gpu.sh record NAME...   the recorder for these grids and extras (record.EXTRAS: fp8, train, …),
 #                                        merging into /tmp/results
-#   bash tools/gpu.sh notebook PAGE    one page converted to the reader's .ipynb and executed (carry .whl)
+#   bash tools/gpu.sh notebook PAGE... pages converted to the reader's .ipynb and executed (carry .whl)
 #   bash tools/gpu.sh docs             the whole site, built live on the GPU from carried wheels (.whl)
 # Results accumulate in /tmp/results while the machine stays up, and are copied to $OUT after each step.
 set -uo pipefail
@@ -88,7 +88,7 @@ PY
   notebook)
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/docsite .whl/*.whl
     export PYTHONPATH=/tmp/docsite${PYTHONPATH:+:$PYTHONPATH}
-    python3 tools/run_notebook.py "$1" "$OUT" 2>&1 | tail -40 ;;
+    python3 tools/run_notebook.py "$OUT" "$@" 2>&1 | tail -300 ;;
   docs)
     # cache mode: a page executed on this machine is kept (docs/_build/.jupyter_cache), so a build cut off by the
     # time limit (DOCS_TIMEOUT seconds) goes on where it stopped when the same warm machine runs this step again
