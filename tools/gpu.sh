@@ -10,7 +10,8 @@
 #   bash tools/gpu.sh record NAME...   the recorder for these grids and extras (record.EXTRAS: fp8, train, …),
 #                                        merging into /tmp/results
 #   bash tools/gpu.sh notebook PAGE... pages converted to the reader's .ipynb and executed (carry .whl)
-#   bash tools/gpu.sh docs             the whole site, built live on the GPU from carried wheels (.whl)
+#   bash tools/gpu.sh docs             the whole site, built live on the GPU from carried wheels (.whl), strictly,
+#                                        from an empty build folder; each page's execution time last
 # Results accumulate in /tmp/results while the machine stays up, and are copied to $OUT after each step.
 set -uo pipefail
 . "$(dirname "$0")/gpu_env.sh"  # environment, $OUT, $RES
@@ -90,15 +91,25 @@ PY
     export PYTHONPATH=/tmp/docsite${PYTHONPATH:+:$PYTHONPATH}
     python3 tools/run_notebook.py "$OUT" "$@" 2>&1 | tail -300 ;;
   docs)
-    # cache mode: a page executed on this machine is kept (docs/_build/.jupyter_cache), so a build cut off by the
-    # time limit (DOCS_TIMEOUT seconds) goes on where it stopped when the same warm machine runs this step again
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/docsite .whl/*.whl
-    export PYTHONPATH=/tmp/docsite${PYTHONPATH:+:$PYTHONPATH} ATTENTION_TUTORIAL_NB_MODE=${ATTENTION_TUTORIAL_NB_MODE:-cache}
+    # The whole site, strict, every page executed (DOCS_CLEAN=1: from an empty build folder, as a new builder
+    # would). ATTENTION_TUTORIAL_NB_MODE=cache DOCS_CLEAN=0 instead keeps pages executed on this machine, so a build cut off by the
+    # time limit (DOCS_TIMEOUT seconds) goes on where it stopped when the same warm machine runs this step again.
+    # Prints each page's execution time from the build log, slowest first.
+    if ls .whl/*.whl >/dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/docsite .whl/*.whl
+    fi
+    export PYTHONPATH=/tmp/docsite${PYTHONPATH:+:$PYTHONPATH} ATTENTION_TUTORIAL_NB_MODE=${ATTENTION_TUTORIAL_NB_MODE:-force}
+    [ "${DOCS_CLEAN:-1}" = 1 ] && rm -rf docs/_build
     start=$(date +%s)
     timeout "${DOCS_TIMEOUT:-560}" python3 -m nox -s docs --no-venv --no-install >> "$OUT/docs-build.log" 2>&1; rc=$?
     echo "docs build rc=$rc in $(( $(date +%s) - start )) s" | tee -a "$OUT/docs-build.log"
-    grep -h "Executed notebook\|Executing notebook" "$OUT/docs-build.log" | sed 's|.*/docs/||' | sort -u | tail -20
-    tail -15 "$OUT/docs-build.log"
+    # "reading sources... [ 40%] page" comes before that page's "Executed notebook in N seconds"
+    sed 's/\x1b\[[0-9;]*m//g' "$OUT/docs-build.log" | awk '
+      /reading sources\.\.\./ { page = $NF }
+      /Executed notebook in/ { for (i = 1; i <= NF; i++) if ($i == "in") s = $(i + 1); printf "%8.1f s  %s\n", s, page; t += s }
+      END { printf "%8.1f s  all pages\n", t }' | sort -rn | tee "$OUT/page-times.txt"
+    grep -i "warning\|error" "$OUT/docs-build.log" | grep -v "Kernel is running over TCP" | tail -15
+    tail -4 "$OUT/docs-build.log"
     [ -d docs/_build/html ] && tar czf "$OUT/site-gpu.tgz" -C docs/_build html ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

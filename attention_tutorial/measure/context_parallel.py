@@ -33,8 +33,9 @@ EXPERIMENT = "context_parallel"
 def cp_records(*, seq=(4096, 16384), batch: int = 1, heads: int = 16, kv_heads: int = 4, head_dim: int = 128,
                dtype: str = "bfloat16", causal=(False, True), devices=(2, 4, 8), layout: str = "zigzag",
                passes=("fwd",), block: int = 512, local: str = "blockwise", peak_tflops: float | None = None,
-               **timing) -> list[dict]:  # fmt: skip
-    """Records for the local kernel, the ring on a one-device mesh, and ``devices`` emulated ring steps.
+               one_device_ring: bool = True, **timing) -> list[dict]:  # fmt: skip
+    """Records for the local kernel, the ring on a one-device mesh (unless ``one_device_ring`` is False), and
+    ``devices`` emulated ring steps.
 
     ``local`` names the local step (:func:`~attention_tutorial.kernels.context_parallel.local_steps`: "blockwise"
     with tiles of ``block``, or "mosaic", our Hopper kernel); each record says which in its ``local`` field.
@@ -57,9 +58,10 @@ def cp_records(*, seq=(4096, 16384), batch: int = 1, heads: int = 16, kv_heads: 
                                  head_dim=head_dim, dtype=dtype, causal=c, pass_=pass_)  # fmt: skip
         step = cp.local_steps(local, block=min(block, t))[0]
         s1, sb1 = cp.local_steps(local, block=min(block, t // cp.chunks_per_device(layout)))  # one device's chunks
-        fns = {"cp_local": (None, lambda q, k, v, c=c, step=step: step(q, k, v, is_causal=c, scale=head_dim**-0.5)[0]),
-               "cp_ring_1dev": (1, lambda q, k, v, c=c, s=s1, sb=sb1: cp.context_parallel_attention(
-                   q, k, v, mesh=mesh, is_causal=c, layout=layout, local=s, local_bwd=sb))}  # fmt: skip
+        fns = {"cp_local": (None, lambda q, k, v, c=c, step=step: step(q, k, v, is_causal=c, scale=head_dim**-0.5)[0])}
+        if one_device_ring:
+            fns["cp_ring_1dev"] = (1, lambda q, k, v, c=c, s=s1, sb=sb1: cp.context_parallel_attention(
+                q, k, v, mesh=mesh, is_causal=c, layout=layout, local=s, local_bwd=sb))  # fmt: skip
         for p in devices:  # the emulated ring's chunks are T / (P · chunks per device): the local step's tile fits
             sp = cp.local_steps(local, block=min(block, t // (p * cp.chunks_per_device(layout))))[0]
             fns[f"cp_emulated_P{p}"] = (p, lambda q, k, v, c=c, p=p, sp=sp: cp.emulate_ring(

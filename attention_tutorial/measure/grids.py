@@ -229,7 +229,7 @@ LIVE_ON_GPU = {
     "flash": {"seq_q": (16 * KIB,), "head_dim": (128,)},
     "masks": {"causal": (True,)},
     "te": {"seq_q": (512, 4 * KIB), "head_dim": (128,)},
-    "beyond": {"seq_q": (16 * KIB,), "head_dim": (128, 256)},
+    "beyond": {"seq_q": (16 * KIB,), "head_dim": (256,)},
 }
 
 

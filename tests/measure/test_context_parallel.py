@@ -25,6 +25,13 @@ def test_records_at_a_tiny_size():
     assert {row["impl"]: row["vs_local"] for row in table if row["pass"] == "fwd"}["cp_local"] == 1.0
 
 
+def test_the_one_device_ring_can_be_left_out():
+    recs = cp_records(seq=(16,), heads=2, kv_heads=1, head_dim=8, dtype="float32", causal=(True,), devices=(2, 4),
+                      block=4, one_device_ring=False, **FAST)  # fmt: skip
+    assert [r["impl"] for r in recs] == ["cp_local", "cp_emulated_P2", "cp_emulated_P4"]
+    assert all(r["status"] == "ok" for r in recs)
+
+
 def test_a_local_step_that_cannot_run_becomes_error_records():
     # our Mosaic kernel is Hopper-only: on a CPU every point fails, and each failure is recorded with its reason
     recs = cp_records(seq=(256,), heads=1, kv_heads=1, head_dim=64, dtype="bfloat16", causal=(False,), devices=(2,),
