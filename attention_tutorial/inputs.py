@@ -13,6 +13,8 @@ attention, 1 < K < N grouped-query attention, K == 1 multi-query attention).
 
 from __future__ import annotations
 
+import functools
+
 import math
 import numbers
 import os
@@ -90,10 +92,17 @@ def make_qkv(
     if jax.dtypes.canonicalize_dtype(dtype) != dtype:
         raise ValueError(f"dtype {dtype} needs jax.config.update('jax_enable_x64', True); else use float32.")
     _check_fits(shape, dtype)
-    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-    q = jax.random.normal(kq, (batch, seq_q, heads, head_dim), jnp.float32).astype(dtype)
-    k = jax.random.normal(kk, (batch, seq_kv, kv_heads, head_dim), jnp.float32).astype(dtype)
-    v = jax.random.normal(kv, (batch, seq_kv, kv_heads, head_dim), jnp.float32).astype(dtype)
+    key = jax.random.key(seed)  # outside jit: any seed >= 0 (a traced one would have to fit in int32)
+    return _random_qkv(key, (batch, seq_q, heads, head_dim), (batch, seq_kv, kv_heads, head_dim), dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("q_shape", "kv_shape", "dtype"))
+def _random_qkv(key, q_shape, kv_shape, dtype):
+    # one compiled program per shape and dtype (run op by op, a GPU compiles each of the ops on its own)
+    kq, kk, kv = jax.random.split(key, 3)
+    q = jax.random.normal(kq, q_shape, jnp.float32).astype(dtype)
+    k = jax.random.normal(kk, kv_shape, jnp.float32).astype(dtype)
+    v = jax.random.normal(kv, kv_shape, jnp.float32).astype(dtype)
     return q, k, v
 
 

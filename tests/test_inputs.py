@@ -34,6 +34,16 @@ def test_make_qkv_is_random_not_zero_and_seeded():
     assert not np.array_equal(a[0], a[1])  # q, k, v drawn independently
 
 
+def test_make_qkv_draws_jax_random_normal_in_float32_then_casts_any_seed():
+    # the recipe: split the seed's key in three, draw standard normals in float32, cast; seeds past int32 work too
+    for seed in (0, 2**31, 2**40):
+        q, k, v = make_qkv(2, 16, 4, 8, seq_kv=12, kv_heads=2, dtype=jnp.bfloat16, seed=seed)
+        kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+        assert np.array_equal(q, jax.random.normal(kq, (2, 16, 4, 8)).astype(jnp.bfloat16))
+        assert np.array_equal(k, jax.random.normal(kk, (2, 12, 2, 8)).astype(jnp.bfloat16))
+        assert np.array_equal(v, jax.random.normal(kv, (2, 12, 2, 8)).astype(jnp.bfloat16))
+
+
 def test_defaults_self_attention_mha():
     q, k, v = make_qkv(1, 8, 4, 16)
     assert k.shape == (1, 8, 4, 16)
