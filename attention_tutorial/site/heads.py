@@ -13,6 +13,7 @@ import re
 import statistics
 from dataclasses import dataclass
 
+import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
@@ -480,7 +481,10 @@ def mask_accuracy(impl: str = "xla", *, seq: int = 128, window: int = 16, comput
     rows = []
     for kind in masks.MASK_KINDS:
         kw = masks.mask_args(kind, shape, q.dtype, causal=True, window=window)
-        out = dot_product_attention(q, k, v, implementation=impl, is_causal=True, **kw)
+        arrays, static = masks.split_static(kw)
+        attend = jax.jit(lambda q, k, v, arrays, static=static: dot_product_attention(
+            q, k, v, implementation=impl, is_causal=True, **static, **arrays))  # fmt: skip
+        out = attend(q, k, v, arrays)
         ref = reference_attention(q, k, v, is_causal=True, **{n: np.asarray(a) if hasattr(a, "shape") else a
                                                               for n, a in kw.items()})  # fmt: skip
         diff = float(np.max(np.abs(np.asarray(out, np.float64) - ref)))
