@@ -14,7 +14,6 @@ attention, 1 < K < N grouped-query attention, K == 1 multi-query attention).
 from __future__ import annotations
 
 import functools
-
 import math
 import numbers
 import os
