@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..measure.lessons import INPUT_KINDS
 from . import store
-from .claims import TOLERANCES, agreement, compare, relative
+from .claims import TOLERANCES, agreement, compare
 
 LESSONS = ("precision", "cudnn_refusals", "gqa", "inputs")
 
@@ -63,9 +63,3 @@ def inputs_vs_random(rows) -> dict:
     by = {r["inputs"]: r for r in rows}
     return {kind: compare([by[kind]], [by["random normal"]]) for kind in INPUT_KINDS if kind != "random normal"}
 
-
-def inputs_words(rows) -> str:
-    """:func:`inputs_vs_random` as a clause: "zeros ran faster than random data (1.21×); ones ran …"."""
-    return "; ".join(
-        f"{kind} ran {relative(c, 'random data')} ({c.value:.2f}×)" for kind, c in inputs_vs_random(rows).items()
-    )
