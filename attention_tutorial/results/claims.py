@@ -313,92 +313,43 @@ def loss_motion(step_records, impl: str) -> float | None:
     return statistics.median(moves) if moves else None
 
 
-def loss_agreement_words(step_records, dtype: str) -> str:
-    """Markdown lines: each implementation's largest loss difference from the first one, in words, with the
-    yardstick it was judged against, :func:`loss_motion` for scale, and :func:`coarse_yardstick_words`' caveat when
-    that yardstick is too coarse for the loss's own movement."""
-    claims = loss_agreement(step_records, dtype)
-    if not claims:
-        return "*(only one implementation trained)*"
-    first = next(i for i in _losses(step_records) if not i.endswith(TWIN))
-    n = len({r["step"] for r in step_records if r["impl"] == first})
-    noise = loss_noise(step_records)
-    floor = loss_floor(step_records)
-    at_least = (f" (or {LOSS_ULPS} float32 steps of the loss, {floor:.2e}, where that is larger: one step is the "
-                "loss's own last bit)")  # fmt: skip
-    if noise == 0:
-        lines = [f"- the yardstick: {first} trained again from weights nudged by one {dtype} rounding step traced the "
-                 f"very same losses (the nudge did not change the curve), so only a difference within {LOSS_ULPS} "
-                 f"float32 steps of the loss ({floor:.2e}) counts as rounding noise here"]  # fmt: skip
-        lines += [f"- {impl} and {first} {c.word}: max |loss difference| over {n} logged steps = {c.value:.2e}"
-                  for impl, c in claims.items()]  # fmt: skip
-    elif noise is not None:
-        lines = [f"- the yardstick: {first} trained again from weights nudged by one {dtype} rounding step differs "
-                 f"from {first}'s own curve by up to {noise:.2e}; a run whose distance to the nearer of the two "
-                 "curves is " + ("no larger than that" if TWIN_FACTOR == 1 else f"up to {TWIN_FACTOR:g}× that ({TWIN_FACTOR * noise:.2e})")
-                 + (at_least if floor > TWIN_FACTOR * noise else "") + f" counts as rounding noise (so up to twice "
-                 f"that from {first} itself)"]  # fmt: skip
-        by = _losses(step_records)
-
-        def dist(impl, other):
-            d = _max_diff(by[impl], by[other])
-            return "–" if d is None else f"{d:.2e}"
-
-        def limit(c):  # the twin's distance, or the float32 floor where that is the larger
-            if c.high > TWIN_FACTOR * noise:
-                return f"the limit ({c.high:.2e}, the {LOSS_ULPS}-step float32 floor, larger than the twin's distance)"
-            return "the yardstick"
-
-        def judged(impl, c):  # as loss_agreement judged it: by the twin where it logged the run's steps
-            if _twin_covers(by, impl, first):
-                return (f"- {impl} and {first} {c.word}: max |loss difference| over {n} logged steps = "
-                        f"{dist(impl, first)} from {first}, {dist(impl, first + TWIN)} from its twin; the nearer is "
-                        f"{c.value / c.high:.1f}× {limit(c)}")  # fmt: skip
-            return (
-                f"- {impl} and {first} {c.word}: max |loss difference| = {c.value:.2e} (tolerance {c.high:.0e}, "
-                f"the attention-output tolerance of {dtype}: the twin did not log every step this run did)"
-            )
-
-        lines += [judged(impl, c) for impl, c in claims.items()]
-    else:
-        lines = [f"- {impl} and {first} {c.word}: max |loss difference| over {n} logged steps = {c.value:.2e} "
-                 f"(tolerance {c.high:.0e}, the attention-output tolerance of {dtype}: this run has no twin to "
-                 "measure rounding noise with)" for impl, c in claims.items()]  # fmt: skip
-    motion = loss_motion(step_records, first)
-    if motion is not None:
-        lines.append(f"- for scale: {first}'s loss moves by a median {motion:.2e} from one logged step to the next "
-                     "(different batches) over the second half of training")  # fmt: skip
-        caveat = coarse_yardstick_words(step_records)
-        if caveat:
-            lines.append(caveat)
-    return "\n".join(lines)
-
-
 COARSE = 0.5  # a twin yardstick at least this fraction of the loss's step-to-step movement is too coarse to tell
 # small differences apart (a kernel off by half a step's movement would still pass)
 
 
-def coarse_yardstick_words(step_records) -> str:
-    """A caveat when the twin yardstick of :func:`loss_agreement` (the limit it judges by) is at least :data:`COARSE`
-    times the first implementation's :func:`loss_motion` (a loss that does not move at all included); "" otherwise
-    (or without a twin that moved)."""
-    noise = loss_noise(step_records)
+@dataclass(frozen=True)
+class LossYardstick:
+    """What :func:`loss_agreement` judged a training run's loss curves against, with the loss's own movement for
+    scale. ``first``: the implementation the others are compared with, over ``steps`` logged steps; ``noise``: how
+    far its twin's curve strayed from its own (None without a twin); ``limit``: the largest distance that counts as
+    rounding noise (:data:`TWIN_FACTOR` × noise, at least ``floor``; None without a twin); ``floor``:
+    :data:`LOSS_ULPS` float32 steps of the loss; ``motion``: :func:`loss_motion` of ``first``."""
+
+    first: str
+    steps: int
+    noise: float | None
+    limit: float | None
+    floor: float
+    motion: float | None
+
+    @property
+    def coarse(self) -> bool:
+        """Whether the limit is at least :data:`COARSE` × the loss's step-to-step movement (a loss that does not
+        move included): too coarse to tell small differences apart. False without a twin that moved."""
+        if not self.noise or self.motion is None:
+            return False
+        return self.limit >= COARSE * self.motion
+
+
+def loss_yardstick(step_records) -> LossYardstick | None:
+    """:class:`LossYardstick` of ``step_records`` (kind "step" records of one training run); None without any."""
     plain = [i for i in _losses(step_records) if not i.endswith(TWIN)]
-    motion = loss_motion(step_records, plain[0]) if plain else None
-    if not noise or motion is None:
-        return ""
-    limit = max(TWIN_FACTOR * noise, loss_floor(step_records))
-    if limit < COARSE * motion:
-        return ""
-    if motion:
-        how = f"is {limit / motion:.1f}× {plain[0]}'s own step-to-step movement"
-        why = "this run is too short or too noisy to tell small differences apart"
-    else:  # the coarsest case: a loss that (in the median) does not move at all between logged steps
-        how = f"exceeds {plain[0]}'s own step-to-step movement, a median of 0"
-        why = "a loss that mostly stays put from one logged step to the next cannot tell small differences apart"
-    return (f"- caveat: that yardstick ({limit:.2e}) {how} ({COARSE:g}× or more is too coarse), so a curve that far "
-            f"from both {plain[0]}'s and the twin's would still pass: {why}, and a run whose twin stays well within "
-            "the loss's step-to-step movement is the finer test")  # fmt: skip
+    if not plain:
+        return None
+    first, noise, floor = plain[0], loss_noise(step_records), loss_floor(step_records)
+    steps = len({r["step"] for r in step_records if r["impl"] == first})
+    limit = None if noise is None else max(TWIN_FACTOR * noise, floor)
+    return LossYardstick(first, steps, noise, limit, floor, loss_motion(step_records, first))
 
 
 def device_speed_ratios(records, impl: str, base: str) -> dict[bool, tuple[float, float]]:

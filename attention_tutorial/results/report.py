@@ -8,6 +8,7 @@ hardware, versions and date it came from. No number is typed into a page.
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 import jax
 import matplotlib.pyplot as plt
@@ -19,7 +20,7 @@ from ..measure.sweep import run_sweep
 from ..train import TWIN
 from . import store
 from .claims import POINT_FIELDS, same_point
-from .plotting import _legend, label, markdown_table, plot_records
+from .plotting import _legend, markdown_table, plot_records
 
 REFERENCE_GPU = "nvidia-h200"
 
@@ -246,47 +247,32 @@ def train_rows(summaries, *, peak: bool = True) -> list[dict]:
     return rows
 
 
-def _apart(x: float, y: float, digits: int = 2, most: int = 6, kind: str = "f") -> tuple[str, str]:
-    """``x`` and ``y`` formatted with ``digits`` (decimals for kind "f", significant digits for "g"), or more (up
-    to ``most``) where those would print the same."""
-    for d in range(digits, most + 1):
-        fx, fy = f"{x:.{d}{kind}}", f"{y:.{d}{kind}}"
-        if fx != fy:
-            return fx, fy
-    return f"{x:.{digits}{kind}}", f"{y:.{digits}{kind}}"
+@dataclass(frozen=True)
+class TwinSpread:
+    """The first implementation's median step time beside its twin's (the same program, weights nudged by one
+    rounding: how much step times move by themselves), and the spread of every implementation that ran."""
+
+    impl: str
+    ms: float
+    twin_ms: float
+    ratio: float  # slower / faster of the two, >= 1
+    span: float | None  # slowest / fastest of the implementations that ran (twins left out); None for one
+
+    @property
+    def ranks(self) -> bool:
+        """Whether the implementations spread wider than the twins do (else the table ranks nothing)."""
+        return self.span is not None and self.span > self.ratio
 
 
-def twin_time_words(summaries) -> str:
-    """How far the first implementation and its twin (the same program, weights nudged by one rounding) differ in
-    median step time (one pair of runs), and what that leaves the table of ``summaries`` able to rank among the
-    implementations that ran; "" without both runs ok."""
+def twin_spread(summaries) -> TwinSpread | None:
+    """:class:`TwinSpread` of training ``summaries``; None without the first implementation and its twin both ok."""
     ok = {s["impl"]: s["median_ms"] for s in summaries if s["status"] == "ok" and s.get("median_ms")}
     first = next((s["impl"] for s in summaries if not s["impl"].endswith(TWIN)), None)
     if first not in ok or first + TWIN not in ok:
-        return ""
+        return None
     a, b = ok[first], ok[first + TWIN]
-    ratio = max(a, b) / min(a, b)
     times = [t for i, t in ok.items() if not i.endswith(TWIN)]
-    span = max(times) / min(times)
-    ms_a, ms_b = _apart(a, b, 4, 9, kind="g")  # milliseconds: 4 significant digits, more where needed
-    r_text, s_text = _apart(ratio, span) if len(times) > 1 else (f"{ratio:.2f}", "")
-    if ratio < 1.005:  # ×1.00 would read as no difference at all
-        differ = "and their median step times differ by less than 1 %"
-        r_text = max(r_text, _apart(ratio, 1.0)[0], key=len)  # apart from ×1.00 too
-    else:
-        differ = f"yet their median step times differ ×{r_text}"
-    words = (f"{label(first)} and its twin run the same program, {differ} ({ms_a} and {ms_b} ms): one pair of runs, "
-             "one sample of how much step times (and tokens/s) of this run move by themselves.")  # fmt: skip
-    if len(times) < 2:
-        return words
-    if span <= ratio:
-        gap = "less than 1 %" if span < 1.005 else f"×{s_text}"
-        return words + (f" Every implementation that ran lies within that ({gap} from the fastest to the slowest): "
-                        "this table does not rank them.")  # fmt: skip
-    if float(r_text) == 1.0:  # the twins' medians are equal: no gap to name
-        return words + f" The implementations that ran span ×{s_text}."
-    return words + (f" The implementations that ran span ×{s_text}; a gap narrower than ×{r_text} between two of "
-                    "them ranks nothing.")  # fmt: skip
+    return TwinSpread(first, a, b, max(a, b) / min(a, b), max(times) / min(times) if len(times) > 1 else None)
 
 
 def read_ceiling(records, provenance) -> tuple[float | None, str]:
@@ -405,31 +391,3 @@ def show_recorded(grid_name, columns, *, plot=None, title="", peak_line=False, i
         display(Markdown("*No recorded GPU results are committed yet (`python -m attention_tutorial record`).*"))
         return []
     return shown[0]
-
-
-def paired_step_words(steps, summaries, base: str = "cudnn") -> str:
-    """Each recorded implementation's step time against ``base``'s, window by window (:func:`claims.paired_compare`:
-    the word needs 9 in 10 windows to agree), then ``base``'s twin (the same program) by the same measure: how far
-    two runs of one program already differ, against which the others' gaps read. "" without ``base``'s steps."""
-    from .claims import paired_compare, relative
-
-    ref = [r for r in steps if r["impl"] == base]
-    if not ref:
-        return ""
-    words = []
-    for s in summaries:
-        impl = s["impl"]
-        if s["status"] == "ok" and impl != base and not impl.endswith(TWIN):
-            c = paired_compare([r for r in steps if r["impl"] == impl], ref)
-            words.append(f"{label(impl)} is {relative(c, label(base))} ({label(base)}'s time / its time: median "
-                         f"{c.value:.2f}, p10–p90 of the windows {c.low:.2f}–{c.high:.2f})")  # fmt: skip
-    if not words:
-        return ""
-    text = "; ".join(words)
-    twin = [r for r in steps if r["impl"] == base + TWIN]
-    if twin:
-        c = paired_compare(twin, ref)
-        text += (f". {label(base)}'s twin, the same program from weights nudged by one rounding, reads {c.value:.2f} "
-                 f"({c.low:.2f}–{c.high:.2f}) by the same measure: a gap no larger than that is the runs' own, not "
-                 "the kernels'")  # fmt: skip
-    return text

@@ -161,7 +161,7 @@ def _steps(impl, losses):
     return [{"impl": impl, "step": i, "loss": x, "kind": "step"} for i, x in enumerate(losses)]
 
 
-def test_loss_agreement_words_follow_the_tolerance():
+def test_loss_agreement_follows_the_tolerance():
     base = [5.0, 4.0, 3.5, 3.0, 3.2, 2.9]
     recs = _steps("cudnn", base) + _steps("ours", [x + 0.01 for x in base]) + _steps("bad", [x + 0.5 for x in base])
     got = claims.loss_agreement(recs, "bfloat16")
@@ -173,9 +173,11 @@ def test_loss_agreement_words_follow_the_tolerance():
     assert claims.loss_motion(recs, "cudnn") == pytest.approx(0.25)
     odd = _steps("cudnn", [*base, 3.5])  # second half 3.0, 3.2, 2.9, 3.5: moves 0.2, 0.3, 0.6
     assert claims.loss_motion(odd, "cudnn") == pytest.approx(0.3)
-    words = claims.loss_agreement_words(recs, "bfloat16")
-    assert "- ours and cudnn agree to within bfloat16 rounding: max |loss difference| over 6 logged steps" in words
-    assert claims.loss_agreement_words(_steps("cudnn", base), "bfloat16") == "*(only one implementation trained)*"
+    y = claims.loss_yardstick(recs)
+    assert (y.first, y.steps, y.noise, y.limit, y.motion) == ("cudnn", 6, None, None, pytest.approx(0.25))
+    assert not y.coarse  # no twin: no twin yardstick to be coarse
+    assert claims.loss_agreement(_steps("cudnn", base), "bfloat16") == {}  # only one implementation trained
+    assert claims.loss_yardstick([]) is None
 
 
 @pytest.mark.skipif(DATA is None, reason="no committed H200 result file")
@@ -236,23 +238,18 @@ def test_loss_agreement_with_a_twin_judges_against_rounding_noise():
     assert got["ours"].high == pytest.approx(limit) and 0.015 <= limit < 0.03  # a bug of 1.5× the twin's gap fails
     assert got["ours"].word == "agree within rounding noise"
     assert got["bad"].word == "differ by more than rounding noise"
-    words = claims.loss_agreement_words(recs, "bfloat16")
-    assert (
-        "xla trained again from weights nudged by one bfloat16 rounding step differs from xla's own curve by up to "
-        "2.00e-02" in words
-    )
-    assert "caveat" not in words  # 0.02 against a median move of 0.25: fine enough
-    assert (
-        "- ours and xla agree within rounding noise: max |loss difference| over 6 logged steps = 1.50e-02 from xla, "
-        "3.50e-02 from its twin; the nearer is 0.8× the yardstick" in words
-    )
+    y = claims.loss_yardstick(recs)
+    assert y.noise == pytest.approx(0.02) and y.limit == pytest.approx(limit) and y.steps == 6
+    assert not y.coarse  # 0.02 against a median move of 0.25: fine enough
+    assert got["ours"].value == pytest.approx(0.015)  # nearer to xla (0.015) than to its twin (0.035)
     assert claims.loss_noise(_steps("xla", base) + _steps("ours_twin", twin)) is None  # a twin of another impl
 
 
-def test_without_a_twin_the_words_name_the_fallback_tolerance():
+def test_without_a_twin_the_attention_output_tolerance_judges():
     base = [5.0, 4.0]
-    words = claims.loss_agreement_words(_steps("cudnn", base) + _steps("ours", [x + 0.01 for x in base]), "bfloat16")
-    assert "the attention-output tolerance of bfloat16: this run has no twin" in words
+    recs = _steps("cudnn", base) + _steps("ours", [x + 0.01 for x in base])
+    assert claims.loss_agreement(recs, "bfloat16")["ours"].high == claims.TOLERANCES["bfloat16"]
+    assert claims.loss_yardstick(recs).limit is None
 
 
 def test_paired_compare_sees_a_gap_that_a_shared_drift_hides():
@@ -297,7 +294,8 @@ def test_a_twin_that_did_not_move_makes_only_an_exact_match_noise():
     recs = _steps("xla", base) + _steps("ours", [x + 1e-3 for x in base]) + _steps("xla_twin", base)
     assert claims.loss_noise(recs) == 0.0
     assert claims.loss_agreement(recs, "bfloat16")["ours"].word == "differ by more than rounding noise"
-    assert "the nudge did not change the curve" in claims.loss_agreement_words(recs, "bfloat16")
+    y = claims.loss_yardstick(recs)
+    assert y.noise == 0.0 and y.limit == y.floor and not y.coarse  # only the float32 floor counts as noise
 
 
 def test_device_speed_ratios_pair_the_same_point():
@@ -326,7 +324,7 @@ def test_twin_yardstick_has_a_floor_of_a_few_float32_steps():
     got = claims.loss_agreement(recs, "float32")
     assert got["ours"].word == "agree within rounding noise"  # two steps: the loss's own last bits
     assert got["bad"].word == "differ by more than rounding noise"
-    assert "float32 steps of the loss" in claims.loss_agreement_words(recs, "float32")
+    assert claims.loss_yardstick(recs).limit == pytest.approx(claims.LOSS_ULPS * step)  # the floor, not the twin
 
 
 def test_a_quadratic_with_compiler_steps_in_its_matrix_count_reads_quadratic():
@@ -338,19 +336,20 @@ def test_a_quadratic_with_compiler_steps_in_its_matrix_count_reads_quadratic():
     assert g.word == "grows quadratically" and g.value == pytest.approx(3.93, abs=0.01)
 
 
-def test_a_twin_that_logged_fewer_steps_judges_no_run_and_words_do_not_crash():
+def test_a_twin_that_logged_fewer_steps_judges_no_run():
     """A twin cut short (a crashed run): its distances cover fewer steps, so it must not make a run look close; the
-    run falls back to the dtype's tolerance, and the words print '–' for the missing distance."""
+    run falls back to the dtype's tolerance."""
     base = [5.0, 4.0, 3.5, 3.0]
     recs = _steps("xla", base) + _steps("ours", [x + 0.3 for x in base]) + _steps("xla_twin", base[:1])[:1]
     got = claims.loss_agreement(recs, "bfloat16")
     assert got["ours"].value == pytest.approx(0.3) and got["ours"].word.startswith("differ")
     far = _steps("xla", base) + _steps("ours", [5.0, 9.0, 9.0, 9.0]) + [{**r, "step": r["step"] + 100} for r in
                                                                       _steps("xla_twin", base)]  # fmt: skip
-    claims.loss_agreement_words(far, "bfloat16")  # shares no step with the twin: no TypeError
+    assert claims.loss_agreement(far, "bfloat16")["ours"].word.startswith("differ")  # shares no step with the twin
+    assert claims.loss_yardstick(far).noise is None
     short = _steps("xla", base) + _steps("ours", [x + 0.01 for x in base]) + _steps("xla_twin", [5.0, 4.004])
-    words = claims.loss_agreement_words(short, "bfloat16")
-    assert "the twin did not log every step this run did" in words and "× the yardstick" not in words
+    got = claims.loss_agreement(short, "bfloat16")["ours"]
+    assert got.high == claims.TOLERANCES["bfloat16"] and got.word == "agree to within bfloat16 rounding"
 
 
 @pytest.mark.parametrize("bad", [float("nan"), -1.0, 0.0, "1.0"])
@@ -361,20 +360,16 @@ def test_spread_refuses_a_median_that_is_not_a_positive_number(bad):
 
 def test_a_yardstick_as_wide_as_the_loss_movement_gets_a_caveat():
     """The live H200 build: one spike of the twin set a yardstick (1.43e-01) wider than the reference's own median
-    move between logged steps (1.34e-01). The rule stands; the words say the test is coarse."""
+    move between logged steps (1.34e-01). The rule stands; the yardstick is flagged as coarse."""
     base = [5.0, 4.0, 3.5, 3.0, 3.2, 2.9]  # second half 3.0, 3.2, 2.9: median move 0.25
     twin = [5.0, 4.0, 3.5, 3.15, 3.2, 2.9]  # one spike of 0.15 = 0.6× the movement
     recs = _steps("xla", base) + _steps("xla_twin", twin) + _steps("ours", [x + 0.1 for x in base])
     assert claims.loss_agreement(recs, "bfloat16")["ours"].word == "agree within rounding noise"  # the rule stands
-    words = claims.loss_agreement_words(recs, "bfloat16")
-    assert words.splitlines()[-1] == claims.coarse_yardstick_words(recs)
-    assert claims.coarse_yardstick_words(recs).startswith(
-        "- caveat: that yardstick (1.50e-01) is 0.6× xla's own step-to-step movement (0.5× or more is too coarse)"
-    )
-    assert "too short or too noisy to tell small differences apart" in words
+    y = claims.loss_yardstick(recs)
+    assert y.limit == pytest.approx(0.15) and y.limit / y.motion == pytest.approx(0.6) and y.coarse
     calm = _steps("xla", base) + _steps("xla_twin", [5.0, 4.0, 3.5, 3.12, 3.2, 2.9]) + recs[12:]  # 0.12 = 0.48×
-    assert claims.coarse_yardstick_words(calm) == "" and "caveat" not in claims.loss_agreement_words(calm, "bfloat16")
-    assert claims.coarse_yardstick_words(_steps("xla", base) + recs[12:]) == ""  # no twin: no twin yardstick
+    assert not claims.loss_yardstick(calm).coarse
+    assert not claims.loss_yardstick(_steps("xla", base) + recs[12:]).coarse  # no twin: no twin yardstick
 
 
 def test_a_loss_that_does_not_move_gets_the_caveat_too():
@@ -384,25 +379,7 @@ def test_a_loss_that_does_not_move_gets_the_caveat_too():
     twin = [5.0, 4.0, 3.05, 3.0, 3.0, 3.0]
     recs = _steps("xla", flat) + _steps("xla_twin", twin) + _steps("ours", [x + 0.01 for x in flat])
     assert claims.loss_motion(recs, "xla") == 0
-    words = claims.coarse_yardstick_words(recs)
-    assert words.startswith("- caveat: that yardstick (5.00e-02) exceeds xla's own step-to-step movement, a median "
-                            "of 0 (0.5× or more is too coarse)")  # fmt: skip
-    assert "cannot tell small differences apart" in words and "×" not in words.split("(0.5×")[0]
-    assert claims.loss_agreement_words(recs, "bfloat16").splitlines()[-1] == words
+    y = claims.loss_yardstick(recs)
+    assert y.limit == pytest.approx(0.05) and y.motion == 0 and y.coarse
     still = _steps("xla", flat) + _steps("xla_twin", flat) + recs[12:]  # the twin did not move either: no yardstick
-    assert claims.coarse_yardstick_words(still) == ""
-
-
-def test_loss_agreement_words_name_the_float32_floor_when_it_is_the_limit():
-    """The CPU build's case: the twin differs by one float32 step, below the 4-step floor; a run 2 steps away must
-    read against that floor, not against 'the yardstick' the line above gave as the twin's distance."""
-    import numpy as np
-
-    ulp = float(np.spacing(np.float32(5.0)))  # the largest loss compared is 5.0
-    base = [5.0, 4.0, 3.5, 3.0]
-    recs = (_steps("xla", base) + _steps("xla_twin", [base[0], base[1] + ulp, *base[2:]])
-            + _steps("ours", [base[0], base[1] + 2 * ulp, *base[2:]]))  # fmt: skip
-    words = claims.loss_agreement_words(recs, "float32")
-    floor = claims.LOSS_ULPS * ulp
-    assert f"the nearer is {ulp / floor:.1f}× the limit ({floor:.2e}, the 4-step float32 floor" in words
-    assert "× the yardstick" not in words
+    assert not claims.loss_yardstick(still).coarse

@@ -152,52 +152,24 @@ def _summary(impl, ms, status="ok"):
     return {"impl": impl, "status": status, "median_ms": ms if status == "ok" else None}
 
 
-def test_twin_time_words_say_what_the_same_program_leaves_to_rank():
-    """The live H200 build: XLA 7.224 ms and its twin 6.641 ms (the same program, ×1.088) against kernels at
-    6.546–7.315 ms (×1.117 from the fastest to the slowest)."""
+def test_twin_spread_sets_the_twins_gap_against_the_implementations_spread():
+    """XLA 7.224 ms and its twin 6.641 ms (the same program, ×1.088) against kernels at 6.546–7.315 ms (×1.117)."""
     runs = [_summary("xla", 7.224), _summary("cudnn", 6.546), _summary("mosaic", 7.315), _summary("xla_twin", 6.641)]
-    words = report.twin_time_words(runs)
-    assert words.startswith("XLA and its twin run the same program, yet their median step times differ ×1.09 "
-                            "(7.224 and 6.641 ms): one pair of runs, one sample of")  # fmt: skip
-    assert words.endswith("The implementations that ran span ×1.12; a gap narrower than ×1.09 between two of them "
-                          "ranks nothing.")  # fmt: skip
-    close = [*runs[:1], _summary("cudnn", 7.0), runs[3]]  # 7.224 / 7.0 = ×1.03, within ×1.09
-    assert report.twin_time_words(close).endswith("Every implementation that ran lies within that (×1.03 from the "
-                                                  "fastest to the slowest): this table does not rank them.")  # fmt: skip
-    assert report.twin_time_words(runs[:3]) == ""  # no twin
-    assert report.twin_time_words([*runs[:3], _summary("xla_twin", None, "error")]) == ""  # the twin failed
+    t = report.twin_spread(runs)
+    assert (t.impl, t.ms, t.twin_ms) == ("xla", 7.224, 6.641)
+    assert t.ratio == pytest.approx(7.224 / 6.641) and t.span == pytest.approx(7.315 / 6.546) and t.ranks
+    close = [*runs[:1], _summary("cudnn", 7.0), runs[3]]  # 7.224 / 7.0 = ×1.03, within the twins' ×1.09
+    assert report.twin_spread(close).span == pytest.approx(7.224 / 7.0) and not report.twin_spread(close).ranks
+    assert report.twin_spread(runs[:3]) is None  # no twin
+    assert report.twin_spread([*runs[:3], _summary("xla_twin", None, "error")]) is None  # the twin failed
+    alone = report.twin_spread([runs[0], runs[3]])
+    assert alone.span is None and not alone.ranks  # one implementation: nothing to rank
 
 
-def test_twin_time_words_leave_out_failed_runs():
-    """A failed run has no time: 'every implementation that ran' spans only the ok ones (7.0–7.1 ms)."""
+def test_twin_spread_leaves_out_failed_runs():
+    """A failed run has no time: the spread covers only the ok ones (7.0–7.1 ms)."""
     runs = [_summary("xla", 7.0), _summary("cudnn", 7.1), _summary("mosaic", None, "error"), _summary("xla_twin", 7.7)]
-    words = report.twin_time_words(runs)
-    assert words.endswith("Every implementation that ran lies within that (×1.01 from the fastest to the slowest): "
-                          "this table does not rank them.")  # fmt: skip
-
-
-def test_twin_time_words_say_less_than_one_percent_rather_than_x1_00():
-    """7.0 against 7.02 ms is ×1.0029: '×1.00' would read as no difference; the gap below names ×1.003."""
-    runs = [_summary("xla", 7.0), _summary("cudnn", 7.5), _summary("xla_twin", 7.02)]
-    words = report.twin_time_words(runs)
-    assert "and their median step times differ by less than 1 % (7 and 7.02 ms)" in words and "×1.00 " not in words
-    assert words.endswith("span ×1.07; a gap narrower than ×1.003 between two of them ranks nothing.")
-    same = [_summary("xla", 7.0), _summary("cudnn", 7.5), _summary("xla_twin", 7.0)]  # equal medians: no gap to name
-    assert report.twin_time_words(same).endswith("differ by less than 1 % (7 and 7 ms): one pair of runs, one sample "
-                                                 "of how much step times (and tokens/s) of this run move by "
-                                                 "themselves. The implementations that ran span ×1.07.")  # fmt: skip
-    tiny = [_summary("xla", 7.0), _summary("cudnn", 7.02), _summary("xla_twin", 7.03)]  # both under 0.5 %
-    assert "within that (less than 1 % from the fastest to the slowest)" in report.twin_time_words(tiny)
-
-
-def test_twin_time_words_print_more_digits_where_two_numbers_would_print_alike():
-    """7.00001 and 7.00002 ms both print '7' to 4 digits; spans ×1.0914 and twin ×1.0857 both print ×1.09."""
-    ms = report.twin_time_words([_summary("xla", 7.00001), _summary("xla_twin", 7.00002)])
-    assert "(7.00001 and 7.00002 ms)" in ms
-    runs = [_summary("xla", 7.0), _summary("cudnn", 7.64), _summary("xla_twin", 7.6)]
-    words = report.twin_time_words(runs)
-    assert "differ ×1.086 (7 and 7.6 ms)" in words
-    assert words.endswith("span ×1.091; a gap narrower than ×1.086 between two of them ranks nothing.")
+    assert report.twin_spread(runs).span == pytest.approx(7.1 / 7.0)
 
 
 def test_read_ceiling_is_the_one_the_records_percentages_were_computed_against():
@@ -235,23 +207,3 @@ def test_device_pair_words_read_two_profiles_at_the_same_point():
     different = _profiled("cudnn", False, 835.9, 17.6, 0.95, 0.94, 0.96, name="another_kernel")
     assert "the main kernels are different" in report.device_pair_words([te, different], "te", "cudnn", "TE", "JAX")
     assert report.device_pair_words([te], "te", "cudnn", "TE", "JAX").startswith("*The recording lacks")
-
-
-def test_paired_step_words_read_each_gap_against_the_twin_of_the_same_program():
-    from attention_tutorial.results.report import paired_step_words
-
-    def steps(impl, ms):
-        return [{"impl": impl, "step": 10 * i, "median_ms": m, "status": "ok"} for i, m in enumerate(ms)]
-
-    cudnn = [50.0] * 10
-    recs = (steps("cudnn", cudnn) + steps("mosaic", [52.0] * 10)
-            + steps("cudnn_twin", [53.0] * 9 + [49.0]))  # fmt: skip
-    summ = [{"impl": i, "status": "ok"} for i in ("cudnn", "mosaic", "cudnn_twin")]
-    words = paired_step_words(recs, summ)
-    # mosaic: 50/52 = 0.96 in every window -> slower; the twin: 50/53 = 0.94 in 9 of 10, 50/49 = 1.02 in one
-    assert words.startswith("our Pallas kernel (Mosaic GPU) is slower than cuDNN (cuDNN's time / its time: median 0.96")
-    assert "cuDNN's twin, the same program from weights nudged by one rounding, reads 0.94 (0.94–0.95)" in words
-    assert paired_step_words(recs, summ, base="xla") == ""  # no steps of the base: nothing to say
-    assert paired_step_words(steps("cudnn", cudnn), summ[:1]) == ""  # nothing to compare
-    no_twin = paired_step_words(recs[:20], summ[:2])
-    assert "twin" not in no_twin and no_twin.endswith("p10–p90 of the windows 0.96–0.96)")
