@@ -62,4 +62,3 @@ def inputs_vs_random(rows) -> dict:
     constant inputs run faster; the word is "faster" only outside the spreads)."""
     by = {r["inputs"]: r for r in rows}
     return {kind: compare([by[kind]], [by["random normal"]]) for kind in INPUT_KINDS if kind != "random normal"}
-
