@@ -173,58 +173,6 @@ def datasheet_line(fig, peak: float, label: str = "datasheet dense bf16 peak") -
     _legend(fig, axes, len(axes) > 1)
 
 
-def device_pair_words(records, a_impl: str, b_impl: str, a_name: str, b_name: str) -> str:
-    """Markdown: two implementations' device-time profiles (``device_time`` records) read side by side at each point
-    both profiled, every number and word from the records: whether their main kernels are one and the same (full
-    names), what else each call launched, and per point the device comparison next to the host's pipelined verdict
-    (a host gap is put outside the kernels only when it lies outside the spreads and points the other way)."""
-    from ..measure import profile
-    from .claims import compare, fmt_range, relative
-
-    pairs = [(a, b) for a in records if a["impl"] == a_impl and a.get("status") == "ok"
-             for b in same_point(records, a, impl=b_impl)]  # fmt: skip
-    pairs = [(a, b) for a, b in pairs if profile.main_kernel(a) and profile.main_kernel(b) and a.get("device_ms")
-             and b.get("device_ms")]  # fmt: skip
-    if not pairs:
-        return f"*The recording lacks a {a_name} and a {b_name} profile at the same point to read side by side.*"
-    mask = {False: "without a mask", True: "causal"}
-    names = {profile.main_kernel(p[0])["name"] for p in pairs}
-    if all(profile.same_kernel(*p) for p in pairs) and len(names) == 1:
-        name = names.pop()
-        cut = profile.kernel_rows([pairs[0][0]], top=1)[0]["kernel or op"]
-        shown = f"; the table shows its first {len(cut) - 1}" if cut.endswith("…") else ""
-        text = (
-            f"Both paths ran one and the same attention kernel, {' and '.join(mask[a['causal']] for a, _ in pairs)}"
-            f": the full names are identical, `{name}` ({len(name)} characters{shown})."
-        )
-    else:
-        text = " ".join(f"{mask[a['causal']].capitalize()}, the main kernels are "
-                        f"{'the same' if profile.same_kernel(a, b) else 'different'}: "
-                        f"`{profile.main_kernel(a)['name']}` ({a_name}) and `{profile.main_kernel(b)['name']}` "
-                        f"({b_name})." for a, b in pairs)  # fmt: skip
-    text += (" Besides it, each call ran (`Memset 3` is the profiler's label for a memset; the launches are counted "
-             "apart):\n\n")  # fmt: skip
-    text += "\n".join(f"- {who}, {mask[r['causal']]}: {profile.extras_text(r)}"
-                      for who, i in ((b_name, 1), (a_name, 0)) for r in (p[i] for p in pairs))  # fmt: skip
-    calls = sorted({r.get("profiled_calls") for p in pairs for r in p} - {None})
-    text += (f"\n\nOn the device, per mask (one profile per path and mask: a mean over its "
-             f"{' or '.join(map(str, calls)) or 'profiled'} calls, with no spread):\n\n")  # fmt: skip
-    for a, b in pairs:
-        host = compare([a], [b])
-        text += (f"- {profile.device_time_sentence(a, b, a_name, b_name)} The separate pipelined timing in the same "
-                 f"recording puts {a_name} {relative(host, b_name)} ({a['median_ms']:.4f} against "
-                 f"{b['median_ms']:.4f} ms, p10–p90 {fmt_range(a['p10_ms'], a['p90_ms'], '.4f')} and "
-                 f"{fmt_range(b['p10_ms'], b['p90_ms'], '.4f')} ms)")  # fmt: skip
-        lower, longer = a["median_ms"] < b["median_ms"], a["device_ms"] > b["device_ms"]
-        if a["device_ms"] != b["device_ms"] and lower == longer and host.word != "on par":
-            gap = "lead" if host.word == "faster" else "lag"
-            text += (f": {a_name}'s {gap} there does not come from its GPU work, which is the "
-                     f"{'longer' if longer else 'shorter'} one here; it lies outside the kernels (on the host or "
-                     "launch side of the calls, or in the GPU's clock between the two separate runs)")  # fmt: skip
-        text += ".\n"
-    return text
-
-
 def train_rows(summaries, *, peak: bool = True) -> list[dict]:
     """One table row per training run (``kind`` "summary" records): time, throughput, memory, losses, kernel.
     ``peak=False`` leaves out the device's peak memory (runs that share one process share one peak)."""

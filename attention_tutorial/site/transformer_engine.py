@@ -76,6 +76,60 @@ def around_kernel(device_time_records) -> list[AroundKernel]:
     return out
 
 
+@dataclass(frozen=True)
+class DevicePair:
+    """Two implementations' device-time profiles at one point, side by side (one profile each: a mean over its
+    calls, no spread). Times in µs per call; ``host``: ``a``'s pipelined time against ``b``'s (:func:`claims.compare`
+    over their spreads, from the separate timing in the same recording)."""
+
+    causal: bool
+    same_kernel: bool
+    a_kernel: str
+    b_kernel: str
+    a_kernel_us: float
+    b_kernel_us: float
+    a_device_us: float
+    b_device_us: float
+    a_ms: float
+    b_ms: float
+    host: claims.Claim
+
+    @property
+    def host_gap_outside_kernels(self) -> bool:
+        """Whether the host's verdict points against the device's: ``a`` faster (slower) on the host, outside the
+        spreads, while its GPU work is the longer (shorter) one, so the gap lies outside the kernels."""
+        if self.host.word == "on par" or self.a_device_us == self.b_device_us:
+            return False
+        return (self.host.word == "faster") == (self.a_device_us > self.b_device_us)
+
+
+def device_pairs(device_time_records, a_impl: str = "te", b_impl: str = "cudnn") -> list[DevicePair]:
+    """:class:`DevicePair` at each point where both implementations were profiled (same shape, mask, dtype)."""
+    from ..measure import profile
+
+    out = []
+    for a in device_time_records or []:
+        if a["impl"] != a_impl or a.get("status") != "ok" or not a.get("device_ms") or not profile.main_kernel(a):
+            continue
+        for b in claims.same_point(device_time_records, a, impl=b_impl):
+            if not b.get("device_ms") or not profile.main_kernel(b):
+                continue
+            ka, kb = profile.main_kernel(a), profile.main_kernel(b)
+            out.append(DevicePair(a["causal"], bool(profile.same_kernel(a, b)), ka["name"], kb["name"], ka["us"],
+                                  kb["us"], 1e3 * a["device_ms"], 1e3 * b["device_ms"], a["median_ms"],
+                                  b["median_ms"], claims.compare([a], [b])))  # fmt: skip
+    return out
+
+
+def device_pair_rows(pairs, a_name: str = "TE", b_name: str = "JAX") -> list[dict]:
+    """Table rows of :func:`device_pairs`: per mask, the main kernels' and the summed device times, the host's."""
+    return [{"mask": "causal" if p.causal else "none", "same main kernel": "yes" if p.same_kernel else "no",
+             f"{a_name} kernel (µs)": f"{p.a_kernel_us:.1f}", f"{b_name} kernel (µs)": f"{p.b_kernel_us:.1f}",
+             f"{a_name} all GPU work (µs)": f"{p.a_device_us:.1f}", f"{b_name} all GPU work (µs)": f"{p.b_device_us:.1f}",
+             f"{a_name} / {b_name} host (ms)": f"{p.a_ms:.4f} / {p.b_ms:.4f}", f"{a_name} on the host": p.host.word}
+            for p in pairs]  # fmt: skip
+
+
 def table_rows(rows, fields=("seq_q", "head_dim", "pass")) -> list[dict]:
     """Rows of :func:`te_vs_cudnn` or :func:`fp8_speedups` for a table: the point, the ratio to 2 decimals, its
     range over runs as one cell, the verdict."""

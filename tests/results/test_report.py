@@ -183,27 +183,3 @@ def test_read_ceiling_is_the_one_the_records_percentages_were_computed_against()
     untagged = [{"grid": "decode", "gbps": 900.0}]  # recorded before pct_read existed: the latest run's ceiling
     assert report.read_ceiling(untagged, {"read_gbps": 4502.0}) == (4502.0, "the latest recording run")
     assert report.read_ceiling([], None) == (None, "")
-
-
-def _profiled(impl, causal, kernel_us, extra_us, median_ms, p10_ms, p90_ms, name="fmha_kernel_" + "x" * 120):
-    kernels = [{"name": name, "us": kernel_us, "count": 1.0, "kind": "kernel"},
-               {"name": "Memset 3", "us": extra_us, "count": 1.0, "kind": "memset"}]  # fmt: skip
-    return {**_rec("device_time", impl, 4096), "causal": causal, "kernels": kernels, "traced_wall_ms": median_ms,
-            "device_ms": (kernel_us + extra_us) / 1e3, "median_ms": median_ms, "p10_ms": p10_ms, "p90_ms": p90_ms,
-            "profiled_calls": 50}  # fmt: skip
-
-
-def test_device_pair_words_read_two_profiles_at_the_same_point():
-    te = _profiled("te", False, 873.2, 3.5, 0.90, 0.89, 0.91)
-    jc = _profiled("cudnn", False, 835.9, 17.6, 0.95, 0.94, 0.96)  # host: TE faster, outside the spreads
-    other_shape = {**_profiled("cudnn", False, 100.0, 1.0, 0.1, 0.09, 0.11), "seq_q": 1024, "seq_kv": 1024}
-    words = report.device_pair_words([te, jc, other_shape], "te", "cudnn", "TE", "JAX")
-    assert "one and the same attention kernel" in words and "without a mask" in words
-    assert "873.2 against 835.9" in words and "100.0" not in words  # paired with the same shape only
-    assert "puts TE faster than JAX (0.9000 against 0.9500 ms" in words
-    assert "TE's lead there does not come from its GPU work, which is the longer one here" in words
-    on_par = _profiled("cudnn", False, 835.9, 17.6, 0.905, 0.88, 0.93)  # spreads overlap: no attribution
-    assert "does not come from its GPU work" not in report.device_pair_words([te, on_par], "te", "cudnn", "TE", "JAX")
-    different = _profiled("cudnn", False, 835.9, 17.6, 0.95, 0.94, 0.96, name="another_kernel")
-    assert "the main kernels are different" in report.device_pair_words([te, different], "te", "cudnn", "TE", "JAX")
-    assert report.device_pair_words([te], "te", "cudnn", "TE", "JAX").startswith("*The recording lacks")

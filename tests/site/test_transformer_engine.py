@@ -109,3 +109,30 @@ def test_table_rows_round_and_join_the_range():
             "verdict": "on par",
         }
     ]
+
+
+def _profiled(impl, kernel_us, extra_us, ms, p10, p90, *, causal=False, name="fmha_kernel_" + "x" * 120, T=4096):
+    kernels = [{"name": name, "us": kernel_us, "count": 1.0, "kind": "kernel"},
+               {"name": "Memset 3", "us": extra_us, "count": 1.0, "kind": "memset"}]  # fmt: skip
+    return {**_rec(impl, T, causal, ms), "grid": "device_time", "kernels": kernels, "device_ms": (kernel_us + extra_us) / 1e3,
+            "p10_ms": p10, "p90_ms": p90}  # fmt: skip
+
+
+def test_device_pairs_set_two_profiles_of_one_point_side_by_side():
+    te = _profiled("te", 873.2, 3.5, 0.90, 0.89, 0.91)
+    jc = _profiled("cudnn", 835.9, 17.6, 0.95, 0.94, 0.96)  # host: TE faster, outside the spreads
+    other_shape = _profiled("cudnn", 100.0, 1.0, 0.1, 0.09, 0.11, T=1024)
+    (p,) = page.device_pairs([te, jc, other_shape])  # paired with the same shape only
+    assert p.same_kernel and not p.causal
+    assert (p.a_kernel_us, p.b_kernel_us) == (873.2, 835.9)
+    assert p.a_device_us == pytest.approx(876.7) and p.b_device_us == pytest.approx(853.5)
+    assert p.host.word == "faster" and p.host_gap_outside_kernels  # faster on the host, longer on the GPU
+    on_par = _profiled("cudnn", 835.9, 17.6, 0.905, 0.88, 0.93)  # spreads overlap: nothing to attribute
+    assert not page.device_pairs([te, on_par])[0].host_gap_outside_kernels
+    shorter = _profiled("cudnn", 900.0, 17.6, 0.95, 0.94, 0.96)  # TE faster on both: the kernels explain it
+    assert not page.device_pairs([te, shorter])[0].host_gap_outside_kernels
+    different = _profiled("cudnn", 835.9, 17.6, 0.95, 0.94, 0.96, name="another_kernel")
+    assert not page.device_pairs([te, different])[0].same_kernel
+    assert page.device_pairs([te]) == []
+    (row,) = page.device_pair_rows([p])
+    assert row["TE kernel (µs)"] == "873.2" and row["TE on the host"] == "faster" and row["mask"] == "none"
