@@ -145,23 +145,3 @@ def overhead_table(records) -> list[dict]:
             rows.append({"seq_q": k[0], "causal": k[1], "pass": k[2], "local": k[3], "impl": impl, "median_ms": ms,
                          "vs_local": float(np.round(ms / group["cp_local"], 3))})  # fmt: skip
     return rows
-
-
-def overhead_sentence(records) -> str:
-    """:func:`overhead_table` read for a reader: for the largest P emulated at each (T, mask), what each of P
-    devices would spend against one device's whole call (the emulated ring's time / P), beside the ideal 1 / P."""
-    rows = [r for r in overhead_table(records) if r["impl"].startswith("cp_emulated_P")]
-    if not rows:
-        return "No emulated ring was timed here."
-    best: dict[tuple, dict] = {}
-    for r in rows:
-        p = int(r["impl"].removeprefix("cp_emulated_P"))
-        k = (r["seq_q"], r["causal"], r["pass"], r["local"])
-        if k not in best or p > best[k]["P"]:
-            best[k] = {**r, "P": p}
-    passes = {k[2] for k in best}
-    parts = [f"T = {t}, {'causal' if c else 'no mask'}{', ' + ps if len(passes) > 1 else ''}, local step {loc}: "
-             f"{b['P']} steps take ×{b['vs_local']:.2f} the local step's "
-             f"time, so each of {b['P']} devices would spend ≈{b['vs_local'] / b['P']:.2f}× one call's time "
-             f"(ideal {1 / b['P']:.2f}×)" for (t, c, ps, loc), b in sorted(best.items())]  # fmt: skip
-    return "Read per device: " + "; ".join(parts) + ". Communication, which one device cannot show, comes on top."

@@ -46,20 +46,6 @@ def test_an_unknown_local_step_is_refused_before_measuring():
         cp_records(seq=(16,), heads=1, kv_heads=1, head_dim=8, dtype="float32", local="cudnn", **FAST)
 
 
-def test_overhead_sentence_reads_the_largest_ring_per_device():
-    from attention_tutorial.measure.context_parallel import EXPERIMENT, overhead_sentence
-
-    def rec(impl, ms, causal=True):
-        return {"experiment": EXPERIMENT, "status": "ok", "impl": impl, "median_ms": ms, "seq_q": 4096,
-                "causal": causal, "pass": "fwd", "local": "mosaic"}  # fmt: skip
-
-    recs = [rec("cp_local", 1.0), rec("cp_emulated_P2", 1.54), rec("cp_emulated_P4", 3.79)]
-    text = overhead_sentence(recs)
-    assert "T = 4096, causal, local step mosaic: 4 steps take ×3.79 the local step's time" in text
-    assert "each of 4 devices would spend ≈0.95× one call's time (ideal 0.25×)" in text and "P2" not in text
-    assert overhead_sentence([rec("cp_local", 1.0)]) == "No emulated ring was timed here."
-
-
 @pytest.mark.parametrize(
     ("rec", "want"),
     [  # records written before gpus/ring_steps: an emulated ring's P sat in devices, on one GPU
