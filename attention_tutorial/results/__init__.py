@@ -1,12 +1,11 @@
-"""Keeping and showing results: result files, the recorder, what pages call, plots and tables.
+"""Keeping results: result files, the recorder, and the plots and tables that show records (the CLI's too).
 
 Modules: :mod:`~attention_tutorial.results.store` (result files: provenance, save/load/validate, selection),
-:mod:`~attention_tutorial.results.record` (the recorder), :mod:`~attention_tutorial.results.report` (live runs and
-recorded references for the pages), :mod:`~attention_tutorial.results.plotting` (figures and tables),
-:mod:`~attention_tutorial.results.claims` (words from data) and :mod:`~attention_tutorial.results.lesson_tables` (the
-small lessons' tables).
+:mod:`~attention_tutorial.results.record` (the recorder), :mod:`~attention_tutorial.results.stamp` (the "last
+executed" line) and :mod:`~attention_tutorial.results.plotting` (figures and tables of records). What the pages read
+from the records (verdicts, live runs beside the recording) lives in :mod:`attention_tutorial.site`.
 The store's functions are re-exported here: ``from attention_tutorial import results; results.load(path)``.
-This layer may import everything below it (``kernels``, ``measure`` and the top-level modules).
+This layer may import everything below it (``kernels``, ``measure``, ``train`` and the top-level modules).
 """
 
 from .store import (

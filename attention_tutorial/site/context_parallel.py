@@ -22,8 +22,8 @@ from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from ..kernels import context_parallel as cp
 from ..measure.flops import attention_flops
-from ..results.claims import compare, same_point
 from ..results.plotting import PALETTE
+from .claims import compare, same_point
 
 GREY = "#555555"
 #: NVLink bandwidth of an H200 per direction, from NVIDIA's specification (900 GB/s in total): not measured here.

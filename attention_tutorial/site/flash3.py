@@ -15,8 +15,8 @@ from pathlib import Path
 
 from ..measure.flops import DATASHEET
 from ..results import store
-from ..results.claims import same_point
 from ..results.plotting import label
+from .claims import same_point
 from .pallas_kernels import Speed, pct, race, unique
 
 # --- the goals --------------------------------------------------------------------------------------------------------

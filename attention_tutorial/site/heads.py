@@ -1,7 +1,7 @@
 """Numbers, verdicts and figures for the page on shared keys and values: MHA, GQA, MQA, decoding and masks.
 
 Each function reads records (the recorded GPU's or this build's live ones) and returns numbers, a
-:class:`~attention_tutorial.results.claims.Claim` or a small dataclass, or draws a figure; the sentences that say
+:class:`~attention_tutorial.site.claims.Claim` or a small dataclass, or draws a figure; the sentences that say
 them are in ``docs/heads_decode_masks.md``.
 
 Shape legend: B batch, T query length, S key length, N query heads, K kv heads, H head dim.
@@ -25,8 +25,8 @@ from ..kernels.reference import reference_attention
 from ..measure.flops import attention_flops, kv_cache_bytes
 from ..measure.sweep import Point
 from ..registry import IMPLEMENTATIONS
-from ..results.claims import TOLERANCES, Claim, agreement, compare, growth, same_point
 from ..results.plotting import LINESTYLES, PALETTE, impl_style, label
+from .claims import TOLERANCES, Claim, agreement, compare, growth, same_point
 
 GREY = "#555555"
 #: Streaming multiprocessors per GPU (NVIDIA's datasheets), by the name a result file records.

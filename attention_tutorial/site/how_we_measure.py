@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 
 from ..measure.flops import BF16_PEAK, datasheet_peak
-from ..results.claims import Claim, compare, spread_ms
 from ..results.plotting import PALETTE, impl_style, label
+from .claims import Claim, compare, spread_ms
 
 #: The provenance fields the page lists, in its order (a result file's top level; each grid keeps its own copy).
 PROVENANCE_FIELDS = ("gpu", "driver", "jax", "jaxlib", "cudnn", "transformer_engine", "python", "created",
@@ -136,7 +136,7 @@ def example(records, a: str, b: str, **where) -> Example:
 
 def verdict_figure(examples):
     """One row per :class:`Example`, on one shared time axis: each side's p10–p90 range as a bar and its median as
-    a tick, titled with the verdict :func:`~attention_tutorial.results.claims.compare` gave."""
+    a tick, titled with the verdict :func:`~attention_tutorial.site.claims.compare` gave."""
     fig, axes = plt.subplots(len(examples), 1, figsize=(7.0, 1.35 * len(examples) + 0.6), facecolor="white",
                              layout="constrained", squeeze=False, sharex=True)  # fmt: skip
     for ax, ex in zip(axes[:, 0], examples):

@@ -14,8 +14,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
-from ..results.claims import Claim, growth_terms
 from ..results.plotting import PALETTE
+from .claims import Claim, growth_terms
 
 # --- the online softmax, one row ------------------------------------------------------------------------------------
 
@@ -136,7 +136,7 @@ def tiles_figure(n_q: int = 6, n_k: int = 6, *, query_block: int = 3):
 
 def memory_growth(records) -> dict[tuple[str, str], Claim]:
     """{(impl, pass): how its compiled temporaries grow with T} from records with impl, pass, seq_q, temp_bytes
-    (:func:`attention_tutorial.results.claims.growth_terms`: the word, and the growth per doubling as value, low,
+    (:func:`attention_tutorial.site.claims.growth_terms`: the word, and the growth per doubling as value, low,
     high)."""
     out = {}
     for key in dict.fromkeys((r["impl"], r["pass"]) for r in records):

@@ -1,7 +1,7 @@
 """What "What does a FlashAttention kernel look like on a GPU?" needs: each kernel's speed against cuDNN from the
 records, what the recorded machine code holds, and the picture of the two warpgroups taking turns.
 
-Speeds are cuDNN's time over the kernel's (1.0: as fast as cuDNN), as :func:`attention_tutorial.results.claims.compare`
+Speeds are cuDNN's time over the kernel's (1.0: as fast as cuDNN), as :func:`attention_tutorial.site.claims.compare`
 computes them from the p10–p90 spreads; every recording of cuDNN at a point (any grid, any run) widens its spread.
 """
 
@@ -15,8 +15,8 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
 from ..measure.kernel_code import FAMILIES
-from ..results.claims import POINT_FIELDS, Claim, compare, same_point, words_by_x
 from ..results.plotting import PALETTE, impl_style, label
+from .claims import POINT_FIELDS, Claim, compare, same_point, words_by_x
 
 # --- the race: each kernel against a baseline, point by point ---------------------------------------------------
 

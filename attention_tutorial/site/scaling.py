@@ -19,10 +19,10 @@ from ..measure import profile
 from ..measure.flops import DATASHEET, attention_bytes, attention_flops, datasheet_peak, materialised_bytes
 from ..measure.grids import MATERIALISE_SCORES, points
 from ..measure.sweep import run_sweep
-from ..results.claims import Claim, compare, versus, words_by_x
 from ..results.plotting import impl_style, label, markdown_table
-from ..results.report import live_label, live_vs_recorded, read_ceiling, reference, shapes, timing_options
 from ..results.store import select
+from .claims import Claim, compare, versus, words_by_x
+from .report import live_label, live_vs_recorded, read_ceiling, reference, shapes, timing_options
 
 # What a build runs live, per grid: (on a GPU, on a CPU) — a point or two; the recorded grids carry the sweeps.
 LIVE = {
@@ -219,7 +219,7 @@ def best(records, impl: str, **where) -> dict | None:
 class MaskSaving:
     """What a causal mask does to one implementation's time, point by point (``by_t``: T → the unmasked call
     compared with the causal one; value above 1: the causal call is faster): the verdict phrase over T
-    (:func:`~attention_tutorial.results.claims.words_by_x`) and the range of the ratio."""
+    (:func:`~attention_tutorial.site.claims.words_by_x`) and the range of the ratio."""
 
     by_t: dict
     words: str
@@ -291,7 +291,7 @@ def bytes_per_score(records, impl: str) -> tuple[float, float] | None:
 @dataclass(frozen=True)
 class Floor:
     """The batch sweep of one implementation: its time at the smallest and largest B, the verdict of the largest
-    against the smallest (:func:`~attention_tutorial.results.claims.compare`: "slower" means the larger batch takes
+    against the smallest (:func:`~attention_tutorial.site.claims.compare`: "slower" means the larger batch takes
     measurably longer), and the fastest call of the whole sweep (every implementation), in ms."""
 
     impl: str
@@ -366,7 +366,7 @@ class RaceRow:
 def race(records, impls, base: str = "cudnn", *, min_seq: int = 0, **where) -> list[RaceRow]:
     """:class:`RaceRow` per implementation of ``impls`` and mask where it and ``base`` share points (T >=
     ``min_seq``, matching ``where``), every record of ``base`` at a point widening its range
-    (:func:`~attention_tutorial.results.claims.versus`)."""
+    (:func:`~attention_tutorial.site.claims.versus`)."""
     rows = []
     for impl in impls:
         for causal in (False, True):

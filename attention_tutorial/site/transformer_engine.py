@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 
-from ..results import claims
 from ..results.plotting import PALETTE
+from . import claims
 
 
 @dataclass(frozen=True)

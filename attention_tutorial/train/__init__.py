@@ -5,5 +5,5 @@ GPT whose attention is a registry implementation, ``loop`` trains it and returns
 """
 
 # suffix of a twin run's implementation name: the first implementation again, from weights nudged by one rounding
-# step (train.loop.perturb_params); the yardstick results.claims reads loss curves against
+# step (train.loop.perturb_params); the yardstick site.claims reads loss curves against
 TWIN = "_twin"

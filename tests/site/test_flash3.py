@@ -81,7 +81,7 @@ def test_closest_takes_the_best_verdict_then_the_highest_lowest_speed():
 
 
 def test_the_committed_goals_read_the_recorded_grids():
-    from attention_tutorial.results.report import reference
+    from attention_tutorial.site.report import reference
 
     everything, _ = reference()
     beyond = [x for x in everything if x.get("grid") == "beyond"]

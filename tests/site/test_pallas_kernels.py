@@ -146,7 +146,7 @@ def test_register_split_reads_the_kernel_s_budgets():
 def test_the_recorded_code_holds_what_the_page_says():
     """On the committed recording: both kernels use wgmma; only the Mosaic one copies by TMA and specialises its
     warps; the Triton one copies per thread."""
-    from attention_tutorial.results.report import reference
+    from attention_tutorial.site.report import reference
 
     _, prov = reference("flash")
     code = prov["kernel_code"]
@@ -157,7 +157,7 @@ def test_the_recorded_code_holds_what_the_page_says():
 
 
 def test_the_recorded_race_puts_the_mosaic_kernel_near_cudnn_and_triton_below():
-    from attention_tutorial.results.report import reference
+    from attention_tutorial.site.report import reference
 
     flash, _ = reference("flash", dtype="bfloat16")
     everything, _ = reference()

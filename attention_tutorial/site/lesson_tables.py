@@ -4,7 +4,7 @@ and :func:`recorded_lesson` to read the ones the recorder kept."""
 from __future__ import annotations
 
 from ..measure.lessons import INPUT_KINDS
-from . import store
+from ..results import store
 from .claims import TOLERANCES, agreement, compare
 
 LESSONS = ("precision", "cudnn_refusals", "gqa", "inputs")
@@ -34,7 +34,7 @@ def precision_table(rows) -> list[dict]:
 
 
 def highest_vs_default(rows):
-    """A :class:`~attention_tutorial.results.claims.Claim`: how "highest" runs against the default (value: default
+    """A :class:`~attention_tutorial.site.claims.Claim`: how "highest" runs against the default (value: default
     time / highest time, so below 1 means "highest" is slower; word "faster", "slower" or "on par")."""
     by = {r["precision"]: r for r in rows}
     return compare([by["highest"]], [by["default"]])

@@ -2,7 +2,8 @@
 
 import pytest
 
-from attention_tutorial.results import report, store
+from attention_tutorial.results import store
+from attention_tutorial.site import report
 
 PROV = {"gpu": "NVIDIA H200", "driver": "580", "jax": "0.11.2", "jaxlib": "0.11.2", "cudnn": "9.19.0",
         "transformer_engine": None, "python": "3.12.3", "created": "2026-12-02T18:00:00+00:00", "command": "record",

@@ -2,9 +2,9 @@
 
 import pytest
 
-from attention_tutorial.results import lesson_tables as lt
 from attention_tutorial.results import record as rec_mod
 from attention_tutorial.results import store
+from attention_tutorial.site import lesson_tables as lt
 
 
 def timed(ms, lo, hi, **kw):

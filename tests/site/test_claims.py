@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from attention_tutorial.results import claims, store
+from attention_tutorial.results import store
+from attention_tutorial.site import claims
 from attention_tutorial.train import TWIN
 
 

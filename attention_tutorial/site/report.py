@@ -17,10 +17,10 @@ from ..env import environment
 from ..measure.flops import datasheet_peak
 from ..measure.grids import points
 from ..measure.sweep import run_sweep
+from ..results import store
+from ..results.plotting import _legend, markdown_table, plot_records
 from ..train import TWIN
-from . import store
 from .claims import POINT_FIELDS, same_point
-from .plotting import _legend, markdown_table, plot_records
 
 REFERENCE_GPU = "nvidia-h200"
 
