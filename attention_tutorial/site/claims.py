@@ -167,7 +167,7 @@ def growth_terms(xs, ys, var: str = "x") -> Claim:
         )
     first, last = int(np.argmin(x)), int(np.argmax(x))
     if y[first] > 0 and y[last] / y[first] > 1.1 * (x[last] / x[first]) ** 2:
-        word += f" (its ends a little faster than {var}²)"
+        word += f" (slightly faster than {var}² at the largest {var})"
     return Claim(g.value, g.low, g.high, word)
 
 
@@ -204,13 +204,24 @@ def same_point(records, rec, **override) -> list[dict]:
 
 
 def words_by_x(claims_at: dict) -> str:
-    """One phrase for several claims keyed by x: 'on par' when all agree, else 'slower at 4096; on par at 16384'."""
-    groups: dict[str, list] = {}
-    for x, c in claims_at.items():
-        groups.setdefault(c.word, []).append(x)
+    """One phrase for several claims keyed by x (in order): 'on par' when all agree, else e.g. 'slower at
+    T = 1024–16384; on par at T = 32768' (three or more neighbouring x with one word read as a range)."""
+    xs = list(claims_at)
+    groups: dict[str, list[list]] = {}
+    for i, x in enumerate(xs):
+        word = claims_at[x].word
+        runs = groups.setdefault(word, [])
+        if runs and xs.index(runs[-1][-1]) == i - 1:
+            runs[-1].append(x)  # the neighbour of the run before
+        else:
+            runs.append([x])
     if len(groups) == 1:
         return next(iter(groups))
-    return "; ".join(f"{w} at T = {', '.join(map(str, xs))}" for w, xs in groups.items())
+
+    def said(run):
+        return f"{run[0]}–{run[-1]}" if len(run) >= 3 else ", ".join(map(str, run))
+
+    return "; ".join(f"{w} at T = {', '.join(said(r) for r in runs)}" for w, runs in groups.items())
 
 
 def versus(records, impl: str, baseline: str = "cudnn", *, min_seq: int = 0, **where) -> dict[int, Claim]:

@@ -286,7 +286,7 @@ def test_growth_terms_name_a_constant_and_a_linear_part():
     assert claims.growth_terms(ts, [2 * t for t in ts], "T").word == "grows linearly in T"
     assert claims.growth_terms(ts, [5.0] * 4, "T").word == "stays flat"
     naive = claims.growth_terms(ts, [1.0, 4.5, 19.0, 85.3], "T")  # ×85 while T² grew ×64
-    assert naive.word == "grows quadratically in T (its ends a little faster than T²)"
+    assert naive.word == "grows quadratically in T (slightly faster than T² at the largest T)"
     assert naive.value == pytest.approx(claims.growth(ts, [1.0, 4.5, 19.0, 85.3]).value)
 
 
@@ -384,3 +384,13 @@ def test_a_loss_that_does_not_move_gets_the_caveat_too():
     assert y.limit == pytest.approx(0.05) and y.motion == 0 and y.coarse
     still = _steps("xla", flat) + _steps("xla_twin", flat) + recs[12:]  # the twin did not move either: no yardstick
     assert not claims.loss_yardstick(still).coarse
+
+
+def test_words_by_x_reads_neighbouring_points_as_a_range():
+    def c(word):
+        return claims.Claim(1.0, 1.0, 1.0, word)
+
+    at = {1024: c("slower"), 2048: c("slower"), 4096: c("slower"), 8192: c("on par"), 16384: c("slower")}
+    assert claims.words_by_x(at) == "slower at T = 1024–4096, 16384; on par at T = 8192"
+    assert claims.words_by_x({1024: c("slower"), 2048: c("on par")}) == "slower at T = 1024; on par at T = 2048"
+    assert claims.words_by_x({1024: c("faster"), 2048: c("faster")}) == "faster"
