@@ -58,3 +58,30 @@ def test_every_executed_page_shows_real_output():
     assert {page.stem for page in checked} == executable and len(executable) >= 9, sorted(executable)
     for page in checked:
         assert "cell_output" in page.read_text(), f"{page.name} has no executed output"
+
+
+def test_a_figure_without_alt_text_gets_the_sentence_before_it():
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    from docutils import nodes
+    from docutils.frontend import get_default_settings
+    from docutils.parsers.rst import Parser
+    from docutils.utils import new_document
+    from publish import describe_figures
+
+    doc = new_document("page", get_default_settings(Parser))
+    section = nodes.section("", nodes.title("", "Memory"), nodes.paragraph("", "Compiling is\nenough:"))
+    cell = nodes.container("", nodes.container("", nodes.image(uri="x.png", alt="_images/3f9a.png")))
+    described = nodes.image(uri="logo.png", alt="Colab logo")
+    alone = nodes.section("", nodes.title("", "Alone"), nodes.image(uri="y.png"))
+    section += [cell, described]
+    doc += [section, alone]
+    describe_figures(doc)
+    assert cell[0][0]["alt"] == "Figure: Compiling is enough:"  # the paragraph before its cell, on one line
+    assert described["alt"] == "Colab logo"  # a real alt text stays
+    assert alone[1]["alt"] == "Figure: Alone"  # no paragraph before it: the section's title
+
+
+def test_no_built_figure_is_described_by_its_file_name():
+    named = {p.name: re.findall(r'<img alt="([^"]*\.(?:png|svg|jpe?g))"', p.read_text(encoding="utf-8"))
+             for p in _pages()}  # fmt: skip
+    assert not {k: v for k, v in named.items() if v}

@@ -81,9 +81,34 @@ def _run_yourself(app, docname: str) -> nodes.Node:
 
 
 def _on_doctree_resolved(app, doctree, docname):
-    if app.builder.format != "html" or not _executable(app, docname):
+    if app.builder.format != "html":
         return
-    doctree += _run_yourself(app, docname)
+    describe_figures(doctree)
+    if _executable(app, docname):
+        doctree += _run_yourself(app, docname)
+
+
+_FILE_NAME = re.compile(r"(^|/)[^/\s]+\.(png|jpe?g|svg|gif)$", re.IGNORECASE)
+
+
+def describe_figures(doctree) -> None:
+    """Give each image without a real alt text (a cell's figure gets its file name) the sentence that introduces
+    it: the last paragraph before it in its section, else the section's title."""
+    for image in list(doctree.findall(nodes.image)):
+        if image.get("alt") and not _FILE_NAME.search(image["alt"]):
+            continue
+        block, parent = image, image.parent
+        while parent is not None and not isinstance(parent, (nodes.section, nodes.document)):
+            block, parent = parent, parent.parent
+        if parent is None:
+            continue
+        before = parent.children[: parent.index(block)]
+        text = next((n.astext() for n in reversed(before) if isinstance(n, nodes.paragraph)), "")
+        if not text and isinstance(parent, nodes.section) and isinstance(parent[0], nodes.title):
+            text = parent[0].astext()
+        text = " ".join(text.split())
+        if text:
+            image["alt"] = f"Figure: {text[:297] + '…' if len(text) > 300 else text}"
 
 
 def _on_page_context(app, pagename, templatename, context, doctree):
