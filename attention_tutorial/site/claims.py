@@ -1,7 +1,7 @@
 """Claims the pages make about measurements, computed from records: each returns its value and its wording.
 
 A page never types "faster", "exactly" or "grows with T²" by hand: it asks one of these functions, which looks at
-the data (and its spread) and picks the word. ``tests/results/test_claims.py`` checks every word against the
+the data (and its spread) and picks the word. ``tests/site/test_claims.py`` checks every word against the
 committed result files.
 
 - :func:`compare` — is A faster than B? Only when their timing spreads do not overlap; otherwise "on par".

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 
+from ..measure import profile
 from ..results.plotting import PALETTE
 from . import claims
 
@@ -105,8 +106,6 @@ class DevicePair:
 
 def device_pairs(device_time_records, a_impl: str = "te", b_impl: str = "cudnn") -> list[DevicePair]:
     """:class:`DevicePair` at each point where both implementations were profiled (same shape, mask, dtype)."""
-    from ..measure import profile
-
     out = []
     for a in device_time_records or []:
         if a["impl"] != a_impl or a.get("status") != "ok" or not a.get("device_ms") or not profile.main_kernel(a):
