@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 from urllib.parse import urlparse
@@ -14,6 +17,14 @@ sys.path.insert(0, str(ROOT))
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+# The pages share XLA's GPU autotuning results: a matmul or fusion one page tuned is not timed again by the next
+# (what one process does by itself, across pages). Programs are still compiled in full; the folder lives as long
+# as this build, so every build starts cold.
+_AUTOTUNE = tempfile.mkdtemp(prefix="xla-autotune-")
+atexit.register(shutil.rmtree, _AUTOTUNE, ignore_errors=True)
+os.environ["XLA_FLAGS"] = (
+    f"{os.environ.get('XLA_FLAGS', '')} --xla_gpu_per_fusion_autotune_cache_dir={_AUTOTUNE}".strip()
+)
 
 import attention_tutorial  # noqa: E402
 

@@ -19,6 +19,7 @@ finite scale exactly (the hard maximum at huge ones), as the float64 reference d
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import jax
@@ -79,18 +80,17 @@ def dot_product_attention(
         n: None if opt[n] is None else jnp.asarray(opt[n], jnp.int32)
         for n in ("query_seq_lengths", "key_value_seq_lengths")
     }
-    return jax.nn.dot_product_attention(
-        q,
-        k,
-        v,
-        opt["bias"],
-        mask,
-        scale=scale,
-        is_causal=is_causal,
-        local_window_size=opt["local_window_size"],
-        implementation=implementation,
-        **lengths,
-    )
+    window = opt["local_window_size"]
+    return _fused(q, k, v, opt["bias"], mask, lengths, scale=scale, is_causal=is_causal, local_window_size=window,
+                  implementation=implementation)  # fmt: skip
+
+
+# One compiled program per shape and set of options: called outside jit, the XLA path runs as one program rather
+# than op by op (on a GPU each op alone is a compilation of its own).
+@functools.partial(jax.jit, static_argnames=("scale", "is_causal", "local_window_size", "implementation"))
+def _fused(q, k, v, bias, mask, lengths, *, scale, is_causal, local_window_size, implementation):
+    return jax.nn.dot_product_attention(q, k, v, bias, mask, scale=scale, is_causal=is_causal,
+                                        local_window_size=local_window_size, implementation=implementation, **lengths)  # fmt: skip
 
 
 def xla_why_not(shape: AttentionShape, dtype, *, device: jax.Device | None = None) -> str | None:

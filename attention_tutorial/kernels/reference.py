@@ -26,6 +26,8 @@ to see).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,6 +62,21 @@ def naive_attention(
     opt = check_mask_args(shape, is_causal=is_causal, causal_alignment=causal_alignment, mask=mask, bias=bias,
                           local_window_size=local_window_size, query_seq_lengths=query_seq_lengths,
                           key_value_seq_lengths=key_value_seq_lengths)  # fmt: skip
+    arrays = {n: opt[n] for n in _ARRAYS}  # traced arguments; the rest shapes the program
+    static = {n: opt[n] for n in opt if n not in _ARRAYS}
+    return _naive(q, k, v, arrays, scale=scale, **static)
+
+
+_ARRAYS = ("mask", "bias", "query_seq_lengths", "key_value_seq_lengths")
+
+
+# One compiled program per shape and set of options: called outside jit, the four steps run as one program
+# rather than op by op (on a GPU each op alone is a compilation of its own).
+@functools.partial(jax.jit, static_argnames=("scale", "is_causal", "causal_alignment", "local_window_size"))
+def _naive(q, k, v, arrays, *, scale, is_causal, causal_alignment, local_window_size):
+    B, T, S, N, K, H = attention_shape(q, k, v)
+    opt = {**arrays, "is_causal": is_causal, "causal_alignment": causal_alignment,
+           "local_window_size": local_window_size}  # fmt: skip
     qg = q.reshape(B, T, K, N // K, H)  # group the query heads by the kv head they share
 
     # 1. scores: every query against every key -> (B, N, T, S), float32 accumulation, then scaled
