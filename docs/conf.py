@@ -17,14 +17,16 @@ sys.path.insert(0, str(ROOT))
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-# The pages share XLA's GPU autotuning results: a matmul or fusion one page tuned is not timed again by the next
-# (what one process does by itself, across pages). Programs are still compiled in full; the folder lives as long
-# as this build, so every build starts cold.
-_AUTOTUNE = tempfile.mkdtemp(prefix="xla-autotune-")
-atexit.register(shutil.rmtree, _AUTOTUNE, ignore_errors=True)
-os.environ["XLA_FLAGS"] = (
-    f"{os.environ.get('XLA_FLAGS', '')} --xla_gpu_per_fusion_autotune_cache_dir={_AUTOTUNE}".strip()
-)
+
+# ATTENTION_TUTORIAL_CELL_TIMES=FILE: every executed cell's seconds and XLA compilations, one JSON line each
+# (docs/_ext/cell_times.py, an IPython start-up file; the pages' outputs are unchanged).
+if os.environ.get("ATTENTION_TUTORIAL_CELL_TIMES"):
+    _IPYTHON = tempfile.mkdtemp(prefix="ipython-")
+    atexit.register(shutil.rmtree, _IPYTHON, ignore_errors=True)
+    _STARTUP = Path(_IPYTHON, "profile_default", "startup")
+    _STARTUP.mkdir(parents=True)
+    shutil.copy(Path(__file__).parent / "_ext" / "cell_times.py", _STARTUP / "00-cell-times.py")
+    os.environ["IPYTHONDIR"] = _IPYTHON
 
 import attention_tutorial  # noqa: E402
 
@@ -40,7 +42,7 @@ release = attention_tutorial.__version__
 extensions = [
     "myst_nb",
     "sphinx.ext.autodoc",
-    "sphinx.ext.viewcode",
+    "sphinx.ext.linkcode",  # [source] links to the repository (no copy of the code in the site: a faster build)
     "sphinx_copybutton",
     "sphinx_design",
     "sphinx_sitemap",
@@ -86,7 +88,7 @@ publish_preview_page = "scaling"  # its first plot is the site's preview image (
 html_baseurl = (os.environ.get("ATTENTION_TUTORIAL_BASEURL") or _URLS["Documentation"]).rstrip("/") + "/"
 html_theme_options |= {"repository_url": publish_repo_url, "use_repository_button": True}
 sitemap_url_scheme = "{link}"
-sitemap_excludes = ["404.html", "search.html", "genindex.html", "py-modindex.html", "_modules/*"]
+sitemap_excludes = ["404.html", "search.html", "genindex.html", "py-modindex.html"]
 ogp_site_url = html_baseurl
 ogp_site_name = project
 ogp_description_length = 200
@@ -95,3 +97,10 @@ ogp_image = html_baseurl + "preview.png"
 if (Path(__file__).parent / "404.md").exists():  # not when another conf.py execs this one for a test site
     extensions.append("notfound.extension")
     notfound_urls_prefix = urlparse(html_baseurl).path  # 404.html's links work from any missing address
+
+
+def linkcode_resolve(domain, info):
+    """The API page's [source] links: the file on the repository, at the ref the notebooks install (else main)."""
+    from publish import source_url
+
+    return source_url(publish_repo_url, os.environ.get("ATTENTION_TUTORIAL_REPO_REF") or "main", domain, info)

@@ -85,3 +85,28 @@ def test_no_built_figure_is_described_by_its_file_name():
     named = {p.name: re.findall(r'<img alt="([^"]*\.(?:png|svg|jpe?g))"', p.read_text(encoding="utf-8"))
              for p in _pages()}  # fmt: skip
     assert not {k: v for k, v in named.items() if v}
+
+
+def test_source_links_point_at_the_entrys_lines_in_the_repository():
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    import inspect
+
+    from publish import source_url
+
+    import attention_tutorial.kernels.reference as reference
+
+    url = source_url("https://github.com/o/r/", "abc123", "py", {"module": reference.__name__,
+                                                                 "fullname": "naive_attention"})  # fmt: skip
+    lines, first = inspect.getsourcelines(reference.naive_attention)
+    assert url == (f"https://github.com/o/r/blob/abc123/attention_tutorial/kernels/reference.py"
+                   f"#L{first}-L{first + len(lines) - 1}")  # fmt: skip
+    assert "def naive_attention(" in lines[0]
+    method = source_url("https://github.com/o/r", "main", "py", {"module": "attention_tutorial.inputs",
+                                                                 "fullname": "AttentionShape.flops"})  # fmt: skip
+    assert method is None or "/blob/main/attention_tutorial/inputs.py#L" in method
+    assert (
+        source_url("https://github.com/o/r", "main", "py", {"module": reference.__name__, "fullname": "F32_MAX"})
+        is None
+    )
+    assert source_url("https://github.com/o/r", "main", "py", {"module": "numpy", "fullname": "zeros"}) is None
+    assert source_url("https://github.com/o/r", "main", "c", {"module": reference.__name__, "fullname": "x"}) is None

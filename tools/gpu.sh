@@ -101,6 +101,7 @@ PY
     export PYTHONPATH=/tmp/docsite${PYTHONPATH:+:$PYTHONPATH} ATTENTION_TUTORIAL_NB_MODE=${ATTENTION_TUTORIAL_NB_MODE:-force}
     [ "${DOCS_CLEAN:-1}" = 1 ] && rm -rf docs/_build
     start=$(date +%s)
+    export ATTENTION_TUTORIAL_CELL_TIMES=$OUT/cell-times.jsonl  # each cell's seconds and compilations (docs/conf.py)
     timeout "${DOCS_TIMEOUT:-560}" python3 -m nox -s docs --no-venv --no-install >> "$OUT/docs-build.log" 2>&1; rc=$?
     echo "docs build rc=$rc in $(( $(date +%s) - start )) s" | tee -a "$OUT/docs-build.log"
     # "reading sources... [ 40%] page" comes before that page's "Executed notebook in N seconds"
@@ -108,6 +109,7 @@ PY
       /reading sources\.\.\./ { page = $NF }
       /Executed notebook in/ { for (i = 1; i <= NF; i++) if ($i == "in") s = $(i + 1); printf "%8.1f s  %s\n", s, page; t += s }
       END { printf "%8.1f s  all pages\n", t }' | sort -rn | tee "$OUT/page-times.txt"
+    python3 tools/cell_times.py "$OUT/cell-times.jsonl" "$OUT/docs-build.log" 30 | tee "$OUT/cell-times.txt"
     grep -i "warning\|error" "$OUT/docs-build.log" | grep -v "Kernel is running over TCP" | tail -15
     tail -4 "$OUT/docs-build.log"
     [ -d docs/_build/html ] && tar czf "$OUT/site-gpu.tgz" -C docs/_build html ;;

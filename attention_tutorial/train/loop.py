@@ -225,7 +225,7 @@ def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0
     opt_state = opt.init(params)
     batch = lambda s: jax.device_put(batch_at(corpus.train, batch=c.batch, seq_len=c.seq_len, seed=seed, step=s))  # noqa: E731
     eval_before = evaluate(model, params, corpus.held_out, c, seed=seed, batches=eval_batches)
-    stats = compile_stats(make_step(model, opt), params, opt_state, batch(0))
+    stats = _step_program(c, impl, steps, model, opt, params, opt_state, batch(0))
     jax.block_until_ready(stats.compiled(params, opt_state, batch(0)))  # warm-up, result thrown away
     flops, tokens = step_flops(c), c.batch * c.seq_len
     records, times, window = [], [], []
@@ -307,10 +307,25 @@ def profile_step(impl: str, *, config: Config = TINY, seed: int = 0, trained_ste
     params = init_params(c, seed)
     opt_state = opt.init(params)
     batch = lambda s: jax.device_put(batch_at(corpus.train, batch=c.batch, seq_len=c.seq_len, seed=seed, step=s))  # noqa: E731
-    stats = compile_stats(make_step(model, opt), params, opt_state, batch(0))
+    stats = _step_program(c, impl, max(trained_steps, 1), model, opt, params, opt_state, batch(0))
     for s in range(trained_steps):
         params, opt_state, _ = stats.compiled(params, opt_state, batch(s))
     return device_profile(None, params, opt_state, batch(trained_steps), repeats=repeats, compiled=stats.compiled)
+
+
+_STEP_PROGRAMS: dict = {}  # (config, impl, steps) -> CompileStats of the train step, the latest few
+
+
+def _step_program(config: Config, impl: str, steps: int, model, opt, params, opt_state, tokens):
+    """The compiled train step of ``impl`` for ``config`` over ``steps`` (the learning-rate schedule's length): one
+    program for all of them, so a run that repeats another's (the twin, from nudged weights) is not compiled again.
+    Its ``compile_s`` is that of the first compilation."""
+    key = (config, impl, steps)
+    if key not in _STEP_PROGRAMS:
+        while len(_STEP_PROGRAMS) >= 2:  # the executables hold device memory: keep the last two
+            _STEP_PROGRAMS.pop(next(iter(_STEP_PROGRAMS)))
+        _STEP_PROGRAMS[key] = compile_stats(make_step(model, opt), params, opt_state, tokens)
+    return _STEP_PROGRAMS[key]
 
 
 def _config(config) -> Config:

@@ -12,6 +12,7 @@ Colab opens notebooks from GitHub: CI publishes ``_notebooks/`` to the branch ``
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -27,6 +28,7 @@ from notebooks import is_executable, write_notebook
 from sphinx.errors import ExtensionError
 from sphinx.util import docname_join, logging
 
+import attention_tutorial
 from attention_tutorial.results.stamp import last_executed
 
 LOG = logging.getLogger(__name__)
@@ -38,6 +40,26 @@ def colab_url(repo_url: str, branch: str, docname: str) -> str | None:
     """Colab's address for the page's notebook on the repository's notebooks branch (GitHub only, else None)."""
     m = re.match(r"^https://github\.com/([^/]+)/([^/]+?)(?:\.git)?/?$", repo_url)
     return f"https://colab.research.google.com/github/{m[1]}/{m[2]}/blob/{branch}/{docname}.ipynb" if m else None
+
+
+def source_url(repo_url: str, ref: str, domain: str, info: Mapping) -> str | None:
+    """Where an API entry's source lives on the repository (``sphinx.ext.linkcode``): the file at ``ref``, the
+    entry's lines marked; None outside Python, for an object that has no source file, or one outside the package."""
+    if domain != "py" or not info.get("module"):
+        return None
+    obj = sys.modules.get(info["module"])
+    for part in info.get("fullname", "").split("."):
+        obj = getattr(obj, part, None)
+    obj = inspect.unwrap(obj) if callable(obj) else obj
+    try:
+        path = Path(inspect.getsourcefile(obj)).resolve()
+        lines, first = inspect.getsourcelines(obj)
+    except (TypeError, OSError):  # a constant, a built-in, a generated object
+        return None
+    root = Path(attention_tutorial.__file__).resolve().parents[1]
+    if not path.is_relative_to(root / "attention_tutorial"):
+        return None
+    return f"{repo_url.rstrip('/')}/blob/{ref}/{path.relative_to(root).as_posix()}#L{first}-L{first + len(lines) - 1}"
 
 
 def _executable(app, docname: str) -> bool:
