@@ -7,10 +7,8 @@ gives the bytes of temporaries the program allocates besides its inputs and outp
 
 from __future__ import annotations
 
-import os
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import jax
@@ -44,33 +42,9 @@ class CompileStats:
 
 def compile_stats(fn, *args) -> CompileStats:
     """Compile ``jax.jit(fn)`` for ``args`` (arrays or ``jax.ShapeDtypeStruct``) and report what came out."""
-    return _stats(*_compile(jax.jit(fn).lower(*args)))
-
-
-def compile_stats_each(fn, arg_sets, *, workers: int | None = None) -> list[CompileStats]:
-    """:func:`compile_stats` of ``fn`` for each tuple of arguments in ``arg_sets``, in order, the programs built side
-    by side on up to ``workers`` threads (default: one per program, at most the CPU count). XLA compiles outside
-    Python's lock, so several cores work at once. Each is traced here first, in this thread's JAX settings
-    (``jax.default_matmul_precision`` and the like). For what the compiler made (memory, kernels), not for compile
-    times: a ``compile_s`` then includes the wait for the programs built beside it."""
-    arg_sets = [tuple(a) for a in arg_sets]
-    if not arg_sets:
-        raise ValueError("arg_sets must hold at least one tuple of arguments, e.g. [(q, k, v)].")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise ValueError(f"workers must be a positive int or None; got {workers!r:.60}.")
-    lowered = [jax.jit(fn).lower(*args) for args in arg_sets]
-    workers = workers or min(len(lowered), os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return [_stats(*built) for built in pool.map(_compile, lowered)]
-
-
-def _compile(lowered):
     t0 = time.perf_counter()
-    compiled = lowered.compile()
-    return compiled, time.perf_counter() - t0
-
-
-def _stats(compiled, seconds: float) -> CompileStats:
+    compiled = jax.jit(fn).lower(*args).compile()
+    seconds = time.perf_counter() - t0
     try:
         temp = int(compiled.memory_analysis().temp_size_in_bytes)
     except (AttributeError, NotImplementedError, TypeError):  # some backends don't report it

@@ -41,8 +41,10 @@ def timing_options() -> dict:
 
 
 def run_live(grid_name: str, **where) -> list[dict]:
-    """Run the grid ``grid_name`` (its live size for this backend), keeping points that match ``where``."""
-    pts = [p for p in points(grid_name, live=True) if all(getattr(p, k) == v for k, v in where.items())]
+    """Run the grid ``grid_name`` (its live size for this backend), keeping points that match ``where`` (a field's
+    value, or a tuple of the values to keep, e.g. ``impl=("te", "cudnn")``)."""
+    keep = {k: v if isinstance(v, tuple) else (v,) for k, v in where.items()}
+    pts = [p for p in points(grid_name, live=True) if all(getattr(p, k) in v for k, v in keep.items())]
     return run_sweep(pts, **timing_options())
 
 

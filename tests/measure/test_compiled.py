@@ -47,27 +47,3 @@ def test_compile_stats_reports_seconds_and_no_library_kernel_on_cpu():
     stats = compile_stats(lambda q, k, v: naive_attention(q, k, v), q, k, v)
     assert stats.compile_s > 0 and stats.temp_bytes > 0
     assert stats.attention_kernel.startswith("XLA")
-
-
-def test_compile_stats_each_matches_one_by_one_and_keeps_the_callers_precision():
-    import jax
-    import pytest
-
-    from attention_tutorial.measure.compiled import compile_stats_each
-
-    def f(q, k, v):
-        return naive_attention(q, k, v, is_causal=True)
-
-    sets = [make_qkv(1, t, 2, 32) for t in (64, 128, 256)]
-    each = compile_stats_each(f, sets)
-    alone = [compile_stats(f, *a) for a in sets]
-    assert [s.temp_bytes for s in each] == [s.temp_bytes for s in alone]
-    assert [s.kernels for s in each] == [s.kernels for s in alone]
-    out = each[1].compiled(*sets[1])  # the executable runs, for its own shapes
-    assert out.shape == sets[1][0].shape
-    with jax.default_matmul_precision("highest"):  # traced in the caller's thread: the setting is in the program
-        hi = compile_stats_each(f, sets[:1], workers=1)[0].compiled.as_text()
-    assert "HIGHEST" in hi.upper() and "HIGHEST" not in each[0].compiled.as_text().upper()
-    for bad in ([], 0, True, 2.0):
-        with pytest.raises(ValueError, match="arg_sets|workers"):
-            compile_stats_each(f, [] if bad == [] else sets, workers=None if bad == [] else bad)

@@ -184,3 +184,13 @@ def test_read_ceiling_is_the_one_the_records_percentages_were_computed_against()
     untagged = [{"grid": "decode", "gbps": 900.0}]  # recorded before pct_read existed: the latest run's ceiling
     assert report.read_ceiling(untagged, {"read_gbps": 4502.0}) == (4502.0, "the latest recording run")
     assert report.read_ceiling([], None) == (None, "")
+
+
+def test_run_live_keeps_the_points_matching_a_value_or_one_of_several(monkeypatch):
+    ran = []
+    monkeypatch.setattr(report, "run_sweep", lambda pts, **timing: ran.append(pts) or [])
+    report.run_live("te", seq_q=128, impl=("te", "cudnn"))
+    report.run_live("te", impl="xla")
+    one_of, one = ran
+    assert one_of and {p.impl for p in one_of} == {"te", "cudnn"} and {p.seq_q for p in one_of} == {128}
+    assert one and {p.impl for p in one} == {"xla"} and len({p.seq_q for p in one}) > 1
