@@ -66,17 +66,36 @@ def _executable(app, docname: str) -> bool:
     return is_executable(Path(app.env.doc2path(docname)))
 
 
+def _start_environment_report(app) -> None:
+    """Start ``python -m attention_tutorial env`` in the notebook kernels' environment as the build begins: it
+    starts a JAX backend of its own, which then overlaps the pages' execution instead of following it."""
+    app._publish_env_proc = subprocess.Popen(
+        [sys.executable, "-m", "attention_tutorial", "env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=os.environ.copy(),
+    )  # fmt: skip
+
+
 def _kernel_environment(app) -> dict:
     """The environment report of a fresh Python with the notebook kernels' environment (once per build)."""
     if not hasattr(app, "_publish_env"):
-        proc = subprocess.run(
-            [sys.executable, "-m", "attention_tutorial", "env"], capture_output=True, text=True, timeout=300,
-            env=os.environ.copy(),
-        )  # fmt: skip
-        if proc.returncode:
-            raise ExtensionError(f"`python -m attention_tutorial env` failed:\n{proc.stderr[-2000:]}")
-        app._publish_env = json.loads(proc.stdout)
+        if getattr(app, "_publish_env_proc", None) is None:
+            _start_environment_report(app)
+        try:
+            out, err = app._publish_env_proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            app._publish_env_proc.kill()
+            raise ExtensionError("`python -m attention_tutorial env` did not finish in 300 s.") from None
+        if app._publish_env_proc.returncode:
+            raise ExtensionError(f"`python -m attention_tutorial env` failed:\n{err[-2000:]}")
+        app._publish_env = json.loads(out)
     return app._publish_env
+
+
+def _stop_environment_report(app, exception) -> None:
+    proc = getattr(app, "_publish_env_proc", None)
+    if proc is not None and proc.poll() is None:  # a build that failed before it needed the report
+        proc.kill()
+        proc.communicate()
 
 
 def _notebook_uri(docname: str) -> str:
@@ -230,5 +249,7 @@ def setup(app):
     app.add_config_value("publish_preview_page", "", "html", types=[str])
     app.connect("doctree-resolved", _on_doctree_resolved)
     app.connect("html-page-context", _on_page_context, priority=600)  # after the theme has made its buttons
+    app.connect("builder-inited", _start_environment_report)
     app.connect("build-finished", _on_build_finished)
+    app.connect("build-finished", _stop_environment_report)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
