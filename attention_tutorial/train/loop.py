@@ -222,7 +222,7 @@ def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0
     params = init_params(c, seed)
     if perturb:
         params = perturb_params(params, perturb, seed + 1)
-    opt_state = opt.init(params)
+    opt_state = jax.jit(opt.init)(params)  # one program (op by op, a GPU compiles each zeros_like apart)
     batch = lambda s: jax.device_put(batch_at(corpus.train, batch=c.batch, seq_len=c.seq_len, seed=seed, step=s))  # noqa: E731
     eval_before = evaluate(model, params, corpus.held_out, c, seed=seed, batches=eval_batches)
     stats = _step_program(c, impl, steps, model, opt, params, opt_state, batch(0))
@@ -305,7 +305,7 @@ def profile_step(impl: str, *, config: Config = TINY, seed: int = 0, trained_ste
     check_corpus(corpus, c)
     model, opt = GPT(c, impl), optimizer(c, max(trained_steps, 1))
     params = init_params(c, seed)
-    opt_state = opt.init(params)
+    opt_state = jax.jit(opt.init)(params)  # one program (op by op, a GPU compiles each zeros_like apart)
     batch = lambda s: jax.device_put(batch_at(corpus.train, batch=c.batch, seq_len=c.seq_len, seed=seed, step=s))  # noqa: E731
     stats = _step_program(c, impl, max(trained_steps, 1), model, opt, params, opt_state, batch(0))
     for s in range(trained_steps):
