@@ -22,6 +22,8 @@ def test_precision_table_judges_each_error_against_its_own_precision():
     assert rows[0]["verdict"] == "agree to within tf32 rounding (tolerance 2e-03)"
     assert rows[1]["verdict"] == "agree to within float32 rounding (tolerance 1e-05)"
     assert rows[0]["ms per call at T=2048 (p10–p90)"] == "1.00 (0.950–1.05)"
+    shaped = lt.precision_table([{**PREC[0], "shape": "B=4, T=S=128"}])[0]
+    assert shaped["max |out − float64| at B=4, T=S=128"] == rows[0]["max |out − float64|"]
     bad = lt.precision_table([{**PREC[1], "max_abs_error": 1e-3}])
     assert bad[0]["verdict"].startswith("differ by more than float32")
 
