@@ -91,6 +91,18 @@ def test_percent_of_peak_names_its_basis():
         assert r["pct_peak"] == pytest.approx(100 * r["tflops"] / 2.0)
 
 
+def test_a_run_repeating_anothers_program_reuses_its_compiled_step():
+    """The twin (same config, implementation and length, nudged weights) runs the first run's executable."""
+    from attention_tutorial.train import loop
+
+    _, first = train_records("xla", steps=STEPS, config=TINY, seed=0, eval_batches=2)
+    program = loop._STEP_PROGRAMS[(TINY, "xla", STEPS)]
+    _, twin = train_records("xla", steps=STEPS, config=TINY, seed=0, eval_batches=2, perturb=1e-3)
+    assert loop._STEP_PROGRAMS[(TINY, "xla", STEPS)] is program  # not compiled again
+    assert twin["compile_s"] == first["compile_s"] and twin["temp_bytes"] == first["temp_bytes"]
+    assert twin["final_loss"] != first["final_loss"] or twin["eval_loss"] != first["eval_loss"]
+
+
 def test_rounding_step_is_one_epsilon():
     from attention_tutorial.train.loop import rounding_step
 
