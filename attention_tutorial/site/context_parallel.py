@@ -234,7 +234,7 @@ def overlap_figure(*, flops_per_s: float, bytes_per_s: float, heads: int = 32, k
                 color=PALETTE[i])  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set(xlabel="chunk per device, T / P (tokens)", ylabel="µs per ring step")
+    ax.set(xlabel="tokens per device, T / P", ylabel="µs per ring step")
     ax.grid(True, color="#dddddd")
     ax.legend(fontsize=8, loc="upper left")
     return fig
