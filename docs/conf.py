@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
 import sys
-import tempfile
 import tomllib
 from pathlib import Path
 from urllib.parse import urlparse
@@ -21,12 +18,10 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # ATTENTION_TUTORIAL_CELL_TIMES=FILE: every executed cell's seconds and XLA compilations, one JSON line each
 # (docs/_ext/cell_times.py, an IPython start-up file; the pages' outputs are unchanged).
 if os.environ.get("ATTENTION_TUTORIAL_CELL_TIMES"):
-    _IPYTHON = tempfile.mkdtemp(prefix="ipython-")
-    atexit.register(shutil.rmtree, _IPYTHON, ignore_errors=True)
-    _STARTUP = Path(_IPYTHON, "profile_default", "startup")
-    _STARTUP.mkdir(parents=True)
-    shutil.copy(Path(__file__).parent / "_ext" / "cell_times.py", _STARTUP / "00-cell-times.py")
-    os.environ["IPYTHONDIR"] = _IPYTHON
+    sys.path.insert(0, str(Path(__file__).parent / "_ext"))
+    from cell_times import ipython_dir
+
+    os.environ["IPYTHONDIR"] = ipython_dir()
 
 import attention_tutorial  # noqa: E402
 
