@@ -110,3 +110,14 @@ def test_source_links_point_at_the_entrys_lines_in_the_repository():
     )
     assert source_url("https://github.com/o/r", "main", "py", {"module": "numpy", "fullname": "zeros"}) is None
     assert source_url("https://github.com/o/r", "main", "c", {"module": reference.__name__, "fullname": "x"}) is None
+
+
+def test_the_build_kills_each_kernel_once_its_cells_have_run():
+    """A JAX kernel's own exit (its GPU memory, its CUDA context) is not waited for: the outputs are already in."""
+    code = (
+        f"import runpy; runpy.run_path({str(ROOT / 'docs' / 'conf.py')!r}); import nbformat; "
+        "from nbclient import NotebookClient; print(NotebookClient(nbformat.v4.new_notebook()).shutdown_kernel)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-1] == "immediate"

@@ -27,7 +27,7 @@ import optax
 
 from .. import registry
 from ..inputs import check_int, check_number
-from ..measure.compiled import compile_stats
+from ..measure.compiled import NO_AUTOTUNE, compile_stats
 from ..measure.flops import attention_flops, datasheet_peak, peak_for
 from ..measure.timing import summarize
 from . import TWIN
@@ -65,7 +65,8 @@ def init_params(config: Config, seed: int):
     return _init(config, jax.random.key(check_int("seed", seed, minimum=0)))
 
 
-@functools.partial(jax.jit, static_argnums=0)  # one program: run op by op, every initialiser would compile apart
+# one program (op by op, every initialiser would compile apart); not timed, so compiled without matmul autotuning
+@functools.partial(jax.jit, static_argnums=0, compiler_options=NO_AUTOTUNE)
 def _init(config: Config, key):
     return GPT(config).init(key, jnp.zeros((1, config.seq_len), jnp.int32))["params"]
 
@@ -137,7 +138,7 @@ def peak_bytes() -> int | None:
     return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
 
 
-_jit_loss = jax.jit(loss_fn, static_argnums=0)
+_jit_loss = jax.jit(loss_fn, static_argnums=0, compiler_options=NO_AUTOTUNE)  # held-out losses: not timed
 
 
 def evaluate(model, params, tokens: np.ndarray, config: Config, *, seed: int, batches: int) -> float:
