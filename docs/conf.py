@@ -61,7 +61,11 @@ nb_execution_timeout = int(os.environ.get("ATTENTION_TUTORIAL_CELL_TIMEOUT", "90
 nb_output_stderr = "warn"  # anything on stderr (a warning, a log line) is a build warning, hence an error
 nb_merge_streams = True
 nb_render_markdown_format = "myst"  # Markdown outputs (the results tables) render with MyST, which has tables
-myst_enable_extensions = ["dollarmath", "colon_fence", "deflist"]
+myst_enable_extensions = ["dollarmath", "colon_fence", "deflist", "substitution"]
+# The landing page's words about the recording ({{ recorded_gpu }}, ...): read from the results file, no kernel to run
+from attention_tutorial.site.report import recorded_facts  # noqa: E402
+
+myst_substitutions = recorded_facts()
 myst_heading_anchors = 3
 
 # --- API reference -------------------------------------------------------------------------------------------

@@ -57,6 +57,16 @@ def reference(grid_name: str | None = None, **where):
     return store.select(recs, **where), data["provenance"]
 
 
+def recorded_facts() -> dict[str, str]:
+    """The recording in three phrases, for the landing page: ``recorded_gpu``, ``recorded_count`` (its number of
+    records) and ``recorded_versions`` (JAX and cuDNN)."""
+    recs, prov = reference()
+    if prov is None:
+        return {"recorded_gpu": "no GPU yet", "recorded_count": "0", "recorded_versions": "–"}
+    return {"recorded_gpu": prov["gpu"], "recorded_count": f"{len(recs):,}",
+            "recorded_versions": f"JAX {prov['jax']}, cuDNN {prov['cudnn']}"}  # fmt: skip
+
+
 def shapes(records) -> str:
     """The shapes of ``records`` in words, e.g. 'B = 4, T = S = 64…1024, N = 8, H = 64, bfloat16, causal and not'."""
 

@@ -37,6 +37,13 @@ def test_reference_filters_by_grid_and_fields(recorded):
     assert [r["seq_q"] for r in recs] == [4096, 2048] and prov is PROV
 
 
+def test_recorded_facts_name_the_gpu_the_count_and_the_versions(recorded, monkeypatch):
+    assert report.recorded_facts() == {"recorded_gpu": "NVIDIA H200", "recorded_count": "6",
+                                       "recorded_versions": "JAX 0.11.2, cuDNN 9.19.0"}  # fmt: skip
+    monkeypatch.setattr(store, "recorded", lambda gpu: None)
+    assert report.recorded_facts()["recorded_gpu"] == "no GPU yet"
+
+
 def test_show_recorded_includes_other_grids_at_the_same_shapes(recorded):
     recs = report.show_recorded("flash", ["impl"], head_dim=128, include={"seq_long": {"impl": "xla", "seq_q": 4096}})
     assert [(r["grid"], r["impl"], r["seq_q"]) for r in recs] == [("seq_long", "xla", 4096), ("flash", "mosaic", 4096)]
