@@ -27,7 +27,7 @@ with interrupts_held_while_importing():
     from .kernels.fused import cudnn_why_not, dot_product_attention
     from .kernels.reference import naive_attention, reference_attention
     from .measure.ceilings import measure_ceilings
-    from .measure.compiled import CompileStats, compile_stats, describe_kernels, kernels_used, temp_bytes
+    from .measure.compiled import CompileStats, compile_stats, describe_kernels, kernels_used
     from .measure.flops import attention_bytes, attention_flops, kv_cache_bytes
     from .measure.sweep import Point, grid, run_point, run_sweep
     from .measure.timing import Timing, summarize, time_fn
@@ -61,7 +61,6 @@ __all__ = [
     "run_point",
     "run_sweep",
     "summarize",
-    "temp_bytes",
     "time_fn",
     "why_not",
 ]

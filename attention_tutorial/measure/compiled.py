@@ -3,9 +3,6 @@
 Both come from one ``jax.jit(fn).lower(*args).compile()``: the custom-call targets in the compiled HLO name
 library kernels (cuDNN's fused attention, cuBLAS matmuls, TransformerEngine), and XLA's memory analysis
 gives the bytes of temporaries the program allocates besides its inputs and outputs.
-
-On a GPU, most of a compilation's time is XLA's matmul autotuning: it runs each candidate kernel of every matmul
-and keeps the fastest. :func:`temp_bytes` asks only about memory, so it compiles without it.
 """
 
 from __future__ import annotations
@@ -16,8 +13,11 @@ from dataclasses import dataclass, field
 
 import jax
 
-# Compiler options for programs that are not timed (memory questions, losses, initial weights): no matmul autotuning.
+# Compiler options for programs whose values matter but whose speed and memory do not (a loss, initial weights, an
+# error against float64): no GPU matmul autotuning, which times every candidate kernel of every matmul (seconds per
+# program). The kernels picked, and so the temporaries, can differ from a normal compilation's: never for memory.
 NO_AUTOTUNE = {"xla_gpu_autotune_level": 0}
+
 _TARGET = re.compile(r'custom_call_target="([^"]+)"')
 
 # Custom-call targets that are fused attention kernels, by family.
@@ -45,29 +45,16 @@ class CompileStats:
         return describe_kernels(self.kernels)
 
 
-def compile_stats(fn, *args, autotune: bool = True) -> CompileStats:
-    """Compile ``jax.jit(fn)`` for ``args`` (arrays or ``jax.ShapeDtypeStruct``) and report what came out.
-
-    ``autotune=False`` compiles without XLA's GPU matmul autotuning (``xla_gpu_autotune_level`` 0): several times
-    faster to compile, but the matmul kernels may differ from those a normal compilation picks, so its kernels and
-    its speed are not those of ``jax.jit(fn)``. Its temporaries come out the same (the GPU tests compare them).
-    """
-    if not isinstance(autotune, bool):
-        raise ValueError(f"autotune must be True or False; got {autotune!r:.60}.")
+def compile_stats(fn, *args) -> CompileStats:
+    """Compile ``jax.jit(fn)`` for ``args`` (arrays or ``jax.ShapeDtypeStruct``) and report what came out."""
     t0 = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile(compiler_options=None if autotune else NO_AUTOTUNE)
+    compiled = jax.jit(fn).lower(*args).compile()
     seconds = time.perf_counter() - t0
     try:
         temp = int(compiled.memory_analysis().temp_size_in_bytes)
     except (AttributeError, NotImplementedError, TypeError):  # some backends don't report it
         temp = None
     return CompileStats(seconds, temp, kernels_in_hlo(compiled.as_text()), compiled)
-
-
-def temp_bytes(fn, *args) -> int | None:
-    """The bytes of temporaries XLA allocates for ``jax.jit(fn)`` at ``args`` besides inputs and outputs (None where
-    the backend does not say), from a compilation without matmul autotuning (``compile_stats(..., autotune=False)``)."""
-    return compile_stats(fn, *args, autotune=False).temp_bytes
 
 
 def kernels_used(fn, *args) -> tuple[str, ...]:

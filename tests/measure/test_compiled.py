@@ -1,11 +1,9 @@
-import jax
 import jax.numpy as jnp
-import pytest
 
 from attention_tutorial.inputs import make_qkv
 from attention_tutorial.kernels.blockwise import blockwise_attention
 from attention_tutorial.kernels.reference import naive_attention
-from attention_tutorial.measure.compiled import compile_stats, describe_kernels, kernels_in_hlo, temp_bytes
+from attention_tutorial.measure.compiled import compile_stats, describe_kernels, kernels_in_hlo
 
 HLO = """
   %a = bf16[4,128,8,64] custom-call(%p0), custom_call_target="__cublas$lt$matmul", backend_config={}
@@ -49,37 +47,3 @@ def test_compile_stats_reports_seconds_and_no_library_kernel_on_cpu():
     stats = compile_stats(lambda q, k, v: naive_attention(q, k, v), q, k, v)
     assert stats.compile_s > 0 and stats.temp_bytes > 0
     assert stats.attention_kernel.startswith("XLA")
-
-
-def test_autotune_must_be_a_bool():
-    q, k, v = make_qkv(1, 32, 2, 16, dtype=jnp.float32)
-    with pytest.raises(ValueError, match="autotune must be True or False"):
-        compile_stats(lambda q, k, v: naive_attention(q, k, v), q, k, v, autotune="no")
-
-
-def _grads(fn, q):
-    d_out = jnp.ones_like(q)
-    return jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v, is_causal=True) * d_out), argnums=(0, 1, 2))
-
-
-def _same_temporaries(fn, t):
-    q, k, v = make_qkv(1, t, 4, 64)
-    f = _grads(fn, q)
-    assert temp_bytes(f, q, k, v) == compile_stats(f, q, k, v).temp_bytes > 4 * t * 4
-
-
-IMPLS = pytest.mark.parametrize("fn", [naive_attention, blockwise_attention], ids=["naive", "blockwise"])
-
-
-@IMPLS
-def test_temp_bytes_without_autotuning_match_a_normal_compilation(fn):
-    """The memory lessons compile without matmul autotuning: their temporaries must be those of the program that
-    runs."""
-    _same_temporaries(fn, 256)
-
-
-@pytest.mark.gpu
-@IMPLS
-def test_temp_bytes_without_autotuning_match_on_the_gpu(fn):
-    """On a GPU the two compilations may pick different matmul kernels; the temporaries must not move."""
-    _same_temporaries(fn, 1024)
