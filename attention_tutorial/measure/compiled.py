@@ -13,11 +13,6 @@ from dataclasses import dataclass, field
 
 import jax
 
-# Compiler options for programs whose values matter but whose speed and memory do not (a loss, initial weights, an
-# error against float64): no GPU matmul autotuning, which times every candidate kernel of every matmul (seconds per
-# program). The kernels picked, and so the temporaries, can differ from a normal compilation's: never for memory.
-NO_AUTOTUNE = {"xla_gpu_autotune_level": 0}
-
 _TARGET = re.compile(r'custom_call_target="([^"]+)"')
 
 # Custom-call targets that are fused attention kernels, by family.

@@ -22,7 +22,6 @@ import numpy as np
 from ..inputs import AttentionShape, attention_shape, make_qkv
 from ..kernels.fused import cudnn_why_not, dot_product_attention
 from ..kernels.reference import reference_attention
-from .compiled import NO_AUTOTUNE
 from .timing import time_fn
 
 # the implementations the GQA check runs where they can (why_not decides)
@@ -53,9 +52,8 @@ def matmul_kind(dtype="float32") -> str:
 def precision_rows(batch=4, seq=128, heads=8, head_dim=64, *, time_seq=None, seed=0, timing=None) -> list[dict]:
     """float32 XLA attention at the default and the "highest" matmul precision.
 
-    Error: the largest absolute difference from float64 at (B=batch, T=S=seq, N=heads, H=head_dim), from a program
-    compiled without matmul autotuning (it is not timed). Time: the same call at T = S = ``time_seq`` (default 2048
-    on a GPU, 256 elsewhere; median, p10, p90 in ms; ``timing`` passes options to
+    Error: the largest absolute difference from float64 at (B=batch, T=S=seq, N=heads, H=head_dim). Time: the same call at T = S =
+    ``time_seq`` (default 2048 on a GPU, 256 elsewhere; median, p10, p90 in ms; ``timing`` passes options to
     :func:`~attention_tutorial.measure.timing.time_fn`).
     """
     time_seq = time_seq or (2048 if _on_gpu() else 256)
@@ -65,10 +63,9 @@ def precision_rows(batch=4, seq=128, heads=8, head_dim=64, *, time_seq=None, see
     rows = []
     for precision in ("default", "highest"):
         with jax.default_matmul_precision(precision):  # the precision is part of what jit traces
-            xla = lambda q, k, v: dot_product_attention(q, k, v, implementation="xla")  # noqa: E731
-            out = jax.jit(xla, compiler_options=NO_AUTOTUNE)(q, k, v)
-            err = float(np.max(np.abs(np.asarray(out) - ref)))
-            t = time_fn(jax.jit(xla), *big, **(timing or {}))
+            attend = jax.jit(lambda q, k, v: dot_product_attention(q, k, v, implementation="xla"))
+            err = float(np.max(np.abs(np.asarray(attend(q, k, v)) - ref)))
+            t = time_fn(attend, *big, **(timing or {}))
         rows.append({"precision": precision, "matmuls_in": matmul_kind() if precision == "default" else "float32",
                      "max_abs_error": err, "shape": f"B={batch}, T=S={seq}, N={heads}, H={head_dim}",
                      "time_shape": f"B={batch}, T=S={time_seq}, N={heads}, H={head_dim}",

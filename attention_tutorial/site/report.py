@@ -187,7 +187,8 @@ def datasheet_line(fig, peak: float, label: str = "datasheet dense bf16 peak") -
 
 def train_rows(summaries, *, peak: bool = True) -> list[dict]:
     """One table row per training run (``kind`` "summary" records): time, throughput, memory, losses, kernel.
-    ``peak=False`` leaves out the device's peak memory (runs that share one process share one peak)."""
+    ``peak=False`` leaves out the device's peak memory (runs that share one process share one peak); the held-out loss
+    column is left out when no run has one."""
 
     def mib(b):
         return f"{b / 2**20:.1f}" if b is not None else "–"
@@ -200,10 +201,13 @@ def train_rows(summaries, *, peak: bool = True) -> list[dict]:
                      "step footprint (MiB)": mib(s.get("step_bytes")) if ok else "–",
                      "peak memory (MiB)": mib(s.get("peak_bytes")) if ok else "–",
                      "final loss": f"{s['final_loss']:.3f}" if ok else "–",
-                     "held-out loss": f"{s['eval_loss_init']:.3f} → {s['eval_loss']:.3f}" if ok else "–",
+                     "held-out loss": f"{s['eval_loss_init']:.3f} → {s['eval_loss']:.3f}"
+                     if ok and s.get("eval_loss") is not None else "–",
                      "kernel": s.get("attention_kernel") or s.get("reason", "")})  # fmt: skip
         if not peak:
             del rows[-1]["peak memory (MiB)"]
+        if not any(x.get("eval_loss") is not None for x in summaries):  # trained without a held-out loss
+            del rows[-1]["held-out loss"]
     return rows
 
 

@@ -148,7 +148,7 @@ def parse_args(argv) -> argparse.Namespace:
                    help="the measured bf16 matmul peak in TFLOP/s (0: unknown)")  # fmt: skip
     p.add_argument("perturb", nargs="?", default=0.0, type=_arg(float, lambda x: check_number("PERTURB", x, non_negative=True)),
                    help="nudge the initial weights by this relative amount (a twin run); default 0")  # fmt: skip
-    p.add_argument("--eval-batches", type=_arg(int, lambda x: check_int("--eval-batches", x, minimum=1)), default=4,
+    p.add_argument("--eval-batches", type=_arg(int, lambda x: check_int("--eval-batches", x, minimum=0)), default=4,
                    help="held-out batches evaluated before and after training (default 4)")  # fmt: skip
     args = p.parse_args(argv)
     folder = args.out.parent

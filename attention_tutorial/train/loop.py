@@ -27,7 +27,7 @@ import optax
 
 from .. import registry
 from ..inputs import check_int, check_number
-from ..measure.compiled import NO_AUTOTUNE, compile_stats
+from ..measure.compiled import compile_stats
 from ..measure.flops import attention_flops, datasheet_peak, peak_for
 from ..measure.timing import summarize
 from . import TWIN
@@ -65,8 +65,7 @@ def init_params(config: Config, seed: int):
     return _init(config, jax.random.key(check_int("seed", seed, minimum=0)))
 
 
-# one program (op by op, every initialiser would compile apart); not timed, so compiled without matmul autotuning
-@functools.partial(jax.jit, static_argnums=0, compiler_options=NO_AUTOTUNE)
+@functools.partial(jax.jit, static_argnums=0)  # one program: run op by op, every initialiser would compile apart
 def _init(config: Config, key):
     return GPT(config).init(key, jnp.zeros((1, config.seq_len), jnp.int32))["params"]
 
@@ -138,7 +137,7 @@ def peak_bytes() -> int | None:
     return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
 
 
-_jit_loss = jax.jit(loss_fn, static_argnums=0, compiler_options=NO_AUTOTUNE)  # held-out losses: not timed
+_jit_loss = jax.jit(loss_fn, static_argnums=0)
 
 
 def evaluate(model, params, tokens: np.ndarray, config: Config, *, seed: int, batches: int) -> float:
@@ -160,7 +159,7 @@ def check_args(impl, *, steps, config, seed, log_every, eval_batches, peak_tflop
         "steps": check_int("steps", steps, minimum=1, example="200"),
         "seed": check_int("seed", seed, minimum=0, example="0"),
         "log_every": check_int("log_every", log_every, minimum=1, example="5"),
-        "eval_batches": check_int("eval_batches", eval_batches, minimum=1, example="4"),
+        "eval_batches": check_int("eval_batches", eval_batches, minimum=0, example="4 (0: no held-out loss)"),
         "peak_tflops": None if peak_tflops is None else check_number("peak_tflops", peak_tflops, positive=True),
         "perturb": check_number("perturb", perturb, non_negative=True, example="2**-7"),
     }
@@ -199,9 +198,10 @@ def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0
 
     A step record (``kind`` "step", one every ``log_every`` steps and at the last) holds the loss of that step's
     batch before its update and the median/p10/p90 step time since the previous record. The summary (``kind``
-    "summary") holds the held-out loss before and after training, the median step time over all steps, compile
-    time, compiled temporaries and footprint, peak device memory, which attention kernel the compiled step calls,
-    and ``pct_peak`` given the measured bf16 matmul ``peak_tflops``. When the registry says ``impl`` cannot run
+    "summary") holds the held-out loss before and after training (over ``eval_batches`` batches; None with 0),
+    the median step time over all steps, compile time, compiled temporaries and footprint, peak device memory,
+    which attention kernel the compiled step calls, and ``pct_peak`` given the measured bf16 matmul
+    ``peak_tflops``. When the registry says ``impl`` cannot run
     this shape here, the summary alone comes back with status "unsupported". ``perturb`` > 0 nudges the initial
     weights by that relative amount (:func:`perturb_params`): the run is then a *twin*, its records marked
     ``perturb``, the yardstick of how far rounding alone moves the loss curve. A loss that turns NaN or infinite
@@ -225,7 +225,11 @@ def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0
         params = perturb_params(params, perturb, seed + 1)
     opt_state = jax.jit(opt.init)(params)  # one program (op by op, a GPU compiles each zeros_like apart)
     batch = lambda s: jax.device_put(batch_at(corpus.train, batch=c.batch, seq_len=c.seq_len, seed=seed, step=s))  # noqa: E731
-    eval_before = evaluate(model, params, corpus.held_out, c, seed=seed, batches=eval_batches)
+
+    def held_out(p):  # the mean loss over eval_batches held-out batches; None with 0
+        return evaluate(model, p, corpus.held_out, c, seed=seed, batches=eval_batches) if eval_batches else None
+
+    eval_before = held_out(params)
     stats = _step_program(c, impl, steps, model, opt, params, opt_state, batch(0))
     jax.block_until_ready(stats.compiled(params, opt_state, batch(0)))  # warm-up, result thrown away
     flops, tokens = step_flops(c), c.batch * c.seq_len
@@ -252,7 +256,7 @@ def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0
                 _timed({**base, "kind": "step", "step": s, "loss": loss}, window, flops, tokens, peak_tflops)
             )
             window = []
-    eval_after = evaluate(model, params, corpus.held_out, c, seed=seed, batches=eval_batches)
+    eval_after = held_out(params)
     summary = _timed({**base, "kind": "summary", "final_loss": records[-1]["loss"], "eval_loss_init": eval_before,
                       "eval_loss": eval_after, "compile_s": stats.compile_s, "temp_bytes": stats.temp_bytes,
                       "attention_kernel": stats.attention_kernel, "params": _count(params),

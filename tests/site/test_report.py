@@ -152,6 +152,9 @@ def test_train_rows_format_ok_and_failed_runs():
     assert rows[0]["final loss"] == "2.444" and rows[0]["held-out loss"] == "5.610 → 2.500"
     assert rows[0]["kernel"] == "mosaic_gpu"
     assert rows[1]["tokens/s"] == rows[1]["final loss"] == "–" and rows[1]["kernel"] == "no kernel"
+    unevaluated = {**ok, "eval_loss_init": None, "eval_loss": None}  # trained with eval_batches=0
+    assert report.train_rows([unevaluated, ok])[0]["held-out loss"] == "–"
+    assert "held-out loss" not in report.train_rows([unevaluated])[0]  # no run has one: no column
     shared = report.train_rows([ok, failed], peak=False)  # runs of one process share one peak: no column
     assert all("peak memory (MiB)" not in r for r in shared) and shared[0]["final loss"] == "2.444"
 

@@ -56,7 +56,7 @@ def test_the_twin_runs_last_with_the_first_implementation_nudged_by_one_rounding
         ({"steps": 2.5}, "steps must be an integer >= 1"),
         ({"seed": -1}, "seed must be an integer >= 0"),
         ({"log_every": 0}, "log_every must be an integer >= 1"),
-        ({"eval_batches": 0}, "eval_batches must be an integer >= 1"),
+        ({"eval_batches": -1}, "eval_batches must be an integer >= 0"),
         ({"timeout_s": -1}, "timeout_s must be a finite number > 0"),
         ({"peak_tflops": float("nan")}, "peak_tflops must be a finite number > 0"),
         ({"config": 3}, "unknown config"),
@@ -79,7 +79,7 @@ def test_bad_arguments_are_refused_before_anything_trains(kwargs, match):
         (["xla", "1", "tiny", "0", "1", "{out}", "nan"], "PEAK_TFLOPS must be a finite number >= 0"),
         (["xla", "1", "tiny", "0", "1", "{out}", "0", "-1"], "PERTURB must be a finite number >= 0"),
         (["xla", "1", "tiny", "0", "1", "/no/such/folder/r.json", "0"], "existing, writable folder"),
-        (["xla", "1", "tiny", "0", "1", "{out}", "0", "--eval-batches", "0"], "--eval-batches must be an integer"),
+        (["xla", "1", "tiny", "0", "1", "{out}", "0", "--eval-batches", "-1"], "--eval-batches must be an integer"),
     ],
 )
 def test_the_command_line_refuses_bad_arguments_in_one_line(argv, words, tmp_path, capsys):

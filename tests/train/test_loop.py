@@ -59,9 +59,10 @@ def test_records_fit_the_result_file_schema(runs):
     assert summary["corpus"] == "python-stdlib" and len(summary["corpus_sha256"]) == 64
 
 
-def test_log_every_keeps_the_last_step():
-    rec, _ = train_records("xla", steps=5, config=TINY, log_every=2, eval_batches=1)
+def test_log_every_keeps_the_last_step_and_no_eval_batches_skip_the_held_out_loss():
+    rec, summary = train_records("xla", steps=5, config=TINY, log_every=2, eval_batches=0)
     assert [r["step"] for r in rec] == [0, 2, 4]
+    assert summary["eval_loss_init"] is None and summary["eval_loss"] is None and summary["final_loss"] > 0
 
 
 def test_an_implementation_that_cannot_run_here_is_recorded_as_unsupported():
@@ -138,7 +139,7 @@ SMALL = dataclasses.replace(TINY, layers=1, d_model=32, heads=2, head_dim=16, se
         ({"seed": -1}, "seed must be an integer >= 0"),
         ({"seed": 1.5}, "seed must be an integer >= 0"),
         ({"log_every": 0}, "log_every must be an integer >= 1"),
-        ({"eval_batches": 0}, "eval_batches must be an integer >= 1"),
+        ({"eval_batches": -1}, "eval_batches must be an integer >= 0"),
         ({"perturb": float("nan")}, "perturb must be a finite number >= 0"),
         ({"perturb": -0.1}, "perturb must be a finite number >= 0"),
         ({"peak_tflops": -1.0}, "peak_tflops must be a finite number > 0"),
