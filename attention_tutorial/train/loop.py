@@ -201,11 +201,11 @@ def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0
     "summary") holds the held-out loss before and after training (over ``eval_batches`` batches; None with 0),
     the median step time over all steps, compile time, compiled temporaries and footprint, peak device memory,
     which attention kernel the compiled step calls, and ``pct_peak`` given the measured bf16 matmul
-    ``peak_tflops``. When the registry says ``impl`` cannot run
-    this shape here, the summary alone comes back with status "unsupported". ``perturb`` > 0 nudges the initial
-    weights by that relative amount (:func:`perturb_params`): the run is then a *twin*, its records marked
-    ``perturb``, the yardstick of how far rounding alone moves the loss curve. A loss that turns NaN or infinite
-    ends the run: the summary then has status "error", ``failed_step`` and the loss in its ``reason``, no timings.
+    ``peak_tflops``. When the registry says ``impl`` cannot run this shape here, the summary alone comes back with
+    status "unsupported". ``perturb`` > 0 nudges the initial weights by that relative amount
+    (:func:`perturb_params`): the run is then a *twin*, its records marked ``perturb``, the yardstick of how far
+    rounding alone moves the loss curve. A loss that turns NaN or infinite ends the run: the summary then has
+    status "error", ``failed_step`` and the loss in its ``reason``, no timings.
     """
     a = check_args(impl, steps=steps, config=config, seed=seed, log_every=log_every, eval_batches=eval_batches,
                    peak_tflops=peak_tflops, perturb=perturb)  # fmt: skip
