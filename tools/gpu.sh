@@ -11,7 +11,8 @@
 #                                        merging into /tmp/results
 #   bash tools/gpu.sh notebook PAGE... pages converted to the reader's .ipynb and executed (carry .whl)
 #   bash tools/gpu.sh docs             the whole site, built live on the GPU from carried wheels (.whl), strictly,
-#                                        from an empty build folder; each page's execution time last
+#                                        from an empty build folder; the host's compile speed first
+#                                        (tools/compile_probe.py), each page's execution time last
 # Results accumulate in /tmp/results while the machine stays up, and are copied to $OUT after each step.
 set -uo pipefail
 . "$(dirname "$0")/gpu_env.sh"  # environment, $OUT, $RES
@@ -100,6 +101,8 @@ PY
     fi
     export PYTHONPATH=/tmp/docsite${PYTHONPATH:+:$PYTHONPATH} ATTENTION_TUTORIAL_NB_MODE=${ATTENTION_TUTORIAL_NB_MODE:-force}
     [ "${DOCS_CLEAN:-1}" = 1 ] && rm -rf docs/_build
+    # how fast this host compiles (the build is mostly compilation): set this build's times against another host's
+    python3 tools/compile_probe.py 2>&1 | tail -1 | tee "$OUT/host.txt"
     start=$(date +%s)
     export ATTENTION_TUTORIAL_CELL_TIMES=$OUT/cell-times.jsonl  # each cell's seconds and compilations (docs/conf.py)
     timeout "${DOCS_TIMEOUT:-560}" python3 -m nox -s docs --no-venv --no-install >> "$OUT/docs-build.log" 2>&1; rc=$?

@@ -1,0 +1,30 @@
+"""The developer tools in ``tools/`` that the GPU runs rely on: what they print."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_compile_probe_names_the_host_and_the_seconds():
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "compile_probe.py")], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = proc.stdout.strip().splitlines()[-1]
+    assert re.match(r"host: .+, \d+ cores, load [\d.]+, [\d.]+, [\d.]+; ", line), line
+    assert float(re.search(r"compile for the CPU: ([\d.]+) s$", line).group(1)) > 0
+
+
+def test_cell_times_assigns_each_kernels_cells_to_the_page_it_ran():
+    sys.path.insert(0, str(ROOT / "tools"))
+    from cell_times import cells_by_page, pages_in_order
+
+    log = ("reading sources... [ 10%] a\n/x/a.md: Executed notebook in 3.2 seconds [mystnb]\n"
+           "reading sources... [ 20%] api\nreading sources... [ 30%] b\n"
+           "/x/b.md: Executed notebook in 1.0 seconds [mystnb]\n")  # fmt: skip
+    assert pages_in_order(log) == ["a", "b"]
+    cells = [{"pid": 7, "seconds": 1.0}, {"pid": 7, "seconds": 2.0}, {"pid": 3, "seconds": 0.5}]
+    assert {p: [c["seconds"] for c in cs] for p, cs in cells_by_page(cells, ["a", "b"]).items()} == {
+        "a": [1.0, 2.0], "b": [0.5]}  # fmt: skip
