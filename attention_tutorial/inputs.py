@@ -164,6 +164,13 @@ def check_number(name: str, value, *, positive: bool = False, non_negative: bool
 F32_MAX = float(np.finfo(np.float32).max)
 
 
+@jax.jit
+def _finite_abs_max(q, k):
+    # max |x| over the finite entries of q and of k, float32: one program per pair of shapes (run op by op on
+    # concrete arrays, each of the four ops would compile on its own, for q and for k)
+    return tuple(jnp.max(jnp.where(jnp.isfinite(x), jnp.abs(x), 0)).astype(jnp.float32) for x in (q, k))
+
+
 def check_scores_fit(q, k, scale: float, *, what: str) -> None:
     """Refuse a ``scale`` with which float32 scores ``scale · q·kᵀ`` may overflow (``what``: the function that would
     compute them as they are, for the message). ``|scale| · H · max|q| · max|k|`` (finite entries) bounds every score:
@@ -173,7 +180,7 @@ def check_scores_fit(q, k, scale: float, *, what: str) -> None:
     finite_max = [float(jnp.finfo(jnp.result_type(x)).max) for x in (q, k)]
     if scale == 0 or abs(scale) * H * finite_max[0] * finite_max[1] <= F32_MAX:  # no values of these dtypes can
         return
-    big = [jnp.max(jnp.where(jnp.isfinite(x), jnp.abs(x), 0)).astype(jnp.float32) for x in (q, k)]
+    big = _finite_abs_max(q, k)
     if isinstance(q, jax.core.Tracer) or isinstance(k, jax.core.Tracer):  # under jit: checked only under checkify
         limit = F32_MAX / (abs(scale) * H)  # compared as max|q| <= limit / max|k|: no overflow in the test itself
         checkify.debug_check(
