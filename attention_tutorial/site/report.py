@@ -193,6 +193,9 @@ def train_rows(summaries, *, peak: bool = True) -> list[dict]:
     def mib(b):
         return f"{b / 2**20:.1f}" if b is not None else "–"
 
+    left_out = ([] if peak else ["peak memory (MiB)"]) + (
+        [] if any(x.get("eval_loss") is not None for x in summaries) else ["held-out loss"]  # none has one
+    )
     rows = []
     for s in summaries:
         ok = s["status"] == "ok"
@@ -204,10 +207,8 @@ def train_rows(summaries, *, peak: bool = True) -> list[dict]:
                      "held-out loss": f"{s['eval_loss_init']:.3f} → {s['eval_loss']:.3f}"
                      if ok and s.get("eval_loss") is not None else "–",
                      "kernel": s.get("attention_kernel") or s.get("reason", "")})  # fmt: skip
-        if not peak:
-            del rows[-1]["peak memory (MiB)"]
-        if not any(x.get("eval_loss") is not None for x in summaries):  # trained without a held-out loss
-            del rows[-1]["held-out loss"]
+        for column in left_out:
+            del rows[-1][column]
     return rows
 
 
