@@ -232,6 +232,7 @@ def _params(plan: _Plan, warps: int | None = None) -> dict:
     return {"compiler_params": plgpu.CompilerParams(num_warps=warps or plan.num_warps, num_stages=plan.num_stages)}
 
 
+@functools.partial(jax.jit, static_argnums=3)  # calls with the same shapes and plan share one lowering
 def _forward(q, k, v, plan: _Plan):
     """The forward kernel: (out, lse2) with lse2 (B, N, T) the base-2 log-sum-exp of the scaled logits."""
     B, T, S, N, K, H = attention_shape(q, k, v)
@@ -271,12 +272,17 @@ def _flash_fwd(q, k, v, plan):
 def _flash_bwd(plan: _Plan, residuals, cotangents):
     q, k, v, out, lse2 = residuals
     d_out, d_lse2 = cotangents
-    B, T, S, N, K, H = attention_shape(q, k, v)
-    G, bq, bk = N // K, plan.bwd_q, plan.bwd_k
     # D = rowsum(dO ∘ O); a cotangent on the log-sum-exp adds P·d_lse to dS, i.e. shifts D (base 2 -> natural).
     delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), d_out.astype(jnp.float32))
     delta = delta - LOG2E * d_lse2.astype(jnp.float32)
-    d_out = d_out.astype(q.dtype)
+    return _backward(q, k, v, d_out.astype(q.dtype), lse2, delta, plan)
+
+
+@functools.partial(jax.jit, static_argnums=6)  # as _forward: one lowering per shape and plan
+def _backward(q, k, v, d_out, lse2, delta, plan: _Plan):
+    """The two backward kernels: (dq, dk, dv)."""
+    B, T, S, N, K, H = attention_shape(q, k, v)
+    G, bq, bk = N // K, plan.bwd_q, plan.bwd_k
     row = pl.BlockSpec((None, None, T), lambda j, b, n: (b, n, 0))
     whole_q = pl.BlockSpec((None, T, None, H), lambda j, b, n: (b, 0, n, 0))
     kv_tile = pl.BlockSpec((None, bk, None, H), lambda j, b, n: (b, j, n // G, 0))

@@ -11,6 +11,7 @@ Shape legend: B batch, T sequence length, N query heads, K kv heads, H head dim,
 
 from __future__ import annotations
 
+import functools
 import statistics
 from dataclasses import dataclass
 
@@ -61,20 +62,26 @@ def float64_reference(q, k, v, d_out, *, causal: bool = True):
     """Attention's output and its gradients (dq, dk, dv) for the cotangent ``d_out``, all in float64 on the CPU
     (whatever device holds the inputs; GQA and a top-left causal mask as in ``jax.nn.dot_product_attention``, whose
     own XLA path accumulates in float32): the reference a sharded run is checked against."""
-
-    def attend(q, k, v):  # (B, T, N, H), (B, S, K, H) -> (B, T, N, H)
-        (b, t, n, h), (s, kv) = q.shape, k.shape[1:3]
-        qg = q.reshape(b, t, kv, n // kv, h)
-        scores = jnp.einsum("btkgh,bskh->bkgts", qg, k) / np.sqrt(h)
-        if causal:
-            scores = jnp.where(jnp.tril(jnp.ones((t, s), bool)), scores, -jnp.inf)
-        weights = jax.nn.softmax(scores, axis=-1)
-        return jnp.einsum("bkgts,bskh->btkgh", weights, v).reshape(b, t, n, h)
-
     with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
         f64 = [jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, v, d_out)]
-        out, vjp = jax.vjp(attend, *f64[:3])
-        return np.asarray(out), tuple(np.asarray(g) for g in vjp(f64[3]))
+        out, grads = _f64_out_and_grads(*f64, causal=bool(causal))
+        return np.asarray(out), tuple(np.asarray(g) for g in grads)
+
+
+@functools.partial(jax.jit, static_argnames="causal")  # one program, not one per operation
+def _f64_out_and_grads(q, k, v, d_out, *, causal: bool):
+    out, vjp = jax.vjp(functools.partial(_attend, causal=causal), q, k, v)
+    return out, vjp(d_out)
+
+
+def _attend(q, k, v, *, causal: bool):  # (B, T, N, H), (B, S, K, H) -> (B, T, N, H)
+    (b, t, n, h), (s, kv) = q.shape, k.shape[1:3]
+    qg = q.reshape(b, t, kv, n // kv, h)
+    scores = jnp.einsum("btkgh,bskh->bkgts", qg, k) / np.sqrt(h)
+    if causal:
+        scores = jnp.where(jnp.tril(jnp.ones((t, s), bool)), scores, -jnp.inf)
+    weights = jax.nn.softmax(scores, axis=-1)
+    return jnp.einsum("bkgts,bskh->btkgh", weights, v).reshape(b, t, n, h)
 
 
 def max_error(got, want) -> float:

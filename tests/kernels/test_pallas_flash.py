@@ -1,5 +1,7 @@
 """Our Pallas kernel: in Pallas's interpreter on the CPU, compiled through Triton on the GPU; forward and gradients."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -108,6 +110,29 @@ def test_interpreted_gradients_property(t_blocks, s_blocks, groups, causal, seed
         return flash_attention(q, k, v, is_causal=causal, block_q=16, block_k=16, interpret=True)
 
     assert_grads_close(fn, q, kk, v, causal=causal, tol=5e-5)
+
+
+def chained_grad_text(attention, q, k, v, calls: int) -> str:
+    """The lowered gradient of ``calls`` attention calls in a row at the same shapes (a model's layers)."""
+
+    def loss(q, k, v):
+        x = q
+        for _ in range(calls):
+            x = attention(x, k, v)
+        return jnp.sum(x.astype(jnp.float32))
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).as_text()
+
+
+def test_calls_at_the_same_shapes_share_one_lowering():
+    """Three layers' calls: one forward and one backward function in the program, each called three times (a copy per
+    call would lower and compile the kernel again for every layer)."""
+    q, k, v = normal_qkv(1, 32, 2, 16, seed=1)
+    attention = lambda q, k, v: flash_attention(q, k, v, is_causal=True, block_q=16, block_k=16, interpret=True)  # noqa: E731
+    text = chained_grad_text(attention, q, k, v, calls=3)
+    for fn in ("_forward", "_backward"):
+        assert len(re.findall(rf"func\.func private @{fn}\b", text)) == 1, fn
+        assert len(re.findall(rf"call @{fn}\b", text)) == 3, fn
 
 
 def test_lse_cotangent_reaches_the_inputs():

@@ -9,6 +9,7 @@ length, S key length, N heads, K kv heads, H head dim.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import jax
@@ -21,6 +22,13 @@ LOG2E = math.log2(math.e)
 
 # The regions a profiled forward records, by the name the trace gives them (see ``regions``).
 REGIONS = ("qk", "softmax", "pv", "wait", "copy")
+
+
+def shared_lowering(*static: str):
+    """A kernel's entry jitted with its options (``static``) static, so that every call with the same shapes and
+    options in one program shares one lowering and one compiled kernel. Without it each call site (a model's
+    layers, a ring's steps, the two passes of a twin run) lowers and compiles its own copy, seconds each."""
+    return functools.partial(jax.jit, static_argnames=static)
 
 
 def on_hopper() -> str | None:

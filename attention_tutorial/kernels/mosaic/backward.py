@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._common import LOG2E, call, causal_block_mask, causal_steps, drain, load_vector, swizzled_tiles
+from ._common import LOG2E, call, causal_block_mask, causal_steps, drain, load_vector, shared_lowering, swizzled_tiles
 from .budget import MosaicConfig
 
 
@@ -236,6 +236,7 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, 
             fetch(t + stages, slot)
 
 
+@shared_lowering("causal", "scale", "cfg")
 def backward(q, k, v, d_out, lse2, delta, *, causal: bool, scale: float, cfg: MosaicConfig):
     """(dq, dk, dv) from the two backward kernels: lse2 (B, N, T) the base-2 log-sum-exp the forward saved, delta
     (B, N, T) = rowsum(dO ∘ O) (less what a cotangent on the log-sum-exp adds)."""

@@ -14,7 +14,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._common import LOG2E, call, causal_block_mask, causal_steps, copy_kv_ring, drain, regions, swizzled_tiles
+from ._common import (
+    LOG2E,
+    call,
+    causal_block_mask,
+    causal_steps,
+    copy_kv_ring,
+    drain,
+    regions,
+    shared_lowering,
+    swizzled_tiles,
+)
 from .budget import MosaicConfig
 from .exp2 import softmax_exp2
 from .pipelined import pipelined_steps
@@ -137,6 +147,7 @@ def forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, causal, cfg, 
                      stages=stages, steps=cta_steps, region=region)  # fmt: skip
 
 
+@shared_lowering("causal", "scale", "cfg")
 def forward(q, k, v, *, causal: bool, scale: float, cfg: MosaicConfig):
     """The forward kernel on q (B, T, N, H), k and v (B, S, K, H), checked by the caller: (out (B, T, N, H), lse2
     (B, N, T)), lse2 the base-2 log-sum-exp of the scaled scores."""

@@ -40,6 +40,7 @@ from ._common import (
     on_hopper,
     positive_scale,
     regions,
+    shared_lowering,
     swizzled_tiles,
 )
 from .budget import FP8_HEAD_DIMS, MosaicConfig, fp8_problem
@@ -274,6 +275,7 @@ def _tile8():
     return (plgpu.TilingTransform((8, 128)), plgpu.SwizzleTransform(128))
 
 
+@shared_lowering("causal", "cfg", "p_scale", "p_via")
 def fp8_forward(q8, k8, vt8, factors, *, causal: bool, cfg: MosaicConfig, p_scale: float, p_via: str):
     """The FP8 kernel on quantised q8 (B, T, N, H), k8 (B, S, K, H), vt8 (B, K, H, S) and the two factors: the
     bfloat16 output (B, T, N, H)."""

@@ -18,7 +18,7 @@ from attention_tutorial.kernels.mosaic.attention import (
 )
 from attention_tutorial.kernels.mosaic.budget import MosaicConfig, default_config, problem
 from tests.kernels.mosaic.test_forward import check_output
-from tests.kernels.test_pallas_flash import assert_grads_close
+from tests.kernels.test_pallas_flash import assert_grads_close, chained_grad_text
 
 ROOT = Path(__file__).resolve().parents[3]
 H256 = MosaicConfig(block_kv=64)
@@ -96,3 +96,13 @@ def test_jax_pipeline_emitter_forward_refuses_causal_as_the_flash_page_says():
     config = attention_mgpu.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, causal=True)
     with pytest.raises(NotImplementedError, match=r"[Cc]ausal"):
         attention_mgpu.attention_with_pipeline_emitter(q, q, q, config)
+
+
+@pytest.mark.gpu
+def test_layers_at_the_same_shapes_share_one_compiled_kernel():
+    """Three chained calls lower to the same program text of Mosaic kernels as one call: each kernel once, called from
+    every layer, so a deeper model does not lower and compile the kernels again per layer."""
+    q, k, v = make_qkv(2, 256, 2, 64, dtype=jnp.bfloat16)
+    attention = functools.partial(mosaic_flash_attention, is_causal=True)
+    one, three = (chained_grad_text(attention, q, k, v, calls=n).count("mosaic_gpu") for n in (1, 3))
+    assert one > 0 and three == one
