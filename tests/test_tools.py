@@ -1,5 +1,6 @@
 """The developer tools in ``tools/`` that the GPU runs rely on: what they print."""
 
+import json
 import re
 import subprocess
 import sys
@@ -28,3 +29,18 @@ def test_cell_times_assigns_each_kernels_cells_to_the_page_it_ran():
     cells = [{"pid": 7, "seconds": 1.0}, {"pid": 7, "seconds": 2.0}, {"pid": 3, "seconds": 0.5}]
     assert {p: [c["seconds"] for c in cs] for p, cs in cells_by_page(cells, ["a", "b"]).items()} == {
         "a": [1.0, 2.0], "b": [0.5]}  # fmt: skip
+
+
+def test_cell_times_lists_the_slowest_compilations_by_name(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "tools"))
+    from cell_times import main
+
+    log = tmp_path / "build.log"
+    log.write_text("reading sources... [ 10%] a\n/x/a.md: Executed notebook in 3.2 seconds [mystnb]\n")
+    cells = [{"pid": 7, "seconds": 3.0, "compiles": 2, "compile_s": 2.5, "first_line": "x = f(q)",
+              "programs": [["jit_f", 0.6], ["jit_grad", 1.9]]},
+             {"pid": 7, "seconds": 0.1, "compiles": 0, "compile_s": 0.0, "first_line": "print(x)"}]  # fmt: skip
+    (tmp_path / "cells.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cells))
+    assert main([str(tmp_path / "cells.jsonl"), str(log), "5"]) == 0
+    listed = capsys.readouterr().out.split("compiled function")[1].splitlines()[1:]
+    assert [line.split()[0] for line in listed] == ["1.9", "0.6"] and "a: jit_grad (x = f(q))" in listed[0]

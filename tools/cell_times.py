@@ -4,7 +4,8 @@
 
 CELL_TIMES.jsonl is what a build run with ATTENTION_TUTORIAL_CELL_TIMES writes (docs/_ext/cell_times.py): one line
 per cell, the kernels told apart by ``pid``. The build log names the pages in the order they ran; each kernel's
-cells belong to the next page in that order. Prints the N slowest cells (default 30), then each page's total.
+cells belong to the next page in that order. Prints the N slowest cells (default 30), each page's total, then the
+N slowest compilations (named by the function JAX compiled).
 """
 
 from __future__ import annotations
@@ -55,6 +56,12 @@ def main(argv: list[str]) -> int:
     }
     for page, (s, k, ks) in sorted(totals.items(), key=lambda kv: -kv[1][0]):
         print(f"{s:6.1f} {k:8} {ks:9.1f}  {page}")
+    programs = [(sec, page, name, c["first_line"]) for page, cells in by_page.items() for c in cells
+                for name, sec in c.get("programs", [])]  # fmt: skip
+    if programs:
+        print(f"\n{'s':>6}  page: compiled function (cell's first line)")
+        for sec, page, name, first in sorted(programs, reverse=True)[:n]:
+            print(f"{sec:6.1f}  {page}: {name} ({first[:50]})")
     return 0
 
 

@@ -49,27 +49,31 @@ def matmul_kind(dtype="float32") -> str:
     return "tf32" if name == "float32" and _on_gpu() else name
 
 
-def precision_rows(batch=4, seq=128, heads=8, head_dim=64, *, time_seq=None, seed=0, timing=None) -> list[dict]:
+def precision_rows(batch=4, seq=128, heads=8, head_dim=64, *, time_seq=None, timed: bool = True, seed=0,
+                   timing=None) -> list[dict]:  # fmt: skip
     """float32 XLA attention at the default and the "highest" matmul precision.
 
-    Error: the largest absolute difference from float64 at (B=batch, T=S=seq, N=heads, H=head_dim). Time: the same call at T = S =
-    ``time_seq`` (default 2048 on a GPU, 256 elsewhere; median, p10, p90 in ms; ``timing`` passes options to
-    :func:`~attention_tutorial.measure.timing.time_fn`).
+    Error: the largest absolute difference from float64 at (B=batch, T=S=seq, N=heads, H=head_dim). Time: the same
+    call at T = S = ``time_seq`` (default 2048 on a GPU, 256 elsewhere; median, p10, p90 in ms; ``timing`` passes
+    options to :func:`~attention_tutorial.measure.timing.time_fn`). ``timed=False`` measures the errors only (no time
+    fields): two programs compiled instead of four.
     """
     time_seq = time_seq or (2048 if _on_gpu() else 256)
     q, k, v = make_qkv(batch, seq, heads, head_dim, dtype=jnp.float32, seed=seed)
     ref = reference_attention(q, k, v)
-    big = make_qkv(batch, time_seq, heads, head_dim, dtype=jnp.float32, seed=seed)
+    big = make_qkv(batch, time_seq, heads, head_dim, dtype=jnp.float32, seed=seed) if timed else None
     rows = []
     for precision in ("default", "highest"):
         with jax.default_matmul_precision(precision):  # the precision is part of what jit traces
             attend = jax.jit(lambda q, k, v: dot_product_attention(q, k, v, implementation="xla"))
             err = float(np.max(np.abs(np.asarray(attend(q, k, v)) - ref)))
-            t = time_fn(attend, *big, **(timing or {}))
-        rows.append({"precision": precision, "matmuls_in": matmul_kind() if precision == "default" else "float32",
-                     "max_abs_error": err, "shape": f"B={batch}, T=S={seq}, N={heads}, H={head_dim}",
-                     "time_shape": f"B={batch}, T=S={time_seq}, N={heads}, H={head_dim}",
-                     "median_ms": t.median_ms, "p10_ms": t.p10_ms, "p90_ms": t.p90_ms})  # fmt: skip
+            t = time_fn(attend, *big, **(timing or {})) if timed else None
+        row = {"precision": precision, "matmuls_in": matmul_kind() if precision == "default" else "float32",
+               "max_abs_error": err, "shape": f"B={batch}, T=S={seq}, N={heads}, H={head_dim}"}  # fmt: skip
+        if t is not None:
+            row.update(time_shape=f"B={batch}, T=S={time_seq}, N={heads}, H={head_dim}", median_ms=t.median_ms,
+                       p10_ms=t.p10_ms, p90_ms=t.p90_ms)  # fmt: skip
+        rows.append(row)
     return rows
 
 

@@ -1,4 +1,5 @@
-"""Each executed cell's seconds and the XLA compilations it caused, one JSON line per cell, from notebook kernels.
+"""Each executed cell's seconds and the XLA compilations it caused, one JSON line per cell, from notebook kernels
+(``programs``: the name and seconds of each compilation of half a second or more).
 
 :func:`ipython_dir` makes an IPython directory whose start-up runs this file; a kernel started with ``IPYTHONDIR``
 set to it and ``ATTENTION_TUTORIAL_CELL_TIMES=FILE`` in its environment appends a line per cell to FILE (``pid``
@@ -29,20 +30,23 @@ def _start() -> None:
     log = os.environ.get("ATTENTION_TUTORIAL_CELL_TIMES")
     if not log:
         return
-    cell = {"start": 0.0, "compiles": 0, "compile_s": 0.0}
+    cell = {"start": 0.0, "compiles": 0, "compile_s": 0.0, "programs": []}
 
     def on_compile(event, duration, **kwargs):
         if event == "/jax/core/compile/backend_compile_duration":
             cell["compiles"] += 1
             cell["compile_s"] += duration
+            if duration >= 0.5:
+                cell["programs"].append([str(kwargs.get("fun_name", "?"))[:60], round(duration, 2)])
 
     def pre_run_cell(info):
-        cell.update(start=time.perf_counter(), compiles=0, compile_s=0.0)
+        cell.update(start=time.perf_counter(), compiles=0, compile_s=0.0, programs=[])
 
     def post_run_cell(result):
         first = next((line for line in result.info.raw_cell.splitlines() if line.strip()), "")[:80]
         line = {"pid": os.getpid(), "seconds": round(time.perf_counter() - cell["start"], 3),
-                "compiles": cell["compiles"], "compile_s": round(cell["compile_s"], 3), "first_line": first}  # fmt: skip
+                "compiles": cell["compiles"], "compile_s": round(cell["compile_s"], 3), "first_line": first,
+                "programs": cell["programs"]}  # fmt: skip
         with open(log, "a") as f:  # one short write per cell: lines of concurrent kernels do not interleave
             f.write(json.dumps(line) + "\n")
 
