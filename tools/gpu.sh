@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the project runs on the lent GPU machine (no network; see tools/te-device.md and README).
 #   bash tools/gpu.sh tests            GPU-marked tests (and TE ones, when TE is installed)
-#   bash tools/gpu.sh tune KERNEL      tile sizes of our kernels against cuDNN (pallas, mosaic, pipe, fp8)
+#   bash tools/gpu.sh tune KERNEL      tile sizes of our kernels against cuDNN (pallas, mosaic, pipe, fp8, bwd, bwd_tiles)
 #   bash tools/gpu.sh kernels          the Mosaic kernels' GPU tests, then the ablations and the warpgroup timeline
 #                                        recorded into the result file (about 8 minutes; a summary last)
 #   bash tools/gpu.sh exp_poly         part of p's exponentials on the FMA units: its GPU tests, then the plain and

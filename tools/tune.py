@@ -9,6 +9,8 @@ python tools/tune.py fp8 [OUT.json]      block_kv and stages of our FP8 forward 
 same shape.
 python tools/tune.py bwd [OUT.json]      forward+backward (jax.vjp) of our two kernels against cuDNN's:
 B·T = 16k, T = 4096 and 8192, N=16, H=128, bf16, causal and not; each row is saved as soon as it is measured.
+python tools/tune.py bwd_tiles [OUT.json]  forward+backward of our Mosaic GPU kernel with other backward tiles
+(bwd_block_q × bwd_block_kv, stages) against cuDNN's: B=4, T=8192, N=16, H = 64 and 128, bf16, causal and not.
 
 Without OUT.json a table goes where the package reads its tuning tables,
 attention_tutorial/results/data/tuning/<kernel>_<gpu>.json (say, pipe_nvidia-h200.json); an existing file is never
@@ -32,7 +34,16 @@ from attention_tutorial.measure.fp8 import WRONG_ABOVE, rel_error
 
 PALLAS = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 4), (64, 128, 4, 2),
           (128, 128, 8, 3), (128, 64, 8, 4)]  # fmt: skip
-MOSAIC = [(128, 2), (128, 3), (64, 2), (64, 4)]  # (block_kv, stages); block_q is wgmma's 64
+MOSAIC = [(128, 2), (128, 3), (64, 2), (64, 4)]
+# (bwd_block_q, bwd_block_kv, bwd_stages): the default first; 128 query rows per warpgroup fit the registers at H = 64
+# only (dQ's accumulator is 128 × H float32), 128 keys neither (dK and dV together: 2 × 128 × H)
+BWD_TILES = [
+    (64, 64, 2),
+    (64, 64, 3),
+    (128, 64, 2),
+    (128, 64, 3),
+    (64, 128, 2),
+]  # (block_kv, stages); block_q is wgmma's 64
 PIPE = [(128, 2, False), (128, 2, True), (64, 2, True), (64, 3, True), (64, 4, True)]  # 128 × 3 stages: no room
 FP8 = [(128, 2, "registers"), (128, 3, "registers"), (128, 4, "registers"), (128, 2, "smem")]
 # (block_kv, stages, p_via); block_kv = 256 needs more registers than the kernel budgets
@@ -143,6 +154,39 @@ def backward(out):
                 save(rows, out)
 
 
+def backward_tiles(out):
+    """Time forward+backward of our Mosaic GPU kernel at each of BWD_TILES beside cuDNN's; a configuration whose
+    gradients are off (against cuDNN's) is reported, not timed; rows are saved as they come."""
+    rows = []
+    B, T, N = 4, 8192, 16
+    for H in (64, 128):
+        q, k, v = make_qkv(B, T, N, H, dtype=jnp.bfloat16)
+        d_out = jax.random.normal(jax.random.key(1), q.shape, jnp.float32).astype(q.dtype)
+        for causal in (False, True):
+            flops = attention_flops(B, T, T, N, H, causal=causal, pass_="fwd+bwd")
+            cudnn = functools.partial(dot_product_attention, implementation="cudnn", is_causal=causal)
+            exact = jax.jit(fwd_bwd(cudnn))(q, k, v, d_out)
+            impls = [("cuDNN", cudnn)] + [
+                (f"bwd {bq}x{bkv} stages {st}", functools.partial(mosaic_flash_attention, is_causal=causal,
+                 config=MosaicConfig(bwd_block_q=bq, bwd_block_kv=bkv, bwd_stages=st)))
+                for bq, bkv, st in BWD_TILES
+            ]  # fmt: skip
+            for label, fn in impls:
+                try:
+                    grads = jax.jit(fwd_bwd(fn))(q, k, v, d_out)
+                    err = max(rel_error(g, e) for g, e in zip(grads, exact))
+                    if err > WRONG_ABOVE["bfloat16"]:
+                        raise ArithmeticError(f"wrong gradients: relative error {err:.3g} against cuDNN's")
+                    tf = flops / time_fn(fwd_bwd(fn), q, k, v, d_out, repeats=10, max_seconds=0.5).median_ms / 1e9
+                except Exception as err:  # a configuration that does not compile or fit is reported, not fatal
+                    tf = None
+                    print(f"H={H} {label}: {type(err).__name__}: {str(err)[:160]}", flush=True)
+                rows.append({"kernel": "bwd_tiles", "B": B, "T": T, "N": N, "H": H, "causal": causal, "config": label,
+                             "pass": "fwd+bwd", "tflops": tf})  # fmt: skip
+                print(f"H={H:3d} causal={causal!s:5} {label:24s} {tf and round(tf)}", flush=True)
+                save(rows, out)
+
+
 TUNING_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "attention_tutorial", "results", "data",
                           "tuning")  # fmt: skip
 
@@ -159,13 +203,13 @@ def default_out(kernel: str) -> str:
 
 
 if __name__ == "__main__":
-    kernels = ("pallas", "mosaic", "pipe", "fp8", "bwd")
+    kernels = ("pallas", "mosaic", "pipe", "fp8", "bwd", "bwd_tiles")
     if len(sys.argv) not in (2, 3) or sys.argv[1] not in kernels:
         raise SystemExit(f"usage: python tools/tune.py {{{'|'.join(kernels)}}} [OUT.json]")
     out = fresh(sys.argv[2] if len(sys.argv) == 3 else default_out(sys.argv[1]))
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     print(f"saving to {out}", flush=True)
-    if sys.argv[1] == "bwd":
-        backward(out)
+    if sys.argv[1] in ("bwd", "bwd_tiles"):
+        (backward if sys.argv[1] == "bwd" else backward_tiles)(out)
         sys.exit()
     main(sys.argv[1], out)
