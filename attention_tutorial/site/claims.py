@@ -167,7 +167,7 @@ def growth_terms(xs, ys, var: str = "x") -> Claim:
         )
     first, last = int(np.argmin(x)), int(np.argmax(x))
     if y[first] > 0 and y[last] / y[first] > 1.1 * (x[last] / x[first]) ** 2:
-        word += f" (slightly faster than {var}² at the largest {var})"
+        word += f" (faster than {var}² over this range: ×{y[last] / y[first]:.1f} for {var} ×{x[last] / x[first]:g})"
     return Claim(g.value, g.low, g.high, word)
 
 

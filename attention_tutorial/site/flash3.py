@@ -75,6 +75,21 @@ class GoalResult:
         return sorted(t for t, ours, theirs in self.errors if theirs is not None and ours > theirs)
 
     @property
+    def shortfall(self) -> str:
+        """Why the goal is not met ("" when nothing falls short): the T below the target with their medians, the T
+        that failed, the T where our error is larger."""
+        medians = dict(self.speed.by_t) if self.speed else {}
+        below = [100 * medians[t].value for t in self.below]
+        if len(below) > 1:
+            every = "every T" if len(below) == len(medians) else f"{len(below)} of {len(medians)} T"
+            parts = [f"{every} below {100 * self.goal.target:.0f} %: {min(below):.1f}–{max(below):.1f} %"]
+        else:
+            parts = [f"T = {t:,} at {b:.1f} %" for t, b in zip(self.below, below)]
+        parts += [f"T = {t:,} failed" for t in self.failed]
+        parts += [f"T = {t:,}: larger error" for t in self.worse_error]
+        return "; ".join(parts)
+
+    @property
     def met(self) -> str:
         if self.below or self.failed or self.worse_error:
             return "no"

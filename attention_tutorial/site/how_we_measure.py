@@ -155,7 +155,8 @@ def verdict_figure(examples):
 
 
 def provenance_rows(provenance: dict, fields=PROVENANCE_FIELDS) -> list[dict]:
-    """(field, value) rows of a result file's top-level provenance, values as text ('–' where absent)."""
+    """(field, value) rows of a result file's top-level provenance, values as text ('–' where absent; the command
+    as inline code)."""
 
     def text(v):
         if v is None:
@@ -166,7 +167,11 @@ def provenance_rows(provenance: dict, fields=PROVENANCE_FIELDS) -> list[dict]:
             return " × ".join(map(str, v))
         return str(v)
 
-    return [{"field": f, "value": text(provenance.get(f))} for f in fields]
+    rows = [{"field": f, "value": text(provenance.get(f))} for f in fields]
+    for row in rows:  # a command as code: its "--" must not render as a dash
+        if row["field"] == "command" and row["value"] != "–":
+            row["value"] = f"`{row['value']}`"
+    return rows
 
 
 def record_rows(record: dict, fields=RECORD_FIELDS) -> list[dict]:

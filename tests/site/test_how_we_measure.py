@@ -108,9 +108,11 @@ def test_verdict_figure_draws_each_range_and_median():
 
 
 def test_provenance_and_record_rows():
-    rows = page.provenance_rows({**PROV, "matmul_shape": [8192, 8192, 8192], "cudnn": None})
+    rows = page.provenance_rows({**PROV, "matmul_shape": [8192, 8192, 8192], "cudnn": None,
+                                 "command": "python -m attention_tutorial record --grids"})  # fmt: skip
     by = {r["field"]: r["value"] for r in rows}
     assert by["matmul_bf16_tflops"] == "700" and by["matmul_shape"] == "8192 × 8192 × 8192" and by["cudnn"] == "–"
+    assert by["command"] == "`python -m attention_tutorial record --grids`"  # code: "--" stays two hyphens
     assert [r["field"] for r in rows] == list(page.PROVENANCE_FIELDS)
     rows = page.record_rows(rec("cudnn", 1.8901234, 1.8, 2.0, grid="seq_long"))
     assert rows[0] == {"field": "grid", "value": "seq_long"} and {"field": "median_ms", "value": "1.89"} in rows
