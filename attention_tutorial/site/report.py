@@ -109,8 +109,10 @@ def result_slugs() -> list[str]:
 
 
 #: Said under a table of live runs set against the recording with a verdict per point.
-VERDICT_NOTE = ("Each verdict compares the two runs' p10–p90 ranges, not their medians: the same ratio reads "
-                "\"slower\" where the ranges are apart and \"on par\" where they overlap.")
+VERDICT_NOTE = (
+    "Each verdict compares the two runs' p10–p90 ranges, not their medians: the same ratio reads "
+    '"slower" where the ranges are apart and "on par" where they overlap.'
+)
 
 
 def live_vs_recorded(live, recorded) -> list[dict]:
