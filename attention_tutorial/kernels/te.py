@@ -120,7 +120,7 @@ def hlo_fp8_types(fn, *args) -> tuple[str, ...]:
 
 
 def delayed_scaling_recipe():
-    """The seed's recipe: HYBRID (E4M3 forward, E5M2 gradients), amax history 1024, scale from its max."""
+    """The codelab's recipe: HYBRID (E4M3 forward, E5M2 gradients), amax history 1024, scale from its max."""
     import_te()
     from transformer_engine.common.recipe import DelayedScaling, Format
 
