@@ -64,6 +64,7 @@ def test_the_online_softmax_figure_draws_the_running_max_and_the_sums():
     added = [c.patches[0] for c in bottom.containers][1::2]  # each block: carried below, added on top
     tops = [b.get_y() + b.get_height() for b in added]
     assert tops == pytest.approx([st.l for st in steps])
+    assert [t.get_text() for t in top.texts] == [f"block {i + 1}" for i in range(len(steps))]  # as the text counts
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 8])
