@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 from .. import registry
 from ..train import TWIN
 
+GREY = "#555555"  # reference lines and quiet labels
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", ":", "-.")
@@ -126,7 +127,7 @@ def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title
     for a in axes:
         a.set_facecolor("white")
         if hline:
-            a.axhline(hline, color="#555555", linestyle=(0, (6, 3)), linewidth=1.2, label=hline_label)
+            a.axhline(hline, color=GREY, linestyle=(0, (6, 3)), linewidth=1.2, label=hline_label)
         if logx:
             a.set_xscale("log", base=2)
         if logy:

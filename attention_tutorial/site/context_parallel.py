@@ -23,10 +23,9 @@ from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from ..kernels import context_parallel as cp
 from ..measure.flops import attention_flops
-from ..results.plotting import PALETTE
+from ..results.plotting import GREY, PALETTE
 from .claims import compare, same_point
 
-GREY = "#555555"
 #: NVLink bandwidth of an H200 per direction, from NVIDIA's specification (900 GB/s in total): not measured here.
 NVLINK_SPEC_GBPS_PER_DIRECTION = 450
 #: The least speed-up over one call that counts as one: below it, P devices would finish about as late as one.

@@ -25,10 +25,9 @@ from ..kernels.reference import reference_attention
 from ..measure.flops import attention_flops, kv_cache_bytes
 from ..measure.sweep import Point
 from ..registry import IMPLEMENTATIONS
-from ..results.plotting import LINESTYLES, PALETTE, impl_style, label
+from ..results.plotting import GREY, LINESTYLES, PALETTE, impl_style, label
 from .claims import TOLERANCES, Claim, agreement, compare, growth, same_point
 
-GREY = "#555555"
 #: Streaming multiprocessors per GPU (NVIDIA's datasheets), by the name a result file records.
 SMS = {"NVIDIA H200": 132, "NVIDIA H100 80GB HBM3": 132, "NVIDIA A100-SXM4-80GB": 108, "NVIDIA A100-SXM4-40GB": 108}
 

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
-from ..results.plotting import PALETTE
+from ..results.plotting import GREY, PALETTE
 from .claims import Claim, growth_terms
 
 # --- the online softmax, one row ------------------------------------------------------------------------------------
@@ -75,7 +75,7 @@ def online_softmax_figure(scores, values, block: int):
             top.vlines(a - 0.5, steps[i - 1].m, steps[i].m, color=PALETTE[3], linewidth=1.2, linestyle=":")
         mid = (a + b - 1) / 2
         top.text(mid, 1.02, f"block {i + 1}", transform=top.get_xaxis_transform(), ha="center", va="bottom",
-                 fontsize=8, color="#555555")  # fmt: skip
+                 fontsize=8, color=GREY)  # fmt: skip
         bottom.bar(mid, steps[i].carried, width=0.8 * (b - a), color=PALETTE[5], zorder=2)
         bottom.bar(mid, steps[i].added, width=0.8 * (b - a), bottom=steps[i].carried, color=PALETTE[1], zorder=2)
     top.set_ylabel("score sⱼ")

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
 from ..measure.kernel_code import FAMILIES
-from ..results.plotting import PALETTE, impl_style, label
+from ..results.plotting import GREY, PALETTE, impl_style, label
 from .claims import POINT_FIELDS, Claim, compare, same_point, words_by_x
 
 # --- the race: each kernel against a baseline, point by point ---------------------------------------------------
@@ -151,7 +151,7 @@ def race_figure(speeds, *, title: str = ""):
             err = [[100 * (c.value - c.low) for _, c in s.by_t], [100 * (c.high - c.value) for _, c in s.by_t]]
             name = label(s.impl) + ("" if s.dtype == "bfloat16" else f", {s.dtype}")
             ax.errorbar(s.ts, ys, yerr=err, color=colour, marker=marker, capsize=3, linewidth=1.6, label=name)
-        ax.axhline(100, color="#555555", linestyle=(0, (6, 3)), linewidth=1.1)
+        ax.axhline(100, color=GREY, linestyle=(0, (6, 3)), linewidth=1.1)
         ax.set_xscale("log", base=2)
         ts = sorted({t for s in speeds for t in s.ts})
         ax.set_xticks(ts, [f"{t // 1024}k" if t >= 1024 else str(t) for t in ts])

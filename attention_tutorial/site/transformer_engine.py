@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 
 from ..measure import profile
-from ..results.plotting import PALETTE
+from ..results.plotting import GREY, PALETTE
 from . import claims
 
 
@@ -166,7 +166,7 @@ def fp8_speedup_figure(rows):
         err = [[r["ratio"] - r["low"] for r in rs], [r["high"] - r["ratio"] for r in rs]]
         ax.errorbar(x, y, yerr=err, marker="o", capsize=3, color=PALETTE[3 if causal else 0],
                     linestyle="--" if causal else "-", label="causal" if causal else "no mask")  # fmt: skip
-    ax.axhline(1.0, color="#555555", linewidth=1)
+    ax.axhline(1.0, color=GREY, linewidth=1)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("T = S")
     ax.set_ylabel("bf16 time / FP8 time")
