@@ -10,7 +10,7 @@ same shape.
 python tools/tune.py bwd [OUT.json]      forward+backward (jax.vjp) of our two kernels against cuDNN's:
 B·T = 16k, T = 4096 and 8192, N=16, H=128, bf16, causal and not; each row is saved as soon as it is measured.
 python tools/tune.py bwd_tiles [OUT.json]  forward+backward of our Mosaic GPU kernel with other backward tiles
-(bwd_block_q × bwd_block_kv, stages) against cuDNN's: B=4, T=8192, N=16, H = 64 and 128, bf16, causal and not.
+(bwd_block_q × bwd_block_kv, stages) and with dQ added by atomics, against cuDNN's: B=4, T=8192, N=16, H = 64 and 128, bf16, causal and not.
 
 Without OUT.json a table goes where the package reads its tuning tables,
 attention_tutorial/results/data/tuning/<kernel>_<gpu>.json (say, pipe_nvidia-h200.json); an existing file is never
@@ -35,15 +35,17 @@ from attention_tutorial.measure.fp8 import WRONG_ABOVE, rel_error
 PALLAS = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 4), (64, 128, 4, 2),
           (128, 128, 8, 3), (128, 64, 8, 4)]  # fmt: skip
 MOSAIC = [(128, 2), (128, 3), (64, 2), (64, 4)]
-# (bwd_block_q, bwd_block_kv, bwd_stages): the default first; 128 query rows per warpgroup fit the registers at H = 64
-# only (dQ's accumulator is 128 × H float32), 128 keys neither (dK and dV together: 2 × 128 × H)
+# (bwd_block_q, bwd_block_kv, bwd_stages, bwd_dq): the default first; 128 query rows per warpgroup fit the registers at
+# H = 64 only (dQ's accumulator is 128 × H float32), 128 keys neither (dK and dV together: 2 × 128 × H); dQ by
+# atomics takes 3 stages at H = 64 only (shared memory), and shares dS between the warpgroups at H = 128 only
 BWD_TILES = [
-    (64, 64, 2),
-    (64, 64, 3),
-    (128, 64, 2),
-    (128, 64, 3),
-    (64, 128, 2),
-]  # (block_kv, stages); block_q is wgmma's 64
+    (64, 64, 2, "pass"),
+    (64, 64, 2, "atomic"),
+    (64, 64, 3, "atomic"),
+    (64, 64, 2, "atomic_shared"),
+    (64, 64, 3, "pass"),
+    (128, 64, 2, "pass"),
+]
 PIPE = [(128, 2, False), (128, 2, True), (64, 2, True), (64, 3, True), (64, 4, True)]  # 128 × 3 stages: no room
 FP8 = [(128, 2, "registers"), (128, 3, "registers"), (128, 4, "registers"), (128, 2, "smem")]
 # (block_kv, stages, p_via); block_kv = 256 needs more registers than the kernel budgets
@@ -167,9 +169,10 @@ def backward_tiles(out):
             cudnn = functools.partial(dot_product_attention, implementation="cudnn", is_causal=causal)
             exact = jax.jit(fwd_bwd(cudnn))(q, k, v, d_out)
             impls = [("cuDNN", cudnn)] + [
-                (f"bwd {bq}x{bkv} stages {st}", functools.partial(mosaic_flash_attention, is_causal=causal,
-                 config=MosaicConfig(bwd_block_q=bq, bwd_block_kv=bkv, bwd_stages=st)))
-                for bq, bkv, st in BWD_TILES
+                (f"bwd {bq}x{bkv} stages {st} dQ {dq}",
+                 functools.partial(mosaic_flash_attention, is_causal=causal, config=MosaicConfig(
+                     bwd_block_q=bq, bwd_block_kv=bkv, bwd_stages=st, bwd_dq=dq)))
+                for bq, bkv, st, dq in BWD_TILES
             ]  # fmt: skip
             for label, fn in impls:
                 try:
@@ -178,12 +181,15 @@ def backward_tiles(out):
                     if err > WRONG_ABOVE["bfloat16"]:
                         raise ArithmeticError(f"wrong gradients: relative error {err:.3g} against cuDNN's")
                     tf = flops / time_fn(fwd_bwd(fn), q, k, v, d_out, repeats=10, max_seconds=0.5).median_ms / 1e9
-                except Exception as err:  # a configuration that does not compile or fit is reported, not fatal
-                    tf = None
-                    print(f"H={H} {label}: {type(err).__name__}: {str(err)[:160]}", flush=True)
+                except Exception as exc:  # a configuration that does not compile or fit is reported, not fatal
+                    tf = err = None
+                    print(f"H={H} {label}: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
                 rows.append({"kernel": "bwd_tiles", "B": B, "T": T, "N": N, "H": H, "causal": causal, "config": label,
-                             "pass": "fwd+bwd", "tflops": tf})  # fmt: skip
-                print(f"H={H:3d} causal={causal!s:5} {label:24s} {tf and round(tf)}", flush=True)
+                             "pass": "fwd+bwd", "tflops": tf, "rel_error_vs_cudnn": err})  # fmt: skip
+                print(
+                    f"H={H:3d} causal={causal!s:5} {label:34s} {tf and round(tf)}  err {err and f'{err:.2g}'}",
+                    flush=True,
+                )
                 save(rows, out)
 
 

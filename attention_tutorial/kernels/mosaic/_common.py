@@ -168,3 +168,19 @@ def call(body, out_type, scratch, grid, grid_names, *args, profile_space: int = 
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True, **profile),
     )(*args)
+
+
+def call_into(body, args, outs, scratch, grid, grid_names):
+    """:func:`call` for a kernel that adds into its outputs: ``outs`` (arrays: their starting values, zeros for a sum)
+    come into the kernel as refs after ``args`` and go out with what the kernel wrote; returns them."""
+    import jax.experimental.pallas as pl
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    mesh = plgpu.Mesh(grid=grid, grid_names=grid_names, num_threads=3, thread_name="wg")
+
+    def entry(*refs):
+        pl.run_scoped(lambda *scoped: body(*refs, scoped), *scratch, collective_axes="wg")
+
+    refs = [jax.new_ref(x) for x in outs]
+    pl.kernel(entry, out_type=(), mesh=mesh, compiler_params=plgpu.CompilerParams(approx_math=True))(*args, *refs)
+    return tuple(r[...] for r in refs)

@@ -1,10 +1,13 @@
 """The backward: FlashAttention-2's recomputation from the saved log-sum-exp, with FlashAttention-3's Hopper machinery
-(after JAX's ``attention_mgpu``), in two warp-specialised kernels of two wgmma warpgroups and one TMA warpgroup each.
+(after JAX's ``attention_mgpu``), in warp-specialised kernels of two wgmma warpgroups and one TMA warpgroup each.
 
 :func:`dkv_kernel` owns key blocks and accumulates dK, dV over the query blocks (and, for GQA, the query heads) that
-see them; :func:`dq_kernel` owns query blocks and accumulates dQ. dQ gets its own pass instead of atomic float32 adds
-from the dK/dV kernel: every CTA owns its outputs (deterministic, no float32 dQ buffer and conversion pass), at the
-cost of recomputing q·kᵀ and dO·vᵀ once more.
+see them. dQ comes one of two ways. By default :func:`dq_kernel` owns query blocks and accumulates dQ in a pass of
+its own: every CTA owns its outputs (deterministic), at the cost of recomputing q·kᵀ and dO·vᵀ (seven matrix
+products per tile pair in all). With ``MosaicConfig.bwd_dq="atomic"`` the dK/dV kernel also multiplies each dS by its
+keys and adds that share of dQ into a float32 dQ in global memory by TMA reduce-add (FlashAttention-3's choice: five
+products, float32 traffic, a summation order that varies from run to run); ``"atomic_shared"`` lets the two
+warpgroups meet in shared memory so that each adds half of dQ's columns.
 """
 
 from __future__ import annotations
@@ -15,7 +18,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._common import LOG2E, call, causal_block_mask, causal_steps, drain, load_vector, shared_lowering, swizzled_tiles
+from ._common import (
+    LOG2E,
+    call,
+    call_into,
+    causal_block_mask,
+    causal_steps,
+    drain,
+    load_vector,
+    shared_lowering,
+    swizzled_tiles,
+)
 from .budget import MosaicConfig
 
 
@@ -114,15 +127,21 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, scoped, *
             fetch(j + stages, slot)
 
 
-def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, scoped, *, causal, bq, bkv, stages,
-                seq_q, groups, scale):  # fmt: skip
+def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, causal, bq, bkv, stages, seq_q, groups, scale,
+               dq="pass"):  # fmt: skip
     """dK, dV: each compute warpgroup owns ``bkv`` keys of one kv head and walks, for each of the N // K query
-    heads sharing it (GQA: summed here, in registers), the query blocks that see them."""
+    heads sharing it (GQA: summed here, in registers), the query blocks that see them.
+
+    With ``dq="atomic"`` or ``"atomic_shared"`` the first of ``refs`` is a float32 dQ (zeros coming in) that each step
+    adds its share dS·k into by TMA reduce-add: each warpgroup its own (queries × H), or, shared, the two warpgroups'
+    dS meet in shared memory and each adds half of H's columns for all 2·bkv keys (half the registers and traffic)."""
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
-    (k_smem2, v_smem2, q_smem, do_smem, lse_smem, delta_smem), ready, tile_free = scoped
-    k_ready, v_ready, q_ready, do_ready, lse_ready, delta_ready = ready
+    dq_ref, (dk_ref, dv_ref, scoped) = (None, refs) if dq == "pass" else (refs[0], refs[1:])
+    smem, ready, tile_free = scoped
+    k_smem2, v_smem2, q_smem, do_smem, lse_smem, delta_smem = smem[:6]
+    k_ready, v_ready, q_ready, do_ready, lse_ready, delta_ready = ready[:6]
     dtype, head_dim = q_ref.dtype, q_ref.shape[-1]
     batch, kv_head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
     cta_keys = lax.axis_index("kv_seq") * (2 * bkv)
@@ -132,6 +151,7 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, 
     per_head = n_q - first
     total = groups * per_head  # pipeline steps: (query head of the group, query block)
     c = scale * LOG2E
+    half = head_dim // 2
 
     @pl.when(wg < 2)
     def _compute():
@@ -157,10 +177,8 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, 
             plgpu.barrier_arrive(tile_free.at[slot])
             return carry
 
-        def step(jq, carry, base, masked):
-            dk, dv = carry
-            slot = lax.rem(base + jq, jnp.array(stages, jnp.int32))
-            wait_tile(slot)
+        def ds_of(jq, slot, dv, masked):
+            """dSᵀ (keys, queries) of one step, dV += Pᵀ dO on the way."""
             q_tile, do_tile = q_smem.at[slot], do_smem.at[slot]
 
             def kq(s_ref):  # sᵀ = k qᵀ: (keys, queries)
@@ -181,13 +199,76 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, 
             dpt0 = plgpu.layout_cast(jnp.full((bkv, bq), 0.0, jnp.float32), plgpu.Layout.WGMMA)
             dv, dpt = pl.run_state(dv_and_dpt)((plgpu.ACC.init(dv), plgpu.ACC.init(dpt0)))
             delta = load_vector(delta_smem.at[slot], plgpu.Layout.WGMMA.reduce(0))
-            dst = (pt * (dpt - lax.broadcast_in_dim(delta, dpt.shape, [1]))).astype(dtype)  # dSᵀ
+            return (pt * (dpt - lax.broadcast_in_dim(delta, dpt.shape, [1]))).astype(dtype), dv  # dSᵀ
 
-            def dk_step(dk_ref):  # dK += dSᵀ q
-                plgpu.wgmma(dk_ref, dst, q_tile)
+        def add_dq(share, jq, g, cols):
+            """Add this step's float32 share of dQ (queries × ``cols`` of H) into dQ in global memory."""
+            dq_smem = smem[7].at[wg]
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last step's share has left dq_smem
+            dq_smem[...] = share
+            plgpu.commit_smem()
+            rows = (batch, pl.ds(jq * bq, bq), kv_head * groups + g)
+            plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[(*rows, cols)], reduction_op="add")
 
-            dk = pl.run_state(dk_step)(plgpu.ACC.init(dk))
+        def step(jq, carry, base, masked, g):
+            dk, dv = carry
+            slot = lax.rem(base + jq, jnp.array(stages, jnp.int32))
+            wait_tile(slot)
+            dst, dv = ds_of(jq, slot, dv, masked)
+            q_tile = q_smem.at[slot]
+            if dq == "pass":
+
+                def dk_step(dk_ref):  # dK += dSᵀ q
+                    plgpu.wgmma(dk_ref, dst, q_tile)
+
+                dk = pl.run_state(dk_step)(plgpu.ACC.init(dk))
+                plgpu.barrier_arrive(tile_free.at[slot])
+                return dk, dv
+            ds_smem = smem[6].at[wg]
+            ds_smem[...] = dst  # dS as wgmma's left operand (transposed from shared memory)
+            plgpu.commit_smem()
+
+            def dk_and_dq(refs):
+                dk_ref, share_ref = refs
+                plgpu.wgmma(dk_ref, dst, q_tile)  # dK += dSᵀ q
+                plgpu.wgmma(share_ref, ds_smem.transpose((1, 0)), k_smem)  # dQ's share: dS k, (queries, H)
+
+            share0 = plgpu.layout_cast(jnp.full((bq, head_dim), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+            dk, share = pl.run_state(dk_and_dq)((plgpu.ACC.init(dk), plgpu.ACC.init(share0)))
+            plgpu.barrier_arrive(tile_free.at[slot])  # q and dO of this slot are done
+            add_dq(share, jq, g, slice(None))
+            return dk, dv
+
+        def shared_step(jq, carry, base, masked, g, active=True):
+            """dQ by both warpgroups at once: each puts its dS (zeros where its keys see none of the block) in shared
+            memory, waits for the other's, and adds dQ's share for its half of H over both warpgroups' keys."""
+            dk, dv = carry
+            t = base + jq
+            slot, parity = lax.rem(t, jnp.array(stages, jnp.int32)), lax.rem(t, jnp.array(2, jnp.int32))
+            wait_tile(slot)
+            ds_smem = smem[6].at[parity, wg]
+            if active:
+                dst, dv = ds_of(jq, slot, dv, masked)
+                ds_smem[...] = dst
+            else:
+                ds_smem[...] = plgpu.layout_cast(jnp.full((bkv, bq), 0.0, dtype), plgpu.Layout.WGMMA)
+            plgpu.commit_smem()
+            ds_ready = ready[6].at[parity]
+            plgpu.barrier_arrive(ds_ready)
+            plgpu.barrier_wait(ds_ready)  # both warpgroups' dS are in (and the last use of this parity's is over)
+            cols = pl.ds(wg * half, half)
+
+            def dk_and_dq(refs):
+                dk_ref, share_ref = refs
+                if active:
+                    plgpu.wgmma(dk_ref, dst, q_smem.at[slot])  # dK += dSᵀ q
+                for w in range(2):  # dQ's share, my half of H: Σ over both warpgroups' keys of dS k
+                    plgpu.wgmma(share_ref, smem[6].at[parity, w].transpose((1, 0)), k_smem2.at[w].at[:, cols])
+
+            share0 = plgpu.layout_cast(jnp.full((bq, half), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+            dk, share = pl.run_state(dk_and_dq)((plgpu.ACC.init(dk), plgpu.ACC.init(share0)))
             plgpu.barrier_arrive(tile_free.at[slot])
+            add_dq(share, jq, g, cols)
             return dk, dv
 
         n_q_ = n_q
@@ -199,11 +280,18 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, 
 
         def one_head(g, carry):
             base = g * per_head - first  # pipeline step of (g, query block jq) is base + jq
-            lax.fori_loop(first, mine, functools.partial(skip, base=base), None)
-            carry = lax.fori_loop(mine, unmasked, functools.partial(step, base=base, masked=True), carry)
-            return lax.fori_loop(unmasked, n_q_, functools.partial(step, base=base, masked=False), carry)
+            walk = functools.partial(shared_step if dq == "atomic_shared" else step, base=base, g=g)
+            if dq == "atomic_shared":  # every step takes part: the other warpgroup waits for our dS
+                carry = lax.fori_loop(first, mine, functools.partial(walk, masked=False, active=False), carry)
+            else:
+                lax.fori_loop(first, mine, functools.partial(skip, base=base), None)
+            carry = lax.fori_loop(mine, unmasked, functools.partial(walk, masked=True), carry)
+            return lax.fori_loop(unmasked, n_q_, functools.partial(walk, masked=False), carry)
 
         dk, dv = lax.fori_loop(0, groups, one_head, (dk, dv))
+        if dq == "atomic_shared":  # the other warpgroup's last dQ share has read our k: both arrive before we write
+            plgpu.barrier_arrive(ready[7].at[0])
+            plgpu.barrier_wait(ready[7].at[0])
         k_smem[...] = (dk * scale).astype(dtype)
         v_smem[...] = dv.astype(dtype)
         plgpu.commit_smem()
@@ -254,25 +342,37 @@ def backward(q, k, v, d_out, lse2, delta, *, causal: bool, scale: float, cfg: Mo
     def two(shape, dtype, **kw):
         return plgpu.SMEM((2, *shape), dtype, **kw)
 
-    stages = min(cfg.bwd_stages, S // bkv)
-    smem = (two((bq, H), dt, transforms=tiles), two((bq, H), dt, transforms=tiles), two((bq,), jnp.float32),
-            two((bq,), jnp.float32), plgpu.SMEM((stages, bkv, H), dt, transforms=tiles),
-            plgpu.SMEM((stages, bkv, H), dt, transforms=tiles))  # fmt: skip
-    ready = (*(plgpu.Barrier(num_barriers=2),) * 4, *(plgpu.Barrier(num_barriers=stages),) * 2)
-    free = (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2
-    kernel = functools.partial(dq_kernel, stages=stages, seq_kv=S, **common)
-    grid = (N, T // (2 * bq), B)
-    dq = call(kernel, jax.ShapeDtypeStruct(q.shape, dt), (smem, ready, free), grid, ("heads", "q_seq", "batch"),
-              *args)  # fmt: skip
+    if cfg.bwd_dq == "pass":
+        stages = min(cfg.bwd_stages, S // bkv)
+        smem = (two((bq, H), dt, transforms=tiles), two((bq, H), dt, transforms=tiles), two((bq,), jnp.float32),
+                two((bq,), jnp.float32), plgpu.SMEM((stages, bkv, H), dt, transforms=tiles),
+                plgpu.SMEM((stages, bkv, H), dt, transforms=tiles))  # fmt: skip
+        ready = (*(plgpu.Barrier(num_barriers=2),) * 4, *(plgpu.Barrier(num_barriers=stages),) * 2)
+        free = (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2
+        kernel = functools.partial(dq_kernel, stages=stages, seq_kv=S, **common)
+        grid = (N, T // (2 * bq), B)
+        dq = call(kernel, jax.ShapeDtypeStruct(q.shape, dt), (smem, ready, free), grid, ("heads", "q_seq", "batch"),
+                  *args)  # fmt: skip
 
     stages = min(cfg.bwd_stages, (N // K) * (T // bq))
     smem = (two((bkv, H), dt, transforms=tiles), two((bkv, H), dt, transforms=tiles),
             plgpu.SMEM((stages, bq, H), dt, transforms=tiles), plgpu.SMEM((stages, bq, H), dt, transforms=tiles),
             plgpu.SMEM((stages, bq), jnp.float32), plgpu.SMEM((stages, bq), jnp.float32))  # fmt: skip
     ready = (*(plgpu.Barrier(num_barriers=2),) * 2, *(plgpu.Barrier(num_barriers=stages),) * 4)
+    if cfg.bwd_dq != "pass":  # each warpgroup's dS (two steps' when shared) and its float32 share of dQ on the way out
+        f32_tiles = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
+        shared = cfg.bwd_dq == "atomic_shared"
+        ds = plgpu.SMEM((2, 2, bkv, bq) if shared else (2, bkv, bq), dt, transforms=tiles)
+        smem += (ds, two((bq, H // 2 if shared else H), jnp.float32, transforms=f32_tiles))
+        # both warpgroups' dS are in, per step parity; both are done with each other's k
+        ready += (plgpu.Barrier(num_arrivals=2, num_barriers=2), plgpu.Barrier(num_arrivals=2, num_barriers=1))
     free = plgpu.Barrier(num_arrivals=2, num_barriers=stages)
-    kernel = functools.partial(dkv_kernel, stages=stages, seq_q=T, **common)
+    kernel = functools.partial(dkv_kernel, stages=stages, seq_q=T, dq=cfg.bwd_dq, **common)
     grid = (K, S // (2 * bkv), B)
-    out_type = [jax.ShapeDtypeStruct(k.shape, dt)] * 2
-    dk, dv = call(kernel, out_type, (smem, ready, free), grid, ("heads", "kv_seq", "batch"), *args)
-    return dq, dk, dv
+    if cfg.bwd_dq == "pass":
+        out_type = [jax.ShapeDtypeStruct(k.shape, dt)] * 2
+        dk, dv = call(kernel, out_type, (smem, ready, free), grid, ("heads", "kv_seq", "batch"), *args)
+        return dq, dk, dv
+    outs = (jnp.zeros(q.shape, jnp.float32), jnp.zeros(k.shape, dt), jnp.zeros(v.shape, dt))  # dQ: the adds land here
+    dq_sum, dk, dv = call_into(kernel, args, outs, (smem, ready, free), grid, ("heads", "kv_seq", "batch"))
+    return (dq_sum * scale).astype(dt), dk, dv

@@ -22,6 +22,7 @@ SMEM_RESERVE = 4 * 1024  # on top of the tiles, where not measured otherwise: th
 TILE_REGISTERS = 192  # of a compute thread's 232 (set_max_registers), for tiles; the rest: indices, max, sum, ...
 WARPGROUPS = 3  # per CTA: two compute, one copy
 PROFILE_BYTES_PER_REGION = 16  # the in-kernel profiler: two events (start, end) of two 32-bit words each
+BWD_DQ = ("pass", "atomic", "atomic_shared")  # how the backward makes dQ (MosaicConfig.bwd_dq)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +30,12 @@ class MosaicConfig:
     """Tile sizes: ``block_q`` rows per compute warpgroup (wgmma's M is 64), ``block_kv`` keys per step, and
     ``stages`` k/v slots in flight; ``bwd_*`` the same for the backward kernels (both blocks 64: each compute
     warpgroup there holds two float32 accumulators, dK and dV or dQ, plus two score-sized tiles).
+    ``bwd_dq`` says how the backward makes dQ (:data:`BWD_DQ`): ``"pass"``, a kernel of its own that recomputes
+    q·kᵀ and dO·vᵀ (seven matrix products per tile pair in all, deterministic); ``"atomic"``, the dK/dV kernel adds
+    each step's share dS·k into a float32 dQ in global memory (TMA reduce-add, FlashAttention-3's choice: five
+    products, float32 traffic, a summation order that varies from run to run); ``"atomic_shared"``, the same with
+    the two warpgroups' dS met in shared memory, each adding half of H's columns (half the registers and traffic; H =
+    128 only, where a full share of H float32 columns would crowd dK and dV out of the registers).
     ``pipeline=True`` adds FlashAttention-3's intra-warpgroup pipelining to the forward
     (:func:`~attention_tutorial.kernels.mosaic.pipelined.pipelined_steps`). H = 256 needs ``block_kv=64`` (see
     :func:`smem_bytes`).
@@ -49,6 +56,7 @@ class MosaicConfig:
     bwd_block_q: int = 64
     bwd_block_kv: int = 64
     bwd_stages: int = 2
+    bwd_dq: str = "pass"
     pipeline: bool = False
     no_exp: bool = False
     exp_poly: float = 0.0
@@ -57,6 +65,8 @@ class MosaicConfig:
 
     def __post_init__(self):
         check_flag("MosaicConfig.pipeline", self.pipeline)
+        if self.bwd_dq not in BWD_DQ:
+            raise ValueError(f"MosaicConfig.bwd_dq must be one of {BWD_DQ}; got {self.bwd_dq!r}.")
         check_flag("MosaicConfig.no_exp", self.no_exp)
         for name in ("block_q", "block_kv", "stages", "bwd_block_q", "bwd_block_kv", "bwd_stages"):
             check_block_size(f"MosaicConfig.{name}", getattr(self, name))
@@ -113,6 +123,20 @@ def smem_bytes(cfg: MosaicConfig, head_dim: int, dtype) -> int:
     block_kv = 64 with 2 stages 128 KiB (192.5 KiB in all)."""
     item = jnp.dtype(dtype).itemsize
     return (2 * cfg.block_q + 2 * cfg.stages * cfg.block_kv) * head_dim * item + 2 * cfg.block_q * 4
+
+
+def bwd_smem_bytes(cfg: MosaicConfig, head_dim: int, dtype) -> int:
+    """Bytes of shared memory the dK/dV kernel allocates (the larger of the two backward kernels): each compute
+    warpgroup's k and v (2 × 2·bwd_block_kv × H), the ring of q and dO tiles (bwd_stages × 2·bwd_block_q × H) with
+    their log-sum-exp and D rows; with dQ by atomics also each warpgroup's dS (bwd_block_kv × bwd_block_q; two steps'
+    when shared) and its float32 share of dQ (bwd_block_q × H; half of H when shared) on its way out."""
+    item, bq, bkv = jnp.dtype(dtype).itemsize, cfg.bwd_block_q, cfg.bwd_block_kv
+    total = 2 * 2 * bkv * head_dim * item + cfg.bwd_stages * (2 * bq * head_dim * item + 2 * bq * 4)
+    if cfg.bwd_dq == "atomic":
+        total += 2 * (bkv * bq * item + bq * head_dim * 4)
+    elif cfg.bwd_dq == "atomic_shared":
+        total += 2 * (2 * bkv * bq * item + bq * head_dim // 2 * 4)
+    return total
 
 
 def smem_bytes_fp8(cfg: MosaicConfig, head_dim: int) -> int:
@@ -175,6 +199,16 @@ def problem(shape: AttentionShape, dtype, cfg: MosaicConfig) -> str | None:
         return f"T must be a multiple of 2·block_q = {2 * cfg.block_q}; got T={shape.seq_q}. Pad the queries."
     if shape.seq_kv % cfg.block_kv:
         return f"S must be a multiple of block_kv = {cfg.block_kv}; got S={shape.seq_kv}. Pad the keys."
+    if cfg.bwd_dq == "atomic_shared" and H != 128:
+        return (f"bwd_dq='atomic_shared' splits H = 128 in two halves of 64 columns (wgmma's tile), one per warpgroup; "
+                f"got H={H}: use bwd_dq='atomic' or 'pass'.")  # fmt: skip
+    if H <= 128 and (need := bwd_smem_bytes(cfg, H, dtype)) + SMEM_RESERVE > SMEM_BYTES:
+        return (
+            f"at H={H}, bwd_block_q={cfg.bwd_block_q}, bwd_block_kv={cfg.bwd_block_kv}, bwd_stages={cfg.bwd_stages}"
+            f"{'' if cfg.bwd_dq == 'pass' else f' with bwd_dq={cfg.bwd_dq!r}'} the dK/dV kernel needs {need / 1024:.1f} KiB "
+            f"of shared memory, more than the {(SMEM_BYTES - SMEM_RESERVE) // 1024} KiB a Hopper CTA leaves for its "
+            "tiles: pick bwd_stages=2 or smaller bwd blocks."
+        )
     if shape.seq_q % (2 * cfg.bwd_block_q) or shape.seq_kv % (2 * cfg.bwd_block_kv):
         return (
             f"the backward needs T a multiple of 2·bwd_block_q = {2 * cfg.bwd_block_q} and S of 2·bwd_block_kv = "

@@ -30,6 +30,27 @@ def test_gradient_lowers_to_forward_and_two_backward_kernels(causal):
     assert re.findall(r"custom_call @(mosaic_gpu\w*)", hlo) == ["mosaic_gpu_v2"] * 3
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("dq", "head_dim"), [("atomic", 64), ("atomic", 128), ("atomic_shared", 128)])
+def test_dq_by_atomics_lowers_to_one_backward_kernel_adding_into_float32(causal, dq, head_dim):
+    """dQ by atomics: the dK/dV kernel adds dQ into a float32 array aliased in and out; no dQ kernel (GQA, T < S)."""
+    q = jax.ShapeDtypeStruct((1, 256, 8, head_dim), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, 512, 2, head_dim), jnp.bfloat16)
+    cfg = MosaicConfig(bwd_dq=dq)
+
+    def loss(q, k, v):
+        return mosaic_flash_attention(q, k, v, is_causal=causal, config=cfg).astype(jnp.float32).sum()
+
+    hlo = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, kv, kv).lower(lowering_platforms=("cuda",)).as_text()
+    calls = [line for line in hlo.splitlines() if "custom_call @mosaic_gpu" in line]
+    assert len(calls) == 2  # the forward, then dK/dV with dQ
+    assert "reduction_op" not in calls[0] and calls[1].count("output_operand_alias<") == 3
+    assert (
+        f"-> (tensor<1x256x8x{head_dim}xf32>, tensor<1x512x2x{head_dim}xbf16>, tensor<1x512x2x{head_dim}xbf16>)"
+        in calls[1]
+    )
+
+
 def test_lowers_with_x64_enabled():
     """JAX_ENABLE_X64=1: loop indices stay int32 through the forward and backward kernels."""
     q = jax.ShapeDtypeStruct((1, 256, 4, 128), jnp.bfloat16)
@@ -40,15 +61,19 @@ def test_lowers_with_x64_enabled():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dq", ["pass", "atomic", "atomic_shared"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
-def test_gpu_gradients_match_float64(causal, head_dim, dtype):
+def test_gpu_gradients_match_float64(causal, head_dim, dtype, dq):
+    if dq == "atomic_shared" and head_dim != 128:
+        pytest.skip("dQ shared between the warpgroups splits H = 128 only")
     if reason := why_not(AttentionShape(1, 512, 512, 4, 4, head_dim), dtype, causal):
         pytest.skip(reason)
+    cfg = MosaicConfig(bwd_dq=dq)
     for b, t, s, n, k in ((1, 512, 512, 4, 4), (1, 256, 512, 8, 2), (2, 512, 256, 4, 1)):  # MHA, GQA T<S, MQA T>S
         q, kk, v = make_qkv(b, t, n, head_dim, seq_kv=s, kv_heads=k, dtype=dtype, seed=t + s)
-        fn = functools.partial(mosaic_flash_attention, is_causal=causal)
+        fn = functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg)
         assert_grads_close(fn, q, kk, v, causal=causal, tol=3e-2)
 
 

@@ -11,6 +11,7 @@ from attention_tutorial.kernels.mosaic.budget import (
     SMEM_BYTES,
     TILE_REGISTERS,
     MosaicConfig,
+    bwd_smem_bytes,
     default_config,
     fp8_problem,
     problem,
@@ -81,6 +82,32 @@ def test_budgets_by_hand():
 def test_h256_and_pipeline_budgets_name_the_fix(head_dim, cfg, expected):
     reason = problem(AttentionShape(1, 512, 512, 4, 4, head_dim), jnp.bfloat16, cfg)
     assert reason is None if expected is None else (expected in reason and "block_kv=64" in reason)
+
+
+def test_backward_budget_by_hand_and_its_refusal():
+    # k and v of both warpgroups 2·2·64×H, 2 stages of q and dO 2·64×H (2 bytes each) with 2·64 float32 rows
+    plain = MosaicConfig()
+    assert bwd_smem_bytes(plain, 128, jnp.bfloat16) == 4 * 64 * 128 * 2 + 2 * (2 * 64 * 128 * 2 + 2 * 64 * 4)
+    # dQ by atomics adds each warpgroup's dS (64×64, 2 bytes) and float32 dQ share (64×H): 209 KiB at H = 128
+    atomic = MosaicConfig(bwd_dq="atomic")
+    assert (
+        bwd_smem_bytes(atomic, 128, jnp.bfloat16) - bwd_smem_bytes(plain, 128, jnp.bfloat16)
+        == 2 * (64 * 64 * 2 + 64 * 128 * 4)
+        == 80 * 1024
+    )
+    # shared: two steps' dS of both warpgroups (4 × 64×64 × 2 B) and a float32 half of H per warpgroup (2 × 64×64 × 4 B)
+    shared = MosaicConfig(bwd_dq="atomic_shared")
+    assert bwd_smem_bytes(shared, 128, jnp.bfloat16) - bwd_smem_bytes(plain, 128, jnp.bfloat16) == 64 * 1024
+    shape = AttentionShape(1, 512, 512, 4, 4, 128)
+    assert problem(shape, jnp.bfloat16, atomic) is None and problem(shape, jnp.bfloat16, shared) is None
+    reason = problem(shape, jnp.bfloat16, MosaicConfig(bwd_dq="atomic", bwd_stages=3))
+    assert "with bwd_dq='atomic' the dK/dV kernel needs 241.5 KiB" in reason and "bwd_stages=2" in reason
+    assert problem(shape._replace(head_dim=64), jnp.bfloat16, MosaicConfig(bwd_dq="atomic", bwd_stages=3)) is None
+    assert "H = 128 in two halves" in problem(shape._replace(head_dim=64), jnp.bfloat16, shared)
+    with pytest.raises(
+        ValueError, match=r"MosaicConfig\.bwd_dq must be one of \('pass', 'atomic', 'atomic_shared'\); got 'atomics'"
+    ):
+        MosaicConfig(bwd_dq="atomics")
 
 
 @pytest.mark.parametrize("bad", [0, -64, True, 128.0])
