@@ -37,14 +37,15 @@ PALLAS = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (1
 MOSAIC = [(128, 2), (128, 3), (64, 2), (64, 4)]
 # (bwd_block_q, bwd_block_kv, bwd_stages, bwd_dq): the default first; 128 query rows per warpgroup fit the registers at
 # H = 64 only (dQ's accumulator is 128 × H float32), 128 keys neither (dK and dV together: 2 × 128 × H); dQ by
-# atomics takes 3 stages at H = 64 only (shared memory), and shares dS between the warpgroups at H = 128 only
+# atomics takes 3 stages at H = 64 only (shared memory)
 BWD_TILES = [
     (64, 64, 2, "pass"),
     (64, 64, 2, "atomic"),
     (64, 64, 3, "atomic"),
-    (64, 64, 2, "atomic_shared"),
     (64, 64, 3, "pass"),
     (128, 64, 2, "pass"),
+    (128, 64, 3, "pass"),
+    (64, 128, 2, "pass"),
 ]
 PIPE = [(128, 2, False), (128, 2, True), (64, 2, True), (64, 3, True), (64, 4, True)]  # 128 × 3 stages: no room
 FP8 = [(128, 2, "registers"), (128, 3, "registers"), (128, 4, "registers"), (128, 2, "smem")]
@@ -169,7 +170,7 @@ def backward_tiles(out):
             cudnn = functools.partial(dot_product_attention, implementation="cudnn", is_causal=causal)
             exact = jax.jit(fwd_bwd(cudnn))(q, k, v, d_out)
             impls = [("cuDNN", cudnn)] + [
-                (f"bwd {bq}x{bkv} stages {st} dQ {dq}",
+                (f"bwd {bq}x{bkv} stages {st}" + ("" if dq == "pass" else f" dQ {dq}"),
                  functools.partial(mosaic_flash_attention, is_causal=causal, config=MosaicConfig(
                      bwd_block_q=bq, bwd_block_kv=bkv, bwd_stages=st, bwd_dq=dq)))
                 for bq, bkv, st, dq in BWD_TILES

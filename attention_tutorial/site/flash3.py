@@ -41,6 +41,10 @@ GOALS = (  # set by FlashAttention-3's report of its kernels ahead of cuDNN's on
     Goal("bf16, H = 256, T ≥ 8192", ("mosaic", "mosaic_pipe"), "cudnn", 1.00, 8192,
          (("grid", "beyond"), ("head_dim", 256))),
     Goal("FP8, H = 128", ("mosaic_fp8_regs", "mosaic_fp8"), "cudnn_fp8_s448", 0.90, 0, (("grid", "fp8"),)),
+    Goal("fwd+bwd bf16, H = 128, T ≥ 4096", ("mosaic",), "cudnn", 1.00, 4096,
+         (("grid", "backward"), ("head_dim", 128), ("dtype", "bfloat16"), ("kv_heads", 16))),
+    Goal("fwd+bwd bf16, H = 64, T ≥ 4096", ("mosaic",), "cudnn", 0.95, 4096,
+         (("grid", "backward"), ("head_dim", 64), ("dtype", "bfloat16"), ("kv_heads", 16))),
 )  # fmt: skip
 #: The verdicts of :class:`GoalResult`, best first: every T at or above the target in every run; the medians at or
 #: above it but some run's range below; some T without the baseline; some T below the target, failed or less exact.
@@ -270,7 +274,7 @@ def fp8_errors(records, rounding: float, *, ours: str = "mosaic_fp8_regs", their
 # --- the tuning tables ---------------------------------------------------------------------------------------------
 
 TUNING_DIR = Path(store.__file__).resolve().parent / "data" / "tuning"  # package data, whatever the results dir
-TUNED = ("pallas", "mosaic", "pipe", "fp8")
+TUNED = ("pallas", "mosaic", "pipe", "fp8", "bwd_tiles")
 
 
 def tuning_table(kernel: str, gpu: str = store.REFERENCE_GPU, directory=None) -> list[dict]:
@@ -305,6 +309,45 @@ def tile_rows(rows, base: str, *, causal: bool = False) -> list[dict]:
     ref = next((r["tflops"] for r in mine if r["config"] == base), None)
     return [{"configuration": r["config"], "TFLOP/s": f"{r['tflops']:.1f}" if r["tflops"] else "did not fit",
              "relative speed": f"{r['tflops'] / ref:.2f}" if r["tflops"] and ref else "–"} for r in mine]  # fmt: skip
+
+
+DQ_SCHEMES = {"pass": "a pass of its own", "atomic": "atomic adds"}  # MosaicConfig.bwd_dq, in words
+
+
+def dq_speeds(rows, *, tiles: str = "bwd 64x64 stages 2") -> dict[tuple[int, bool, str], float | None]:
+    """{(H, causal, scheme): forward + backward speed over cuDNN's} for each way of making dQ (:data:`DQ_SCHEMES`)
+    at ``tiles`` in a ``bwd_tiles`` tuning table (``tools/tune.py`` labels "pass" by the tiles alone); None where the
+    scheme did not run."""
+    configs = {(tiles if scheme == "pass" else f"{tiles} dQ {scheme}"): scheme for scheme in DQ_SCHEMES}
+    return {(h, c, configs[cfg]): v for (h, c, cfg), v in config_speed(rows, configs, "cuDNN").items()}
+
+
+def dq_verdict(speeds, head_dim: int) -> str:
+    """How atomic adds compare with a pass of its own at ``head_dim`` over both masks of :func:`dq_speeds`:
+    "faster" or "slower" where the two ranges do not overlap, "about as fast" where they do, "" without both."""
+    ranges = {}
+    for scheme in ("pass", "atomic"):
+        ran = [v for (h, _, sch), v in speeds.items() if h == head_dim and sch == scheme and v is not None]
+        if not ran:
+            return ""
+        ranges[scheme] = (min(ran), max(ran))
+    if ranges["atomic"][0] > ranges["pass"][1]:
+        return "faster"
+    return "slower" if ranges["atomic"][1] < ranges["pass"][0] else "about as fast"
+
+
+def dq_rows(speeds) -> list[dict]:
+    """:func:`dq_speeds` as table rows: H, mask, and each scheme's speed as a percentage of cuDNN's ("–" where it
+    did not run or does not apply)."""
+    out = []
+    ran = {sch for (_, _, sch), v in speeds.items() if v is not None}
+    for h, c in sorted({(h, c) for h, c, _ in speeds}):
+        row = {"H": h, "mask": "causal" if c else "none"}
+        for scheme, words in ((k, w) for k, w in DQ_SCHEMES.items() if k in ran):
+            v = speeds.get((h, c, scheme))
+            row[f"dQ by {words}"] = f"{100 * v:.0f} %" if v else "–"
+        out.append(row)
+    return out
 
 
 def fp8_error_rows(errors) -> list[dict]:

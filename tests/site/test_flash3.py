@@ -94,6 +94,10 @@ def test_the_committed_goals_read_the_recorded_grids():
         (g.what, impl, causal) for g in page.GOALS[:2] for impl in g.impls for causal in (False, True)
     }
     assert all(x.speed is not None and x.speed.ts[0] >= 8192 for x in results)
+    backward = [x for x in everything if x.get("grid") == "backward"]
+    bwd = page.goal_results(backward, everything, goals=page.GOALS[3:])
+    assert {(x.goal.what, x.causal) for x in bwd} == {(g.what, c) for g in page.GOALS[3:] for c in (False, True)}
+    assert all(x.speed.ts[0] == 4096 and x.speed.ts[-1] >= 16384 for x in bwd)  # bf16, N = K = 16 only
 
 
 def _boxes(rows, name, text):
@@ -184,6 +188,52 @@ def test_the_recorded_tuning_backs_the_page():
     assert all(v < 1.0 for v in small.values())
     plain = page.config_speed(pipe, ("64x128 stages 2",), "64x128 stages 2 pipelined", causal=False)
     assert 0.95 < plain[(128, False, "64x128 stages 2")] < 1.0  # unmasked, pipelining gains a few percent
+
+
+def test_dq_schemes_are_read_by_h_and_mask_against_cudnn():
+    rows = [{"H": 64, "causal": c, "config": cfg, "tflops": tf}
+            for c in (False, True)
+            for cfg, tf in (("cuDNN", 400.0), ("bwd 64x64 stages 2", 340.0), ("bwd 64x64 stages 2 dQ atomic", 380.0),
+                            ("bwd 128x64 stages 2", 500.0))]  # fmt: skip
+    rows += [{"H": 128, "causal": False, "config": "cuDNN", "tflops": 500.0},
+             {"H": 128, "causal": False, "config": "bwd 64x64 stages 2", "tflops": 450.0},
+             {"H": 128, "causal": False, "config": "bwd 64x64 stages 2 dQ atomic", "tflops": 440.0},
+             {"H": 128, "causal": True, "config": "cuDNN", "tflops": 500.0},
+             {"H": 128, "causal": True, "config": "bwd 64x64 stages 2", "tflops": 430.0},
+             {"H": 128, "causal": True, "config": "bwd 64x64 stages 2 dQ atomic", "tflops": 435.0}]  # fmt: skip
+    speeds = page.dq_speeds(rows)
+    assert speeds == pytest.approx(
+        {
+            (64, False, "pass"): 0.85,
+            (64, False, "atomic"): 0.95,
+            (64, True, "pass"): 0.85,
+            (64, True, "atomic"): 0.95,
+            (128, False, "pass"): 0.9,
+            (128, False, "atomic"): 0.88,
+            (128, True, "pass"): 0.86,
+            (128, True, "atomic"): 0.87,
+        }
+    )
+    assert (page.dq_verdict(speeds, 64), page.dq_verdict(speeds, 128), page.dq_verdict(speeds, 256)) == (
+        "faster", "about as fast", "")  # H = 128: 0.87–0.88 inside 0.86–0.90  # fmt: skip
+    table = page.dq_rows(speeds)
+    assert [(r["H"], r["mask"], r["dQ by a pass of its own"], r["dQ by atomic adds"]) for r in table] == [
+        (64, "none", "85 %", "95 %"),
+        (64, "causal", "85 %", "95 %"),
+        (128, "none", "90 %", "88 %"),
+        (128, "causal", "86 %", "87 %"),
+    ]
+    only_pass = page.dq_rows({k: v for k, v in speeds.items() if k[2] == "pass"})
+    assert "dQ by atomic adds" not in only_pass[0]  # a scheme never run gets no column
+
+
+def test_the_recorded_backward_tiles_back_the_page():
+    """The committed table: atomic adds beat a pass of its own at H = 64 with both masks and lose at H = 128; every
+    timed row's gradients were within bf16's threshold of cuDNN's."""
+    table = page.tuning_table("bwd_tiles")
+    speeds = page.dq_speeds(table)
+    assert (page.dq_verdict(speeds, 64), page.dq_verdict(speeds, 128)) == ("faster", "slower")
+    assert all(r["rel_error_vs_cudnn"] < 0.01 for r in table if r["tflops"] and r["config"] != "cuDNN")
 
 
 def test_ablation_and_fp8_error_rows_read_as_a_table():

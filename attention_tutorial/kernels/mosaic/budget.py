@@ -22,7 +22,7 @@ SMEM_RESERVE = 4 * 1024  # on top of the tiles, where not measured otherwise: th
 TILE_REGISTERS = 192  # of a compute thread's 232 (set_max_registers), for tiles; the rest: indices, max, sum, ...
 WARPGROUPS = 3  # per CTA: two compute, one copy
 PROFILE_BYTES_PER_REGION = 16  # the in-kernel profiler: two events (start, end) of two 32-bit words each
-BWD_DQ = ("pass", "atomic", "atomic_shared")  # how the backward makes dQ (MosaicConfig.bwd_dq)
+BWD_DQ = ("pass", "atomic")  # how the backward makes dQ (MosaicConfig.bwd_dq)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,9 +33,7 @@ class MosaicConfig:
     ``bwd_dq`` says how the backward makes dQ (:data:`BWD_DQ`): ``"pass"``, a kernel of its own that recomputes
     q·kᵀ and dO·vᵀ (seven matrix products per tile pair in all, deterministic); ``"atomic"``, the dK/dV kernel adds
     each step's share dS·k into a float32 dQ in global memory (TMA reduce-add, FlashAttention-3's choice: five
-    products, float32 traffic, a summation order that varies from run to run); ``"atomic_shared"``, the same with
-    the two warpgroups' dS met in shared memory, each adding half of H's columns (half the registers and traffic; H =
-    128 only, where a full share of H float32 columns would crowd dK and dV out of the registers).
+    products, float32 traffic, a summation order that varies from run to run, so dQ is not the same bits twice).
     ``pipeline=True`` adds FlashAttention-3's intra-warpgroup pipelining to the forward
     (:func:`~attention_tutorial.kernels.mosaic.pipelined.pipelined_steps`). H = 256 needs ``block_kv=64`` (see
     :func:`smem_bytes`).
@@ -128,14 +126,12 @@ def smem_bytes(cfg: MosaicConfig, head_dim: int, dtype) -> int:
 def bwd_smem_bytes(cfg: MosaicConfig, head_dim: int, dtype) -> int:
     """Bytes of shared memory the dK/dV kernel allocates (the larger of the two backward kernels): each compute
     warpgroup's k and v (2 × 2·bwd_block_kv × H), the ring of q and dO tiles (bwd_stages × 2·bwd_block_q × H) with
-    their log-sum-exp and D rows; with dQ by atomics also each warpgroup's dS (bwd_block_kv × bwd_block_q; two steps'
-    when shared) and its float32 share of dQ (bwd_block_q × H; half of H when shared) on its way out."""
+    their log-sum-exp and D rows; with dQ by atomics also each warpgroup's dS (bwd_block_kv × bwd_block_q) and its
+    float32 share of dQ (bwd_block_q × H) on its way out."""
     item, bq, bkv = jnp.dtype(dtype).itemsize, cfg.bwd_block_q, cfg.bwd_block_kv
     total = 2 * 2 * bkv * head_dim * item + cfg.bwd_stages * (2 * bq * head_dim * item + 2 * bq * 4)
     if cfg.bwd_dq == "atomic":
         total += 2 * (bkv * bq * item + bq * head_dim * 4)
-    elif cfg.bwd_dq == "atomic_shared":
-        total += 2 * (2 * bkv * bq * item + bq * head_dim // 2 * 4)
     return total
 
 
@@ -199,9 +195,6 @@ def problem(shape: AttentionShape, dtype, cfg: MosaicConfig) -> str | None:
         return f"T must be a multiple of 2·block_q = {2 * cfg.block_q}; got T={shape.seq_q}. Pad the queries."
     if shape.seq_kv % cfg.block_kv:
         return f"S must be a multiple of block_kv = {cfg.block_kv}; got S={shape.seq_kv}. Pad the keys."
-    if cfg.bwd_dq == "atomic_shared" and H != 128:
-        return (f"bwd_dq='atomic_shared' splits H = 128 in two halves of 64 columns (wgmma's tile), one per warpgroup; "
-                f"got H={H}: use bwd_dq='atomic' or 'pass'.")  # fmt: skip
     if H <= 128 and (need := bwd_smem_bytes(cfg, H, dtype)) + SMEM_RESERVE > SMEM_BYTES:
         return (
             f"at H={H}, bwd_block_q={cfg.bwd_block_q}, bwd_block_kv={cfg.bwd_block_kv}, bwd_stages={cfg.bwd_stages}"

@@ -95,18 +95,12 @@ def test_backward_budget_by_hand_and_its_refusal():
         == 2 * (64 * 64 * 2 + 64 * 128 * 4)
         == 80 * 1024
     )
-    # shared: two steps' dS of both warpgroups (4 × 64×64 × 2 B) and a float32 half of H per warpgroup (2 × 64×64 × 4 B)
-    shared = MosaicConfig(bwd_dq="atomic_shared")
-    assert bwd_smem_bytes(shared, 128, jnp.bfloat16) - bwd_smem_bytes(plain, 128, jnp.bfloat16) == 64 * 1024
     shape = AttentionShape(1, 512, 512, 4, 4, 128)
-    assert problem(shape, jnp.bfloat16, atomic) is None and problem(shape, jnp.bfloat16, shared) is None
+    assert problem(shape, jnp.bfloat16, atomic) is None
     reason = problem(shape, jnp.bfloat16, MosaicConfig(bwd_dq="atomic", bwd_stages=3))
     assert "with bwd_dq='atomic' the dK/dV kernel needs 241.5 KiB" in reason and "bwd_stages=2" in reason
     assert problem(shape._replace(head_dim=64), jnp.bfloat16, MosaicConfig(bwd_dq="atomic", bwd_stages=3)) is None
-    assert "H = 128 in two halves" in problem(shape._replace(head_dim=64), jnp.bfloat16, shared)
-    with pytest.raises(
-        ValueError, match=r"MosaicConfig\.bwd_dq must be one of \('pass', 'atomic', 'atomic_shared'\); got 'atomics'"
-    ):
+    with pytest.raises(ValueError, match=r"MosaicConfig\.bwd_dq must be one of \('pass', 'atomic'\); got 'atomics'"):
         MosaicConfig(bwd_dq="atomics")
 
 
