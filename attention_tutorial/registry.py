@@ -115,6 +115,12 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
             _lazy("kernels.mosaic_flash", "pipelined_why_not"),
         ),
         Implementation(
+            "mosaic_atomic",
+            "our Pallas kernel (Mosaic GPU), dQ by atomic adds",
+            _lazy("kernels.mosaic_flash", "mosaic_atomic_dq_attention"),
+            _lazy("kernels.mosaic_flash", "atomic_dq_why_not"),
+        ),
+        Implementation(
             "jax_mosaic",
             "JAX's Pallas kernel (Mosaic GPU)",
             _lazy("kernels.mosaic_flash", "jax_bundled_mosaic"),

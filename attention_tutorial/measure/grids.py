@@ -52,7 +52,7 @@ def _grids(gpu: bool) -> dict[str, list[Point]]:
             ),
             # the training race: our two kernels' custom VJPs against cuDNN, JAX's bundled kernels, XLA, blockwise
             "backward": grid(
-                ("xla", "cudnn", "blockwise", "pallas", "jax_pallas", "mosaic"),
+                ("xla", "cudnn", "blockwise", "pallas", "jax_pallas", "mosaic", "mosaic_atomic"),
                 seq_q=race_seq,
                 tokens=16 * KIB,
                 heads=(16,),

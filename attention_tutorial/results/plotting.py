@@ -23,7 +23,7 @@ LINESTYLES = ("-", "--", ":", "-.")
 IMPL_STYLE = {
     "naive": (PALETTE[7], "o"), "xla": (PALETTE[0], "s"), "default": (PALETTE[5], "v"), "cudnn": (PALETTE[3], "D"),
     "blockwise": ("#7F7F7F", "P"), "pallas": (PALETTE[1], "^"), "jax_pallas": (PALETTE[5], "X"),
-    "mosaic": (PALETTE[2], "*"), "mosaic_pipe": ("#005A3C", "d"), "jax_mosaic": (PALETTE[4], "h"), "te": (PALETTE[4], "p"),
+    "mosaic": (PALETTE[2], "*"), "mosaic_pipe": ("#005A3C", "d"), "mosaic_atomic": ("#7CAE00", "*"), "jax_mosaic": (PALETTE[4], "h"), "te": (PALETTE[4], "p"),
     "cudnn_fp8_s1": (PALETTE[1], "<"), "cudnn_fp8_s448": (PALETTE[2], ">"), "mosaic_fp8": ("#8B4513", "8"), "mosaic_fp8_regs": ("#B8860B", "H"),
 }  # fmt: skip
 # names for the implementations of the FP8 experiments, which are not in the registry

@@ -33,8 +33,10 @@ Modules: :mod:`~.forward` (the kernel), :mod:`~.pipelined` (FlashAttention-3's i
 """
 
 from .attention import (
+    atomic_dq_why_not,
     bundled_why_not,
     jax_bundled_mosaic,
+    mosaic_atomic_dq_attention,
     mosaic_flash_attention,
     mosaic_flash_backward,
     mosaic_pipelined_attention,
@@ -57,9 +59,11 @@ __all__ = [
     "SMEM_RESERVE",
     "TILE_REGISTERS",
     "MosaicConfig",
+    "atomic_dq_why_not",
     "bundled_why_not",
     "default_config",
     "jax_bundled_mosaic",
+    "mosaic_atomic_dq_attention",
     "mosaic_flash_attention",
     "mosaic_flash_backward",
     "mosaic_pipelined_attention",

@@ -116,6 +116,18 @@ def pipelined_why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
     return on_hopper() or problem(shape, dtype, default_config(shape.head_dim, pipeline=True))
 
 
+def mosaic_atomic_dq_attention(q, k, v, *, is_causal: bool = False, scale: float | None = None):
+    """:func:`mosaic_flash_attention` whose backward makes dQ by atomic float32 adds from the dK/dV kernel
+    (``bwd_dq="atomic"``, FlashAttention-3's way) instead of a pass of its own; the same forward."""
+    config = dataclasses.replace(default_config(attention_shape(q, k, v).head_dim), bwd_dq="atomic")
+    return mosaic_flash_attention(q, k, v, is_causal=is_causal, scale=scale, config=config)
+
+
+def atomic_dq_why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
+    """Why the kernel with dQ by atomic adds cannot run this problem here, or None."""
+    return on_hopper() or problem(shape, dtype, dataclasses.replace(default_config(shape.head_dim), bwd_dq="atomic"))
+
+
 def jax_bundled_mosaic(q, k, v, *, is_causal: bool = False):
     """JAX's bundled Mosaic GPU kernel, ``jax.experimental.pallas.ops.gpu.attention_mgpu.attention``, to race.
 

@@ -52,6 +52,15 @@ def test_dq_by_atomics_lowers_to_one_backward_kernel_adding_into_float32(causal,
     )
 
 
+def test_the_atomic_dq_kernel_keeps_the_default_tiles_and_takes_the_atomic_backward():
+    from attention_tutorial.kernels.mosaic.attention import mosaic_atomic_dq_attention
+
+    q = jax.ShapeDtypeStruct((1, 256, 4, 128), jnp.bfloat16)
+    grad = jax.jit(jax.grad(lambda q: mosaic_atomic_dq_attention(q, q, q).astype(jnp.float32).sum()))
+    hlo = grad.trace(q).lower(lowering_platforms=("cuda",)).as_text()
+    assert len(re.findall(r"custom_call @mosaic_gpu", hlo)) == 2  # the forward, then dK/dV adding dQ
+
+
 def test_lowers_with_x64_enabled():
     """JAX_ENABLE_X64=1: loop indices stay int32 through the forward and backward kernels."""
     q = jax.ShapeDtypeStruct((1, 256, 4, 128), jnp.bfloat16)
