@@ -4,6 +4,9 @@
 #   bash tools/gpu.sh tune KERNEL      tile sizes of our kernels against cuDNN (pallas, mosaic, pipe, fp8, bwd, bwd_tiles)
 #   bash tools/gpu.sh kernels          the Mosaic kernels' GPU tests, then the ablations and the warpgroup timeline
 #                                        recorded into the result file (about 8 minutes; a summary last)
+#   bash tools/gpu.sh backward         the backward kernels' GPU tests (dQ by a pass and by atomic adds), then the tile
+#                                        and dQ table (tools/tune.py bwd_tiles) (about 5 minutes); the race itself:
+#                                        bash tools/gpu.sh record backward
 #   bash tools/gpu.sh exp_poly         part of p's exponentials on the FMA units: its GPU tests, then the plain and
 #                                        pipelined forwards (H = 128, both masks) at exp_poly 0, 0.25, 0.5 beside cuDNN,
 #                                        two rounds, as a table (about 2 minutes; records in $OUT/exp_poly.json)
@@ -52,6 +55,11 @@ for s in region_shares(timeline_rows(timeline)):
     print(f"  {s.kernel}: span {s.span:.0f} ticks;", ", ".join(f"{k} {100 * v:.0f} %" for k, v in s.shares.items()))
 PY
     ;;
+  backward)
+    workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 4)
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:benchmark -m gpu \
+      "${workers[@]}" tests/kernels/mosaic/test_backward.py 2>&1 | tail -8
+    timeout 360 python3 tools/tune.py bwd_tiles "$OUT/bwd_tiles_tuning.json" 2>&1 | tail -30 ;;
   exp_poly)
     workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 4)
     XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 90 python3 -m pytest -q -p no:cacheprovider -p no:benchmark -m gpu \
