@@ -314,6 +314,66 @@ def tile_rows(rows, base: str, *, causal: bool = False) -> list[dict]:
 DQ_SCHEMES = {"pass": "a pass of its own", "atomic": "atomic adds"}  # MosaicConfig.bwd_dq, in words
 
 
+#: The matrix products each pass of the backward computes for one pair of tiles (a query block, a key block), by the
+#: way it makes dQ: S = q·kᵀ and dP = dO·vᵀ (both recomputed), dV += Pᵀ·dO, dK += dSᵀ·q, dQ += dS·k.
+DQ_PRODUCTS = {
+    "pass": (("pass 1, per key block: dK, dV", ("S", "dP", "dV", "dK")), ("pass 2, per query block: dQ", ("S", "dP", "dQ"))),
+    "atomic": (("one pass, per key block", ("S", "dP", "dV", "dK", "dQ")),),
+}  # fmt: skip
+
+
+def products(scheme: str) -> int:
+    """How many matrix products one pair of tiles costs the backward that makes dQ by ``scheme``."""
+    return sum(len(names) for _, names in DQ_PRODUCTS[scheme])
+
+
+def dq_figure(blocks: int = 4):
+    """The two ways of making dQ drawn on the grid of tile pairs (query blocks down, key blocks across): a pass of
+    its own walks each query block's row again after the dK/dV pass walked each key block's column; atomic adds send
+    each tile's share of dQ into a float32 dQ beside the grid while the one pass walks the columns."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    from ..results.plotting import GREY, PALETTE
+
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.9), layout="constrained")
+    col, row = 1, 2  # the key block and the query block the arrows follow
+    for ax, scheme in zip(axes, ("pass", "atomic")):
+        ax.set_xlim(-0.6, blocks + 2.6)
+        ax.set_ylim(blocks + 1.3, -1.0)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        for i in range(blocks):
+            for j in range(blocks):
+                ax.add_patch(Rectangle((j, i), 0.92, 0.92, facecolor="#EEEEEE", edgecolor=GREY, lw=0.6))
+        ax.text(blocks / 2, -0.45, "key blocks →", ha="center", fontsize=8, color=GREY)
+        ax.text(-0.3, blocks / 2, "query blocks →", rotation=-90, va="center", ha="center", fontsize=8, color=GREY)
+
+        def arrow(a, b, colour, style="-|>", ax=ax):
+            ax.add_patch(FancyArrowPatch(a, b, arrowstyle=style, mutation_scale=11, color=colour, lw=1.6))
+
+        arrow((col + 0.46, 0.1), (col + 0.46, blocks - 0.1), PALETTE[0])  # the dK/dV pass down one key column
+        (first, names), *rest = DQ_PRODUCTS[scheme]
+        ax.text(col + 0.46, blocks + 0.35, f"{first}: {', '.join(names)}", ha="center", fontsize=8, color=PALETTE[0])
+        if scheme == "pass":
+            ((second, names2),) = rest
+            arrow((0.1, row + 0.46), (blocks - 0.1, row + 0.46), PALETTE[1])  # the dQ pass along one query row
+            ax.text(blocks / 2, blocks + 0.85, f"{second}: {', '.join(names2)}", ha="center", fontsize=8,
+                    color=PALETTE[1])  # fmt: skip
+            ax.add_patch(Rectangle((col, row), 0.92, 0.92, facecolor="none", edgecolor="black", lw=1.4))
+            ax.text(blocks + 0.15, row + 0.46, "the boxed tile's\nS and dP: twice", va="center", fontsize=8)
+        else:
+            x = blocks + 1.2
+            ax.add_patch(Rectangle((x, 0), 0.7, blocks - 0.08, facecolor="#FFF2CC", edgecolor=GREY, lw=0.8))
+            ax.text(x + 0.35, -0.45, "dQ (float32)", ha="center", fontsize=8)
+            for i in range(blocks):
+                arrow((col + 0.92, i + 0.46), (x, i + 0.46), PALETTE[1], style="->")
+            ax.text(x - 0.75, blocks + 0.85, "each tile adds dS·k (TMA reduce-add)", ha="center", fontsize=8,
+                    color=PALETTE[1])  # fmt: skip
+        ax.set_title(f"dQ by {DQ_SCHEMES[scheme]}: {products(scheme)} products per tile pair", fontsize=10)
+    return fig
+
+
 def dq_speeds(rows, *, tiles: str = "bwd 64x64 stages 2") -> dict[tuple[int, bool, str], float | None]:
     """{(H, causal, scheme): forward + backward speed over cuDNN's} for each way of making dQ (:data:`DQ_SCHEMES`)
     at ``tiles`` in a ``bwd_tiles`` tuning table (``tools/tune.py`` labels "pass" by the tiles alone); None where the

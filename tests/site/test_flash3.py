@@ -227,6 +227,23 @@ def test_dq_schemes_are_read_by_h_and_mask_against_cudnn():
     assert "dQ by atomic adds" not in only_pass[0]  # a scheme never run gets no column
 
 
+def test_the_dq_picture_counts_the_products_it_draws():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    assert (page.products("pass"), page.products("atomic")) == (7, 5)  # S and dP once more for dQ's own pass
+    fig = page.dq_figure()
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == [
+        "dQ by a pass of its own: 7 products per tile pair",
+        "dQ by atomic adds: 5 products per tile pair",
+    ]
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "pass 2, per query block: dQ: S, dP, dQ" in texts and "dQ (float32)" in [
+        t.get_text() for t in fig.axes[1].texts
+    ]
+
+
 def test_the_recorded_backward_tiles_back_the_page():
     """The committed table: atomic adds beat a pass of its own at H = 64 with both masks and lose at H = 128; every
     timed row's gradients were within bf16's threshold of cuDNN's."""
