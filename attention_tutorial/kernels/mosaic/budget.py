@@ -155,6 +155,15 @@ def tile_registers(cfg: MosaicConfig, head_dim: int) -> int:
     return regs(head_dim, 32) + regs(cfg.block_kv, 32) + regs(cfg.block_kv, 16) * (2 if cfg.pipeline else 1)
 
 
+def bwd_tile_registers(cfg: MosaicConfig, head_dim: int) -> int:
+    """32-bit registers per compute thread for the float32 tiles of the dK/dV kernel's step, each spread over a
+    warpgroup's 128 threads: dK and dV (bwd_block_kv × H each), the scores and dP (bwd_block_kv × bwd_block_q each),
+    and with dQ by atomics the step's share of dQ (bwd_block_q × H). An upper bound: not all are live at once."""
+    bq, bkv = cfg.bwd_block_q, cfg.bwd_block_kv
+    tiles = 2 * bkv * head_dim + 2 * bkv * bq + (bq * head_dim if cfg.bwd_dq == "atomic" else 0)
+    return tiles // 128
+
+
 def default_config(head_dim: int, *, pipeline: bool = False) -> MosaicConfig:
     """The tiles used when no config is given: ``MosaicConfig()`` (block_kv = 128, 2 stages); at H = 256 block_kv =
     64, since 128 would need more shared memory (:func:`smem_bytes`) and registers (:func:`tile_registers`)."""

@@ -12,6 +12,7 @@ from attention_tutorial.kernels.mosaic.budget import (
     TILE_REGISTERS,
     MosaicConfig,
     bwd_smem_bytes,
+    bwd_tile_registers,
     default_config,
     fp8_problem,
     problem,
@@ -102,6 +103,14 @@ def test_backward_budget_by_hand_and_its_refusal():
     assert problem(shape._replace(head_dim=64), jnp.bfloat16, MosaicConfig(bwd_dq="atomic", bwd_stages=3)) is None
     with pytest.raises(ValueError, match=r"MosaicConfig\.bwd_dq must be one of \('pass', 'atomic'\); got 'atomics'"):
         MosaicConfig(bwd_dq="atomics")
+
+
+def test_backward_tile_registers_by_hand():
+    # per thread of 128: dK and dV 64·H/128 each, S and dP 64·64/128 each, dQ's share 64·H/128
+    atomic = MosaicConfig(bwd_dq="atomic")
+    assert bwd_tile_registers(MosaicConfig(), 128) == 64 + 64 + 32 + 32 == TILE_REGISTERS
+    assert bwd_tile_registers(atomic, 128) == 192 + 64 > TILE_REGISTERS
+    assert (bwd_tile_registers(MosaicConfig(), 64), bwd_tile_registers(atomic, 64)) == (128, 160)
 
 
 @pytest.mark.parametrize("bad", [0, -64, True, 128.0])
