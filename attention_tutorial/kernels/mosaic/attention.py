@@ -116,16 +116,21 @@ def pipelined_why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
     return on_hopper() or problem(shape, dtype, default_config(shape.head_dim, pipeline=True))
 
 
+def _atomic_dq_config(head_dim: int) -> MosaicConfig:
+    """The default tiles with dQ by atomic adds."""
+    return dataclasses.replace(default_config(head_dim), bwd_dq="atomic")
+
+
 def mosaic_atomic_dq_attention(q, k, v, *, is_causal: bool = False, scale: float | None = None):
     """:func:`mosaic_flash_attention` whose backward makes dQ by atomic float32 adds from the dK/dV kernel
     (``bwd_dq="atomic"``, FlashAttention-3's way) instead of a pass of its own; the same forward."""
-    config = dataclasses.replace(default_config(attention_shape(q, k, v).head_dim), bwd_dq="atomic")
+    config = _atomic_dq_config(attention_shape(q, k, v).head_dim)
     return mosaic_flash_attention(q, k, v, is_causal=is_causal, scale=scale, config=config)
 
 
 def atomic_dq_why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
     """Why the kernel with dQ by atomic adds cannot run this problem here, or None."""
-    return on_hopper() or problem(shape, dtype, dataclasses.replace(default_config(shape.head_dim), bwd_dq="atomic"))
+    return on_hopper() or problem(shape, dtype, _atomic_dq_config(shape.head_dim))
 
 
 def jax_bundled_mosaic(q, k, v, *, is_causal: bool = False):
