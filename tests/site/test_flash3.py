@@ -1,6 +1,7 @@
 """The FlashAttention-3 page's numbers: goal verdicts from synthetic records a wrong verdict would fail, the pipelined
 schedule, the exponentials' arithmetic, FP8 errors set side by side, and the tuning tables in the package's data."""
 
+import dataclasses
 import itertools
 import json
 import math
@@ -41,6 +42,16 @@ def test_goals_are_judged_at_every_t_by_median_range_error_and_failure():
     assert failed.met == "no" and failed.failed == (8192,) and failed.speed.low == pytest.approx(0.95)
     assert ("mosaic_fp8", False) not in got  # never ran: no result
     assert (fast.shortfall, worse.shortfall, failed.shortfall) == ("", "T = 4,096: larger error", "T = 8,192 failed")
+
+
+def test_speed_counts_from_min_seq_and_error_wherever_it_was_measured():
+    r = _rec
+    long = dataclasses.replace(FP8_GOAL, min_seq=8192)
+    recs = [r("cudnn_fp8_s448", 4096, False, 1.0, err=0.050), r("mosaic_fp8_regs", 4096, False, 1 / 0.5, err=0.055),
+            r("cudnn_fp8_s448", 8192, False, 4.0), r("mosaic_fp8_regs", 8192, False, 4 / 0.95)]  # fmt: skip
+    (res,) = page.goal_results(recs, goals=(long,))
+    assert res.below == [] and [t for t, _ in res.speed.by_t] == [8192]  # T = 4096's 50 % does not count
+    assert res.errors == ((4096, 0.055, 0.050),) and res.met == "no" and res.shortfall == "T = 4,096: larger error"
 
 
 def test_a_range_reaching_below_the_target_or_a_missing_baseline_is_not_a_clear_yes():
