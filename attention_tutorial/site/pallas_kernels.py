@@ -309,3 +309,40 @@ def register_split(source: str, code: dict | None = None, key: str = "mosaic bfl
                          "pair; pass a warp-specialised kernel's source (inspect.getsource of its kernel body).")  # fmt: skip
     allocated = ((code or {}).get(key, {}).get("registers") or [None])[0]
     return Registers(allocated, int(up.group(1)), int(down.group(1)))
+
+
+# --- listings: the code a page prints ---------------------------------------------------------------------------------
+
+_LINT = re.compile(r"\s*# (?:fmt: skip|noqa\b.*)$")
+
+
+def listing(fn, start: str | None = None, end: str | None = None) -> str:
+    """``fn``'s source as a page prints it: the formatter's and linter's markers (``# fmt: skip``, ``# noqa``) taken
+    out, and with ``start``/``end`` only the lines from the first holding ``start`` to the first after it holding
+    ``end`` (both kept), dedented. ``ValueError`` naming the marker that is not in the source."""
+    import inspect
+    import textwrap
+
+    lines = inspect.getsource(fn).splitlines()
+    first = 0
+    if start is not None:
+        first = next((i for i, line in enumerate(lines) if start in line), None)
+        if first is None:
+            raise ValueError(f"start={start!r} is not in the source of {fn.__qualname__}.")
+    last = len(lines) - 1
+    if end is not None:
+        last = next((i for i in range(first, len(lines)) if end in lines[i]), None)
+        if last is None:
+            raise ValueError(f"end={end!r} is not in the source of {fn.__qualname__} after {start!r}.")
+    return textwrap.dedent("\n".join(_LINT.sub("", line) for line in lines[first : last + 1])) + "\n"
+
+
+def tensor_core_share(
+    records, impl: str = "cudnn", *, head_dim: int = 128, min_seq: int = 4096, datasheet_tflops: float = 989.4
+) -> tuple[float, float] | None:
+    """The lowest and highest share of the tensor cores' datasheet bf16 rate that ``impl`` reached at T >=
+    ``min_seq`` (its recorded TFLOP/s over ``datasheet_tflops``; None where none is recorded)."""
+    shares = [r["tflops"] / datasheet_tflops for r in records
+              if r.get("impl") == impl and r.get("head_dim") == head_dim and r.get("seq_q", 0) >= min_seq
+              and r.get("status") == "ok" and r.get("tflops")]  # fmt: skip
+    return (min(shares), max(shares)) if shares else None

@@ -1,4 +1,5 @@
-"""The page "Training through our kernels": steady-state speed, MFU on both peaks, and where a step's time goes.
+"""The page "Training through our kernels": loss curves against rounding noise, steady-state speed, MFU on both
+peaks, and where a step's time goes.
 
 Functions return rows, small summaries and figures from the ``train`` and ``train_profile`` records; the page's
 markdown holds the sentences.
@@ -10,7 +11,9 @@ from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 
-from ..results.plotting import PALETTE, label
+from ..results.plotting import PALETTE, impl_style, label
+from ..train import TWIN
+from .claims import LossYardstick, loss_yardstick
 
 GROUP_ORDER = ("attention", "matmuls", "embedding gradient", "other")
 GROUP_COLOURS = {"attention": PALETTE[2], "matmuls": PALETTE[0], "embedding gradient": PALETTE[3], "other": "#BBBBBB"}
@@ -30,17 +33,24 @@ class Steady:
     mfu_datasheet: float | None
     mfu_measured: float | None
     steady_from: int
+    datasheet_tflops: float | None = None  # the peaks the two MFUs divide by
+    measured_tflops: float | None = None
 
 
 def steady(summaries) -> list[Steady]:
-    """The steady state of each ok summary that has one (runs recorded before steady states were kept have none)."""
+    """The steady state of each ok summary that has one (runs recorded before steady states were kept have none).
+    The rerun from nudged weights is left out: it belongs to the loss comparison, not to the speeds. The measured
+    peak is the one the run's MFU divided by (its TFLOP/s over its MFU)."""
     out = []
     for s in summaries or []:
-        if s.get("status") != "ok" or s.get("steady_median_ms") is None:
+        if s.get("status") != "ok" or s.get("steady_median_ms") is None or s["impl"].endswith(TWIN):
             continue
+        measured = (100 * s["steady_tflops"] / s["mfu_measured_pct"]
+                    if s.get("steady_tflops") and s.get("mfu_measured_pct") else None)  # fmt: skip
         out.append(Steady(s["impl"], s["steady_median_ms"], s["steady_p10_ms"], s["steady_p90_ms"],
                           s["steady_tokens_per_s"], s["steady_tokens_per_s_p10"], s["steady_tokens_per_s_p90"],
-                          s.get("mfu_datasheet_pct"), s.get("mfu_measured_pct"), s["steady_from"]))  # fmt: skip
+                          s.get("mfu_datasheet_pct"), s.get("mfu_measured_pct"), s["steady_from"],
+                          s.get("datasheet_tflops"), measured))  # fmt: skip
     return out
 
 
@@ -65,6 +75,68 @@ def tokens_ratio(states, impl: str, base: str = "cudnn") -> tuple[float, str] | 
     a, b = by[impl], by[base]
     word = "faster" if a.tokens_p10 > b.tokens_p90 else "slower" if a.tokens_p90 < b.tokens_p10 else "on par"
     return a.tokens_per_s / b.tokens_per_s, word
+
+
+def noise_share(y: LossYardstick | None) -> float | None:
+    """The noise floor of a training comparison (``y.limit``) as a fraction of how much training moves the loss from
+    one logged step to the next (``y.motion``); None without a rerun from nudged weights or without movement. The
+    page reads it with ``y.coarse``: at :data:`~attention_tutorial.site.claims.COARSE` or more, the check cannot
+    tell small differences apart."""
+    if y is None or y.limit is None or not y.motion:
+        return None
+    return y.limit / y.motion
+
+
+def loss_gaps(step_records, base: str) -> dict[str, tuple[list[int], list[float]]]:
+    """Per run other than ``base`` (in record order, the rerun from nudged weights included): (steps, its loss minus
+    ``base``'s) at the steps both logged."""
+    by: dict[str, dict[int, float]] = {}
+    for r in step_records or []:
+        if r.get("status", "ok") == "ok" and r.get("loss") is not None:
+            by.setdefault(r["impl"], {})[r["step"]] = r["loss"]
+    ref = by.get(base, {})
+    out = {}
+    for impl, losses in by.items():
+        steps = sorted(set(losses) & set(ref))
+        if impl != base and steps:
+            out[impl] = (steps, [losses[s] - ref[s] for s in steps])
+    return out
+
+
+def loss_gap_figure(step_records, title: str | None = None):
+    """Two panels: the first implementation's loss per step, and every other run's loss minus it, with a grey band
+    at ± the noise floor (:func:`~attention_tutorial.site.claims.loss_yardstick`'s ``limit``; no band without a
+    rerun from nudged weights). Curves that agree within rounding lie on top of each other on a loss axis; their
+    differences, drawn against the band, show how close they are."""
+    y = loss_yardstick(step_records)
+    if y is None:
+        raise ValueError("loss_gap_figure: no step records with a loss to draw")
+    base = y.first
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 3.8), facecolor="white", layout="constrained",
+                                      gridspec_kw={"width_ratios": (1, 1.4)})  # fmt: skip
+    mine = sorted((r["step"], r["loss"]) for r in step_records if r["impl"] == base and r.get("loss") is not None)
+    colour, marker = impl_style(base)
+    left.plot([s for s, _ in mine], [v for _, v in mine], color=colour, linewidth=1.8, label=label(base))
+    left.set_ylabel("loss (nats per byte)")
+    left.set_title(f"loss, {label(base)}", fontsize=10)
+    if y.limit is not None:
+        steps = [s for s, _ in mine]
+        right.fill_between([steps[0], steps[-1]], -y.limit, y.limit, color="#DDDDDD", linewidth=0,
+                           label=f"noise floor (± {y.limit:.1e})")  # fmt: skip
+    right.axhline(0.0, color=colour, linewidth=1.2)
+    for i, (impl, (steps, gaps)) in enumerate(loss_gaps(step_records, base).items()):
+        c, m = impl_style(impl, i + 1)
+        right.plot(steps, gaps, color=c, marker=m, markersize=3.5, linewidth=1.4, label=label(impl))
+    right.set_ylabel(f"loss minus {label(base)}'s")
+    right.set_title(f"each run's loss minus {label(base)}'s", fontsize=10)
+    right.legend(fontsize=8, frameon=True, facecolor="white", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    for a in (left, right):
+        a.set_facecolor("white")
+        a.set_xlabel("training step")
+        a.grid(True, color="#dddddd", linewidth=0.8)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return fig
 
 
 def profile_groups(records) -> list[dict]:

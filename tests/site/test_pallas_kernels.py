@@ -165,3 +165,41 @@ def test_the_recorded_race_puts_the_mosaic_kernel_near_cudnn_and_triton_below():
     low, high = page.span(page.pick(speeds, impl="mosaic", head_dim=128))
     assert 0.9 < low <= high < 1.1
     assert page.span(page.pick(speeds, impl="pallas", head_dim=128))[1] < low
+
+
+def _sample(a, b):  # fmt: skip
+    f = lambda t: t + b  # noqa: E731
+    x = f(a)
+    y = x * 2
+    return y
+
+
+def test_listing_drops_lint_markers_and_cuts_between_markers():
+    whole = page.listing(_sample)
+    assert "fmt: skip" not in whole and "noqa" not in whole and whole.startswith("def _sample(a, b):")
+    assert page.listing(_sample, start="y = x", end="return") == "y = x * 2\nreturn y\n"
+    with pytest.raises(ValueError, match="start='z = ' is not in the source of _sample"):
+        page.listing(_sample, start="z = ")
+    with pytest.raises(ValueError, match="end='nothing' is not in the source"):
+        page.listing(_sample, start="x =", end="nothing")
+
+
+def test_the_printed_kernel_excerpts_hold_what_the_page_says():
+    from attention_tutorial.kernels import pallas_flash as pf
+    from attention_tutorial.kernels.mosaic import forward
+
+    launch = page.listing(pf._forward, start="call = pl.pallas_call(", end="out_shape=")
+    assert "grid=(T // bq, B, N)" in launch and launch.count("pl.BlockSpec(") == 5 and "n // G" in launch
+    step = page.listing(forward.forward_kernel, start="def step(", end="return acc, m_new, l")
+    assert step.startswith("def step(") and "take_turn()" in step and "plgpu.wgmma(acc_ref, p16" in step
+
+
+def test_tensor_core_share_reads_the_long_points_of_one_impl():
+    recs = [{"impl": "cudnn", "head_dim": 128, "seq_q": 8192, "status": "ok", "tflops": 494.7},
+            {"impl": "cudnn", "head_dim": 128, "seq_q": 4096, "status": "ok", "tflops": 400.0},
+            {"impl": "cudnn", "head_dim": 128, "seq_q": 1024, "status": "ok", "tflops": 100.0},
+            {"impl": "cudnn", "head_dim": 64, "seq_q": 8192, "status": "ok", "tflops": 900.0},
+            {"impl": "mosaic", "head_dim": 128, "seq_q": 8192, "status": "ok", "tflops": 900.0}]  # fmt: skip
+    low, high = page.tensor_core_share(recs, datasheet_tflops=1000.0)
+    assert (low, high) == (pytest.approx(0.4), pytest.approx(0.4947))
+    assert page.tensor_core_share(recs, impl="pallas") is None

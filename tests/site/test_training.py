@@ -1,6 +1,12 @@
+import matplotlib
 import numpy as np
 import pytest
 
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+
+from attention_tutorial.site import claims
 from attention_tutorial.site import training as page
 
 
@@ -15,7 +21,7 @@ def _summary(impl, ms, tps, lo, hi, **extra):
         "steady_tokens_per_s_p10": lo,
         "steady_tokens_per_s_p90": hi,
         "mfu_datasheet_pct": 40.0,
-        "mfu_measured_pct": 57.0,
+        "mfu_measured_pct": 57.0,  # of 700 TFLOP/s at 399 TFLOP/s
         "steady_from": 30,
         **extra,
     }
@@ -24,14 +30,16 @@ def _summary(impl, ms, tps, lo, hi, **extra):
 def test_steady_states_and_the_tokens_verdict():
     states = page.steady(
         [
-            _summary("cudnn", 20.0, 1000.0, 990.0, 1010.0),
+            _summary("cudnn", 20.0, 1000.0, 990.0, 1010.0, steady_tflops=399.0, datasheet_tflops=989.4),
+            _summary("cudnn_twin", 20.1, 995.0, 985.0, 1005.0),
             _summary("mosaic", 19.0, 1050.0, 1040.0, 1060.0),
             _summary("xla", 30.0, 1005.0, 995.0, 1015.0),
             {"impl": "te", "status": "error"},
             {"impl": "old", "status": "ok", "median_ms": 3.0},
         ]
     )  # no steady state recorded
-    assert [s.impl for s in states] == ["cudnn", "mosaic", "xla"]
+    assert [s.impl for s in states] == ["cudnn", "mosaic", "xla"]  # the rerun from nudged weights left out
+    assert states[0].datasheet_tflops == 989.4 and states[0].measured_tflops == pytest.approx(700.0)
     ratio, word = page.tokens_ratio(states, "mosaic")
     assert ratio == pytest.approx(1.05) and word == "faster"
     assert page.tokens_ratio(states, "xla")[1] == "on par"
@@ -63,3 +71,44 @@ def test_profile_groups_and_figure():
     fig = page.profile_figure(rows)
     widths = [p.get_width() for p in fig.axes[0].patches]
     assert np.allclose(widths, [5.0, 6.0, 22.0, 1.0, 5.0, 6.2, 0.0, 0.8])
+
+
+def _steps(impl, losses):
+    return [{"impl": impl, "kind": "step", "step": 10 * i, "loss": v, "status": "ok"} for i, v in enumerate(losses)]
+
+
+def test_loss_gaps_and_their_figure():
+    recs = (
+        _steps("cudnn", [5.0, 4.0, 3.0, 2.5])
+        + _steps("mosaic", [5.0, 4.01, 2.98, 2.5])
+        + _steps("xla", [5.0, 4.0, 3.0])  # one logged step fewer
+        + _steps("cudnn_twin", [5.0, 4.05, 2.96, 2.52])
+    )
+    gaps = page.loss_gaps(recs, "cudnn")
+    assert list(gaps) == ["mosaic", "xla", "cudnn_twin"]
+    assert gaps["xla"] == ([0, 10, 20], [0.0, 0.0, 0.0])
+    assert np.allclose(gaps["mosaic"][1], [0.0, 0.01, -0.02, 0.0])
+    fig = page.loss_gap_figure(recs, title="synthetic")
+    left, right = fig.axes[:2]
+    assert np.allclose(left.lines[0].get_ydata(), [5.0, 4.0, 3.0, 2.5])  # the first implementation's loss
+    drawn = {line.get_label(): line for line in right.lines}
+    assert np.allclose(drawn["our Pallas kernel (Mosaic GPU)"].get_ydata(), [0.0, 0.01, -0.02, 0.0])
+    assert np.allclose(drawn["cuDNN, weights nudged by one rounding"].get_ydata(), [0.0, 0.05, -0.04, 0.02])
+    band = right.collections[0].get_paths()[0].vertices
+    assert np.isclose(band[:, 1].max(), 0.05) and np.isclose(band[:, 1].min(), -0.05)  # ± the rerun's largest gap
+    assert (band[:, 0].min(), band[:, 0].max()) == (0, 30)
+    assert right.get_legend() is not None and "noise floor" in right.get_legend().get_texts()[0].get_text()
+    plt.close(fig)
+
+
+def test_loss_gap_figure_without_a_rerun_draws_no_band():
+    fig = page.loss_gap_figure(_steps("xla", [5.0, 4.0]) + _steps("blockwise", [5.0, 4.1]))
+    assert not fig.axes[1].collections and len(fig.axes[1].lines) == 2  # the zero line and blockwise's gaps
+    plt.close(fig)
+
+
+def test_noise_share():
+    y = claims.loss_yardstick(_steps("cudnn", [5.0, 4.0, 3.0, 2.5]) + _steps("cudnn_twin", [5.0, 4.05, 2.96, 2.52]))
+    assert page.noise_share(y) == pytest.approx(y.limit / y.motion) and y.limit == pytest.approx(0.05)
+    assert page.noise_share(claims.loss_yardstick(_steps("xla", [5.0, 4.0]))) is None  # no rerun
+    assert page.noise_share(None) is None
