@@ -117,7 +117,7 @@ def _run_yourself(app, docname: str) -> nodes.Node:
     data = NbMetadataCollector.get_exec_data(app.env, docname) if docname in app.env.all_docs else None
     if data and data.get("succeeded"):
         stamp = last_executed(_kernel_environment(app), executed=data["mtime"], runtime_s=data.get("runtime"))
-        box += nodes.paragraph(text=f"{stamp} (This build's live outputs; recorded results name their own.)")
+        box += nodes.paragraph(text=f"{stamp} Results recorded on a GPU name that GPU where they appear.")
     return box
 
 
