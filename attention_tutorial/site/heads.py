@@ -9,9 +9,9 @@ Shape legend: B batch, T query length, S key length, N query heads, K kv heads, 
 
 from __future__ import annotations
 
-import re
 import statistics
 from dataclasses import dataclass
+from itertools import pairwise
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +25,7 @@ from ..kernels.reference import reference_attention
 from ..measure.flops import attention_flops, kv_cache_bytes
 from ..measure.sweep import Point
 from ..registry import IMPLEMENTATIONS
-from ..results.plotting import GREY, LINESTYLES, PALETTE, impl_style, label
+from ..results.plotting import GREY, MARKERS, PALETTE, impl_style, label
 from .claims import TOLERANCES, Claim, agreement, compare, growth, same_point
 
 #: Streaming multiprocessors per GPU (NVIDIA's datasheets), by the name a result file records.
@@ -91,6 +91,10 @@ class GqaCheck:
     exact: int  # of those, how many give identical bits
     largest: float  # the largest difference of any of them
     computed_in: str  # the precision of the one with the largest difference
+    exact_impls: tuple[str, ...] = ()  # the implementations that give identical bits
+    close_impls: tuple[str, ...] = ()  # those that agree to within rounding, not exactly
+    differ_impls: tuple[str, ...] = ()  # those that differ by more than rounding
+    largest_close: float = 0.0  # the largest difference among ``close_impls``
 
     @property
     def word(self) -> str:
@@ -105,8 +109,18 @@ def gqa_check(rows) -> GqaCheck | None:
         return None
     worst = max(ok, key=lambda r: r["max_abs_diff"])
     verdicts = [r["max_abs_diff"] <= TOLERANCES[r["computed_in"]] for r in ok]
-    return GqaCheck(ran=len(ok), agree=sum(verdicts), exact=sum(r["max_abs_diff"] == 0 for r in ok),
-                    largest=worst["max_abs_diff"], computed_in=worst["computed_in"])  # fmt: skip
+    exact = tuple(r["impl"] for r in ok if r["max_abs_diff"] == 0)
+    close = [r for r, fine in zip(ok, verdicts) if fine and r["max_abs_diff"] > 0]
+    return GqaCheck(ran=len(ok), agree=sum(verdicts), exact=len(exact), largest=worst["max_abs_diff"],
+                    computed_in=worst["computed_in"], exact_impls=exact, close_impls=tuple(r["impl"] for r in close),
+                    differ_impls=tuple(r["impl"] for r, fine in zip(ok, verdicts) if not fine),
+                    largest_close=max((r["max_abs_diff"] for r in close), default=0.0))  # fmt: skip
+
+
+def names(impls) -> str:
+    """The implementations' labels as a list in words: "cuDNN", "naive and XLA", "A, B and C" ("" for none)."""
+    words = [label(i) for i in impls]
+    return " and ".join(words) if len(words) < 3 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
 # --- The KV cache
@@ -304,23 +318,73 @@ def bandwidth_by_context(records, impl: str, kv_heads: int) -> tuple[tuple[int, 
     return tuple(sorted((r["seq_kv"], r["gbps"]) for r in _ok(records, impl=impl, kv_heads=kv_heads)))
 
 
-def decode_figure(records, *, read_gbps: float | None = None, copy_gbps: float | None = None, title: str = ""):
-    """Decode bandwidth (GB/s of the fewest bytes) against the context S: a line per implementation (colour) and
-    kv-head count (line style), with the measured read ceiling (dashed) and copy ceiling (dotted)."""
+@dataclass(frozen=True)
+class Drop:
+    """Where one decode curve (an implementation and a kv-head count) loses the most bandwidth from one context to
+    the next longer one."""
+
+    impl: str
+    kv_heads: int
+    seq_from: int
+    gbps_from: float
+    seq_to: int
+    gbps_to: float
+
+    @property
+    def ratio(self) -> float:
+        """GB/s before the fall over GB/s after it (above 1: it fell)."""
+        return self.gbps_from / self.gbps_to
+
+
+def largest_drop(records, *, at_least: float = 1.2) -> Drop | None:
+    """The largest fall in GB/s between neighbouring contexts of any decode curve, or None where no curve falls by
+    ``at_least`` times (so a dip within noise is not named)."""
+    ok = [r for r in _ok(records) if r.get("gbps")]
+    drops = []
+    for impl, k in dict.fromkeys((r["impl"], r["kv_heads"]) for r in ok):
+        pts = bandwidth_by_context(ok, impl, k)
+        drops += [Drop(impl, k, s0, g0, s1, g1) for (s0, g0), (s1, g1) in pairwise(pts)]
+    worst = max(drops, key=lambda d: d.ratio, default=None)
+    return worst if worst and worst.ratio >= at_least else None
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """One kv-head count's decode attention at one context: ms per layer, and per decode step of a whole model."""
+
+    name: str  # "MHA" (the largest K recorded), "GQA" or "MQA" (K = 1)
+    kv_heads: int
+    layer_ms: float  # one attention call: one layer, one new token for each of the batch's sequences
+    step_ms: float  # layer_ms × layers: the attention part of one decode step
+    batch: int
+
+
+def decode_steps(records, seq_kv: int, *, impl: str = "cudnn", layers: int = MODEL["layers"]) -> list[DecodeStep]:
+    """:class:`DecodeStep` of each kv-head count ``impl`` ran at context ``seq_kv``, most kv heads first."""
+    ok = sorted(_ok(records, impl=impl, seq_kv=seq_kv), key=lambda r: -r["kv_heads"])
+    if not ok:
+        return []
+    full = ok[0]["kv_heads"]
+    name = lambda k: "MQA" if k == 1 else "MHA" if k == full else "GQA"  # noqa: E731
+    return [DecodeStep(name(r["kv_heads"]), r["kv_heads"], r["median_ms"], r["median_ms"] * layers, r["batch"])
+            for r in ok]  # fmt: skip
+
+
+def decode_figure(records, *, read_gbps: float | None = None, title: str = ""):
+    """Decode bandwidth (GB/s of the fewest bytes) against the context S: a solid line per implementation (colour)
+    and kv-head count (marker), with the measured read ceiling as a dashed grey line without markers."""
     fig, ax = plt.subplots(figsize=(7.4, 4.0), facecolor="white", layout="constrained")
     ok = [r for r in _ok(records) if r.get("gbps")]
     ks = sorted({r["kv_heads"] for r in ok}, reverse=True)
     for i, impl in enumerate(dict.fromkeys(r["impl"] for r in ok)):
-        colour, marker = impl_style(impl, i)
+        colour = impl_style(impl, i)[0]
         for j, k in enumerate(ks):
             pts = bandwidth_by_context(ok, impl, k)
             if pts:
-                ax.plot(*zip(*pts), color=colour, marker=marker, linestyle=LINESTYLES[j % len(LINESTYLES)],
+                ax.plot(*zip(*pts), color=colour, marker=MARKERS[j % len(MARKERS)], linestyle="-",
                         label=f"{label(impl)}, K = {k}")  # fmt: skip
     if read_gbps:
         ax.axhline(read_gbps, color=GREY, linestyle="--", label=f"read ceiling ({read_gbps:.0f} GB/s)")
-    if copy_gbps:
-        ax.axhline(copy_gbps, color=GREY, linestyle=":", label=f"copy ceiling ({copy_gbps:.0f} GB/s)")
     ax.set_xscale("log", base=2)
     ax.set(xlabel="S (tokens in the cache)", ylabel="GB/s (fewest bytes / time)", ylim=(0, None), title=title)
     ax.grid(True, color="#dddddd")
@@ -410,28 +474,6 @@ def prefill_figure(records, title: str = ""):
 # --- Masks
 
 
-def mask_kinds_table(doc: str | None = None) -> list[dict]:
-    """The first reStructuredText simple table of ``doc`` (default: :mod:`attention_tutorial.kernels.masks`'s
-    docstring) as rows {header: cell}, continuation lines joined and ``literal`` turned into `literal`."""
-    lines = (masks.__doc__ if doc is None else doc).splitlines()
-    rule = re.compile(r"=+( +=+)+")
-    rules = [i for i, line in enumerate(lines) if rule.fullmatch(line.strip())]
-    if len(rules) < 3:
-        raise ValueError("doc has no reStructuredText simple table (three rules of '=' columns)")
-    cols = [m.start() for m in re.finditer(r"=+", lines[rules[0]])]
-    rows: list[list[str]] = []
-    for line in lines[rules[0] + 1 : rules[2]]:
-        if not line.strip() or rule.fullmatch(line.strip()):
-            continue
-        cells = [line[a:b].strip() for a, b in zip(cols, [*cols[1:], None])]
-        if cells[0] or not rows:
-            rows.append(cells)
-        else:  # a continuation line
-            rows[-1] = [f"{x} {y}".strip() for x, y in zip(rows[-1], cells)]
-    md = [[re.sub(r"``([^`]+)``", r"`\1`", c) for c in r] for r in rows]
-    return [dict(zip(md[0], r)) for r in md[1:]]
-
-
 MASK_PICTURE = {"seq": 16, "window": 4}  # the size the mask pictures are drawn at
 ALIBI_HEADS = 8  # heads of the pictures' problem: ALiBi gives head 0 the steepest slope, 2**-(8/N)
 
@@ -457,7 +499,7 @@ def masks_figure(kinds=masks.MASK_KINDS, *, seq: int = MASK_PICTURE["seq"], wind
     """One panel per mask kind (causal, as a decoder uses them): the attention weights each query row (down) gives
     each key (across) when all scores are equal. White: masked out."""
     fig, axes = plt.subplots(1, len(kinds), figsize=(2.3 * len(kinds), 2.7), facecolor="white", layout="constrained")
-    names = {"none": "is_causal", "padding": "padding (a short row)", "window": f"window of {window}",
+    names = {"none": "causal (is_causal)", "padding": "padding (a short row)", "window": f"window of {window}",
              "dense": "dense boolean mask", "bias": "ALiBi bias"}  # fmt: skip
     for ax, kind in zip(np.atleast_1d(axes), kinds):
         w = mask_weights(kind, seq=seq, window=window)
@@ -514,6 +556,33 @@ def dense_vs_causal(records, impl: str = "cudnn") -> Claim | None:
     causal = _ok(records, impl=impl, mask="none", causal=True)
     dense = _ok(records, impl=impl, mask="dense", causal=False)  # the dense mask is the causal triangle itself
     return compare(causal, dense) if causal and dense else None
+
+
+@dataclass(frozen=True)
+class MaskCosts:
+    """One implementation's times on the masks grid (ms, medians; None where the point did not run)."""
+
+    impl: str
+    plain_ms: float | None  # no mask at all
+    causal_ms: float | None  # is_causal and nothing else
+    masked_low: float | None  # the fastest and slowest of every point with is_causal (alone or with another mask)
+    masked_high: float | None
+    dense_ms: float | None  # the causal triangle as a dense boolean matrix, without is_causal
+    window_ms: float | None  # a causal window
+    dense_vs_causal: Claim | None  # is_causal against that dense matrix (see :func:`dense_vs_causal`)
+
+
+def mask_costs(records, impl: str) -> MaskCosts:
+    """:class:`MaskCosts` of ``impl`` on the masks grid."""
+
+    def ms(**where):
+        rs = _ok(records, impl=impl, **where)
+        return rs[0]["median_ms"] if rs else None
+
+    masked = [r["median_ms"] for r in _ok(records, impl=impl, causal=True)]
+    return MaskCosts(impl, ms(mask="none", causal=False), ms(mask="none", causal=True), min(masked, default=None),
+                     max(masked, default=None), ms(mask="dense", causal=False), ms(mask="window", causal=True),
+                     dense_vs_causal(records, impl))  # fmt: skip
 
 
 def failed(records) -> list[dict]:

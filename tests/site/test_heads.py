@@ -64,8 +64,18 @@ def test_gqa_table_and_check_judge_each_difference_against_its_own_precision():
     check = heads.gqa_check(rows)
     assert (check.ran, check.agree, check.exact, check.largest) == (3, 2, 1, 4.9e-4)
     assert check.word == "differ"
+    assert (check.exact_impls, check.close_impls, check.differ_impls) == (("cudnn",), ("xla",), ("naive",))
+    assert check.largest_close == 4.9e-4
     assert heads.gqa_check(rows[:1] + rows[2:]).word == "agree"
+    assert heads.gqa_check(rows[2:3]).largest_close == 0.0
     assert heads.gqa_check(rows[3:]) is None
+
+
+def test_names_lists_implementations_in_words():
+    assert heads.names(()) == ""
+    assert heads.names(["cudnn"]) == "cuDNN"
+    assert heads.names(["naive", "xla"]) == "naive (from scratch) and XLA"
+    assert heads.names(["xla", "cudnn", "te"]) == "XLA, cuDNN and TransformerEngine"
 
 
 # --- KV cache
@@ -143,13 +153,39 @@ def test_decode_floor_reads_the_shorter_calls_and_the_other_path_at_the_same_poi
     assert heads.decode_floor(DECODE[:3], 4500.0) is None  # one shorter call: no floor to read
 
 
-def test_decode_figure_draws_each_series_and_both_ceilings():
-    fig = heads.decode_figure(DECODE, read_gbps=4500, copy_gbps=3300)
+def test_decode_figure_draws_each_series_a_marker_per_k_and_the_read_ceiling_only():
+    recs = [*DECODE, dec("cudnn", 8, 2048, 0.08, 0.079, 0.081, 1600)]
+    fig = heads.decode_figure(recs, read_gbps=4500)
     lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
     np.testing.assert_array_equal(lines["cuDNN, K = 1"].get_xydata(), [[2048, 290], [8192, 1080], [131072, 3600]])
-    assert list(lines["read ceiling (4500 GB/s)"].get_ydata()) == [4500, 4500]
-    assert list(lines["copy ceiling (3300 GB/s)"].get_ydata()) == [3300, 3300]
-    assert "XLA, K = 32" not in lines  # no such records
+    ceiling = lines["read ceiling (4500 GB/s)"]
+    assert list(ceiling.get_ydata()) == [4500, 4500] and ceiling.get_marker() in ("None", "", None)
+    assert ceiling.get_linestyle() == "--"
+    assert len(lines) == 5 and "XLA, K = 32" not in lines  # four curves and one ceiling: no copy ceiling
+    markers = {k: lines[f"cuDNN, K = {k}"].get_marker() for k in (32, 8, 1)}
+    assert len(set(markers.values())) == 3 and lines["XLA, K = 1"].get_marker() == markers[1]  # a marker per K
+    assert {line.get_linestyle() for name, line in lines.items() if "ceiling" not in name} == {"-"}
+    assert lines["cuDNN, K = 1"].get_color() != lines["XLA, K = 1"].get_color()  # a colour per implementation
+
+
+def test_largest_drop_names_the_curve_that_falls_most_between_neighbouring_contexts():
+    recs = [*DECODE, dec("xla", 32, 32768, 2.15, 2.14, 2.16, 3995), dec("xla", 32, 131072, 27.7, 27.6, 27.8, 1240)]
+    d = heads.largest_drop(recs)
+    assert (d.impl, d.kv_heads, d.seq_from, d.gbps_from, d.seq_to, d.gbps_to) == ("xla", 32, 32768, 3995, 131072, 1240)
+    assert d.ratio == pytest.approx(3995 / 1240)
+    assert heads.largest_drop(DECODE) is None  # every curve rises with S
+    dip = [*DECODE, dec("cudnn", 1, 262144, 0.62, 0.61, 0.63, 3400)]  # 3600 -> 3400: within at_least
+    assert heads.largest_drop(dip) is None and heads.largest_drop(dip, at_least=1.05).seq_to == 262144
+
+
+def test_decode_steps_give_each_kv_head_count_its_time_per_layer_and_per_step():
+    recs = [*DECODE, dec("cudnn", 8, 131072, 1.9, 1.89, 1.91, 4450)]
+    steps = heads.decode_steps(recs, 131072, layers=32)
+    assert [(s.name, s.kv_heads, s.layer_ms, s.batch) for s in steps] == [("MHA", 32, 8.0, 16), ("GQA", 8, 1.9, 16),
+                                                                         ("MQA", 1, 0.30, 16)]  # fmt: skip
+    assert steps[1].step_ms == pytest.approx(1.9 * 32)
+    assert [s.name for s in heads.decode_steps(DECODE, 8192)] == ["MQA"]  # only K = 1 ran there
+    assert heads.decode_steps(DECODE, 4096) == [] and heads.decode_steps(DECODE, 131072, impl="te") == []
 
 
 def test_live_check_pairs_exact_points_and_judges_from_both_spreads():
@@ -195,25 +231,6 @@ def test_prefill_figure_bars_are_the_medians():
 # --- masks
 
 
-def test_mask_kinds_table_reads_the_docstring_table():
-    doc = """Intro.
-
-    ====  ==================  ========
-    kind  what it means       argument
-    ====  ==================  ========
-    ``a``  first row           ``x``,
-                               ``y``
-    ``b``  second             ``z``
-    ====  ==================  ========
-    """
-    rows = heads.mask_kinds_table(doc)
-    assert rows == [{"kind": "`a`", "what it means": "first row", "argument": "`x`, `y`"},
-                    {"kind": "`b`", "what it means": "second", "argument": "`z`"}]  # fmt: skip
-    assert [r["kind"].strip("`") for r in heads.mask_kinds_table()] == list(MASK_KINDS)
-    with pytest.raises(ValueError, match="table"):
-        heads.mask_kinds_table("no table here")
-
-
 def test_mask_weights_spread_evenly_over_the_keys_each_mask_keeps():
     n = 8
     tril = np.tril(np.ones((n, n)))
@@ -236,6 +253,7 @@ def test_masks_figure_draws_one_panel_per_kind():
     fig = heads.masks_figure(seq=8, window=2)
     assert len(fig.axes) == len(MASK_KINDS)
     drawn = fig.axes[2].get_images()[0].get_array()
+    assert fig.axes[0].get_title() == "causal (is_causal)"
     np.testing.assert_allclose(drawn.filled(0), heads.mask_weights("window", seq=8, window=2))
 
 
@@ -266,6 +284,17 @@ def test_kept_tflops_counts_only_the_positions_the_mask_keeps():
     assert heads.kept_tflops(MASKS[:1], {})[0]["pct_peak"] is None
 
 
+def test_mask_costs_read_one_implementations_times():
+    recs = [*MASKS, msk("xla", "none", False, 3.7), msk("xla", "dense", False, 4.5), msk("xla", "bias", True, 5.8)]
+    x = heads.mask_costs(recs, "xla")
+    assert (x.plain_ms, x.causal_ms, x.masked_low, x.masked_high, x.dense_ms) == (3.7, 6.0, 5.8, 6.0, 4.5)
+    assert x.dense_vs_causal.word == "slower"  # through XLA, is_causal is slower than the same triangle as a matrix
+    c = heads.mask_costs(MASKS, "cudnn")
+    assert (c.causal_ms, c.masked_low, c.masked_high, c.dense_ms, c.window_ms) == (0.5, 0.5, 0.9, 1.5, None)
+    assert c.dense_vs_causal.word == "faster" and c.plain_ms is None
+    assert heads.mask_costs(MASKS, "te") == heads.MaskCosts("te", None, None, None, None, None, None, None)
+
+
 def test_dense_vs_causal_failed_and_over_peak():
     c = heads.dense_vs_causal(MASKS)
     assert c.value == pytest.approx(3.0) and c.word == "faster"
@@ -293,8 +322,8 @@ def test_the_recorded_decode_grid_moves_32_times_fewer_bytes_with_one_kv_head():
     data = store.recorded(store.REFERENCE_GPU)
     decode = store.select(data["records"], grid="decode")
     c = heads.shared_cache(decode)
-    fewest = attention_bytes(16, 1, c.seq_kv, 32, 32, 128, "bfloat16") / attention_bytes(16, 1, c.seq_kv, 32, 1, 128,
-                                                                                           "bfloat16")  # fmt: skip
+    shape = dict(batch=16, seq_q=1, seq_kv=c.seq_kv, heads=32, head_dim=128, dtype="bfloat16")
+    fewest = attention_bytes(kv_heads=32, **shape) / attention_bytes(kv_heads=1, **shape)
     assert c.bytes_ratio == pytest.approx(fewest, rel=1e-3)
 
 
@@ -303,3 +332,15 @@ def test_no_recorded_mask_point_beats_the_peak_when_only_kept_positions_count():
     data = store.recorded(store.REFERENCE_GPU)
     masks = heads.kept_tflops(store.select(data["records"], grid="masks"), data["provenance"])
     assert [r for r in masks if r.get("status") == "ok"] and heads.over_peak(masks) == []
+
+
+def test_the_page_s_mask_table_lists_every_kind_the_package_builds():
+    """The masks table is written in the page: one row per kind of ``MASK_KINDS`` (``"none"`` is the causal row)."""
+    from pathlib import Path
+
+    from attention_tutorial.kernels.masks import MASK_KINDS
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "heads_decode_masks.md").read_text(encoding="utf-8")
+    table = page.split("| mask | argument |", 1)[1].split("\n\n", 1)[0]
+    rows = [line.split("|")[1].strip() for line in table.strip().splitlines()[1:]]
+    assert rows == ["causal" if kind == "none" else kind for kind in MASK_KINDS]
