@@ -8,7 +8,9 @@ every page quotes, from the recording run of the sequence-length sweep (:data:`I
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
 from dataclasses import dataclass
 
 import jax
@@ -22,6 +24,7 @@ from ..measure.sweep import run_sweep
 from ..results.plotting import impl_style, label, markdown_table
 from ..results.store import select
 from .claims import Claim, compare, versus, words_by_x
+from .kernel_timeline import TENSOR_FLOPS_PER_CYCLE
 from .report import live_label, live_vs_recorded, read_ceiling, reference, shapes, timing_options
 
 # What a build runs live, per grid: (on a GPU, on a CPU) — a point or two; the recorded grids carry the sweeps.
@@ -157,11 +160,28 @@ def reference_roof(grid_name: str = IO_GRID) -> Roof | None:
     return roof(records, provenance, grid_name) if provenance else None
 
 
+#: How the roofline marks each sweep's points: (marker, legend words). Filled for the T sweep, hollow for the H sweep.
+SWEEP_STYLE = {"seq_long": ("o", "T sweep"), "head_dim": ("s", "H sweep")}
+
+
+def _dodge(ps: list[IOPoint], *, close: float = 1.2, step: float = 4.0) -> list[float]:
+    """Vertical label offsets (points) for ``ps``: 0, except that of two points at one FLOPs per byte whose TFLOP/s
+    lie within a factor ``close``, the upper label moves up and the lower down by ``step``."""
+    dy = [0.0] * len(ps)
+    for x in {round(p.intensity, 6) for p in ps}:
+        same = sorted((i for i, p in enumerate(ps) if round(p.intensity, 6) == x), key=lambda i: ps[i].tflops)
+        for lo, hi in itertools.pairwise(same):
+            if ps[hi].tflops / ps[lo].tflops < close:
+                dy[lo], dy[hi] = dy[lo] - step, dy[hi] + step
+    return dy
+
+
 def io_figure(budget: list[IOPoint], cloud: list[IOPoint], r: Roof, *, title: str = ""):
     """Two panels. Left, a time budget: for each point of ``budget`` (one shape), the measured time beside the time
     its bytes take at the measured read bandwidth and the time its FLOPs take at the measured matmul peak. Right, a
     roofline: every point of ``cloud`` at its FLOPs per byte against its TFLOP/s, under the measured roof (solid)
-    and the datasheet's (dashed)."""
+    and the datasheet's (dashed); colour names the implementation, the marker its sweep (:data:`SWEEP_STYLE`:
+    filled for the T sweep, hollow and labelled with its H for the H sweep)."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11.0, 4.2), facecolor="white", layout="constrained",
                                       width_ratios=(1, 1.25))  # fmt: skip
     kinds = (("measured time", 1.0), ("its bytes at the read ceiling", 0.55), ("its FLOPs at the matmul peak", 0.25))
@@ -186,11 +206,19 @@ def io_figure(budget: list[IOPoint], cloud: list[IOPoint], r: Roof, *, title: st
         right.plot(xs, np.minimum(r.datasheet_tflops, xs * r.datasheet_gbps / 1e3), color="#999999",
                    linestyle=(0, (4, 3)), linewidth=1.2,
                    label=f"datasheet roof: {r.datasheet_tflops:.0f} TFLOP/s, {r.datasheet_gbps / 1e3:.1f} TB/s")  # fmt: skip
-    for impl in dict.fromkeys(p.impl for p in cloud):
-        colour, marker = impl_style(impl)
-        ps = [p for p in cloud if p.impl == impl]
-        right.plot([p.intensity for p in ps], [p.tflops for p in ps], marker, color=colour, label=label(impl),
-                   markersize=6, linestyle="none")  # fmt: skip
+    for impl, grid in dict.fromkeys((p.impl, p.grid) for p in cloud):
+        colour = impl_style(impl)[0]
+        marker, sweep = SWEEP_STYLE.get(grid, (impl_style(impl)[1], grid))
+        ps = [p for p in cloud if (p.impl, p.grid) == (impl, grid)]
+        right.plot([p.intensity for p in ps], [p.tflops for p in ps], marker, color=colour,
+                   label=f"{label(impl)}, {sweep}" if sweep else label(impl), markersize=6, linestyle="none",
+                   markerfacecolor="none" if grid == "head_dim" else colour)  # fmt: skip
+        if grid == "head_dim":  # the H sweep: each point named by its H, away from the T sweep's points
+            for p, dy in zip(ps, _dodge(ps)):
+                side = 1 if p.intensity > r.ridge else -1  # right of the ridge to the right, left of it to the left
+                right.annotate(f"H={p.head_dim}", (p.intensity, p.tflops), xytext=(6 * side, dy),
+                               textcoords="offset points", fontsize=6, color=colour, va="center",
+                               ha="left" if side > 0 else "right")  # fmt: skip
     right.axvline(r.ridge, color="#bbbbbb", linewidth=0.8, label=f"ridge: {r.ridge:.0f} FLOPs per byte")
     right.set_xscale("log")
     right.set_yscale("log")
@@ -381,3 +409,197 @@ def pct_both(rec: dict, gpu: str | None) -> tuple[float | None, float | None]:
     """A record's % of the measured peak and % of ``gpu``'s datasheet peak (None where it has none)."""
     peak, _ = datasheet_peak(gpu, rec.get("dtype") or "bfloat16")
     return rec.get("pct_peak"), (100 * rec["tflops"] / peak if peak and rec.get("tflops") else None)
+
+
+# --- what the figures leave unsaid -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Doubling:
+    """How one implementation's time grows over a sweep of T: the geometric mean, over consecutive points, of the
+    time ratio and of the work ratio, each per doubling of T (``steps``: how many steps it averages)."""
+
+    impl: str
+    time_ratio: float
+    work_ratio: float
+    steps: int
+
+
+def doubling(records, impl: str, *, causal: bool = False) -> Doubling | None:
+    """:class:`Doubling` of ``impl`` over ``records`` (one sweep of T); None with fewer than two ok points."""
+    rs = sorted(select(records, status="ok", impl=impl, causal=causal), key=lambda r: r["seq_q"])
+    if len(rs) < 2:
+        return None
+    logs_t, logs_w, octaves = 0.0, 0.0, 0.0
+    for a, b in itertools.pairwise(rs):
+        work = [attention_flops(r["batch"], r["seq_q"], r["seq_kv"], r["heads"], r["head_dim"], causal=causal)
+                for r in (a, b)]  # fmt: skip
+        logs_t += math.log(b["median_ms"] / a["median_ms"])
+        logs_w += math.log(work[1] / work[0])
+        octaves += math.log2(b["seq_q"] / a["seq_q"])
+    return Doubling(impl, math.exp(logs_t / octaves), math.exp(logs_w / octaves), len(rs) - 1)
+
+
+@dataclass(frozen=True)
+class Catch:
+    """Where ``impl``'s time meets ``ref``'s over a sweep of T: from ``seq_q`` on, ``impl``'s median time is within
+    the tolerance of ``ref``'s at every T; ``before`` and ``after`` are the (lowest, highest) ratio impl / ref below
+    and from that T."""
+
+    impl: str
+    ref: str
+    seq_q: int
+    before: tuple[float, float]
+    after: tuple[float, float]
+
+
+def catches_up(records, impl: str, ref: str, *, within: float = 0.1, causal: bool = False) -> Catch | None:
+    """:class:`Catch` of ``impl`` against ``ref`` (unmasked by default); None where ``impl`` is never within
+    ``within`` of ``ref`` up to the last T, or already is at the first."""
+    by_t = {}
+    for r in select(records, status="ok", impl=impl, causal=causal):
+        other = select(records, status="ok", impl=ref, causal=causal, seq_q=r["seq_q"], batch=r["batch"])
+        if other:
+            by_t[r["seq_q"]] = r["median_ms"] / other[0]["median_ms"]
+    ts = sorted(by_t)
+    close = [abs(by_t[t] - 1) <= within for t in ts]
+    if not ts or not close[-1] or all(close):
+        return None
+    first = next(i for i in range(len(ts)) if all(close[i:]))
+    before, after = [by_t[t] for t in ts[:first]], [by_t[t] for t in ts[first:]]
+    return Catch(impl, ref, ts[first], (min(before), max(before)), (min(after), max(after)))
+
+
+@dataclass(frozen=True)
+class CausalPair:
+    """One implementation at one T with and without a causal mask: ``share`` is the causal call's FLOPs (the kept
+    (query, key) pairs only) over the unmasked call's, so its TFLOP/s can fall while its time falls too."""
+
+    impl: str
+    seq_q: int
+    share: float
+    full: dict
+    causal: dict
+
+    @property
+    def speedup(self) -> float:
+        """The unmasked call's median time over the causal one's (above 1: the causal call is faster)."""
+        return self.full["median_ms"] / self.causal["median_ms"]
+
+
+def causal_pair(records, impl: str, seq_q: int) -> CausalPair | None:
+    """:class:`CausalPair` of ``impl`` at T = ``seq_q``; None without both masks there."""
+    pair = [select(records, status="ok", impl=impl, causal=c, seq_q=seq_q) for c in (False, True)]
+    if not all(pair):
+        return None
+    full, causal = pair[0][0], pair[1][0]
+    dims = (full["batch"], full["seq_q"], full["seq_kv"], full["heads"], full["head_dim"])
+    share = attention_flops(*dims, causal=True) / attention_flops(*dims)
+    return CausalPair(impl, seq_q, share, full, causal)
+
+
+#: ``exp2`` a Hopper SM completes per clock on its special-function unit (FlashAttention-3 §3): one per score.
+EXP2_PER_CYCLE = 16
+
+
+@dataclass(frozen=True)
+class ExpBudget:
+    """The softmax's exponentials set against the matmuls at one head dim H: each score costs 4·H matmul FLOPs
+    (q·k and p·v) and one exponential, and in the time of one exponential the tensor cores do ``flops_per_exp``
+    FLOPs (:data:`~attention_tutorial.site.kernel_timeline.TENSOR_FLOPS_PER_CYCLE` / :data:`EXP2_PER_CYCLE`)."""
+
+    head_dim: int
+    flops_per_score: int
+    flops_per_exp: float
+
+    @property
+    def exp_over_matmul(self) -> float:
+        """The exponentials' time over the matmuls' time at full rate on both units (above 1: the exponentials take
+        longer, so the tensor cores wait unless both overlap perfectly)."""
+        return self.flops_per_exp / self.flops_per_score
+
+
+def exp_budget(head_dims) -> list[ExpBudget]:
+    """:class:`ExpBudget` for each head dim of ``head_dims``, in order."""
+    per_exp = TENSOR_FLOPS_PER_CYCLE / EXP2_PER_CYCLE
+    return [ExpBudget(h, 4 * h, per_exp) for h in head_dims]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A point of a sweep that did not run: its status ('oom', 'unsupported', ...), the record's reason, and for
+    a point skipped for memory the estimated need and the device's limit, in GiB (None otherwise)."""
+
+    impl: str
+    seq_q: int
+    head_dim: int
+    causal: bool
+    status: str
+    reason: str
+    need_gib: float | None
+    limit_gib: float | None
+
+
+def not_run(records, impl: str) -> list[Skipped]:
+    """:class:`Skipped` for each record of ``impl`` whose status is not ok, by T then mask."""
+    out = []
+    for r in sorted(records, key=lambda r: (r["seq_q"], r["head_dim"], r["causal"])):
+        if r.get("impl") != impl or r.get("status") == "ok":
+            continue
+        reason = r.get("reason") or ""
+        limit = re.search(r"lets XLA use ([0-9.]+) GiB", reason)
+        need = r.get("estimated_bytes")
+        out.append(Skipped(impl, r["seq_q"], r["head_dim"], r["causal"], r["status"], reason,
+                           need / 2**30 if need else None, float(limit.group(1)) if limit else None))  # fmt: skip
+    return out
+
+
+def tokens_per_call(records) -> dict[int, list[tuple[int, int]]]:
+    """B·T → the (T, B) of the ok points that run that many tokens per call, by T."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for r in sorted(select(records, status="ok"), key=lambda r: r["seq_q"]):
+        pair = (r["seq_q"], r["batch"])
+        if pair not in out.setdefault(r["batch"] * r["seq_q"], []):
+            out[r["batch"] * r["seq_q"]].append(pair)
+    return dict(sorted(out.items()))
+
+
+#: Our own kernels in the backward race (the rest are cuDNN, JAX's and XLA's).
+OWN = ("mosaic", "pallas")
+
+
+def best_own(rows: list[RaceRow], own=OWN) -> str | None:
+    """Of ``own``, the implementation whose slowest showing against the base (lowest ``low`` over its masks) is the
+    fastest; None where none of them raced."""
+    lows = {}
+    for x in rows:
+        if x.impl in own:
+            lows[x.impl] = min(lows.get(x.impl, math.inf), x.low)
+    return max(lows, key=lows.get) if lows else None
+
+
+def batch_figure(records, *, title: str = ""):
+    """The batch sweep in µs per call: one line per implementation (median), its p10–p90 band, the y axis from
+    zero (the fixed cost per call is the point)."""
+    fig, ax = plt.subplots(figsize=(7.0, 4.2), facecolor="white", layout="constrained")
+    for i, impl in enumerate(dict.fromkeys(r["impl"] for r in select(records, status="ok"))):
+        rs = sorted(select(records, status="ok", impl=impl), key=lambda r: r["batch"])
+        colour, marker = impl_style(impl, i)
+        xs = [r["batch"] for r in rs]
+        ax.plot(xs, [r["median_ms"] * 1e3 for r in rs], marker=marker, color=colour, label=label(impl))
+        if all(r.get("p10_ms") is not None and r.get("p90_ms") is not None for r in rs):
+            ax.fill_between(xs, [r["p10_ms"] * 1e3 for r in rs], [r["p90_ms"] * 1e3 for r in rs], color=colour,
+                            alpha=0.2, linewidth=0)  # fmt: skip
+    ax.set_xscale("log", base=2)
+    batches = sorted({r["batch"] for r in select(records, status="ok")})
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.minorticks_off()
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("B (batch)")
+    ax.set_ylabel("µs per call (median; band: p10–p90)")
+    ax.grid(True, which="major", color="#dddddd", linewidth=0.8)
+    ax.set_facecolor("white")
+    ax.legend(fontsize=8, frameon=True, facecolor="white", loc="lower right")
+    if title:
+        ax.set_title(title, fontsize=11)
+    return fig

@@ -242,3 +242,134 @@ def test_best_and_live_table_on_this_build():
     assert page.best(recs, "xla")["tflops"] == 20.0 and page.best(recs, "cudnn") is None
     text = page.live_table(recs[:1], recs, ["impl", "median_ms"])
     assert text.startswith("**Live, this build:**") and text.count("\n|---|---|") == 1  # one table on a CPU
+
+
+def test_io_figure_labels_each_sweep_s_cluster():
+    t = page.io_point(rec("xla", 2.0, grid="seq_long"))
+    h = page.io_point(rec("xla", 1.0, grid="head_dim", head_dim=32))
+    c = page.io_point(rec("cudnn", 0.5, grid="head_dim", head_dim=32))
+    fig = page.io_figure([t], [t, h, c], page.Roof(700.0, 4500.0))
+    right = fig.axes[1]
+    marks = {line.get_label(): line for line in right.lines if line.get_linestyle() == "None"}
+    assert set(marks) == {"XLA, T sweep", "XLA, H sweep", "cuDNN, H sweep"}
+    assert (marks["XLA, H sweep"].get_xdata()[0], marks["XLA, H sweep"].get_ydata()[0]) == pytest.approx(
+        (h.intensity, h.tflops)
+    )
+    assert marks["XLA, T sweep"].get_marker() == "o" and marks["XLA, H sweep"].get_marker() == "s"
+    assert marks["XLA, H sweep"].get_markerfacecolor() == "none"  # hollow: the H sweep
+    assert sorted(a.get_text() for a in right.texts) == ["H=32", "H=32"]  # each H-sweep point named by its H
+    sides = {a.get_color(): a.get_horizontalalignment() for a in right.texts}
+    assert h.intensity < 156 < c.intensity  # XLA left of the ridge, cuDNN right of it: each label faces away
+    assert sides == {marks["XLA, H sweep"].get_color(): "right", marks["cuDNN, H sweep"].get_color(): "left"}
+    plt.close(fig)
+
+
+def test_doubling_is_the_geometric_mean_per_doubling_of_t():
+    recs = [rec("xla", 1.0, seq_q=1024, seq_kv=1024, batch=4), rec("xla", 2.5, seq_q=2048, seq_kv=2048, batch=2),
+            rec("xla", 4.0, seq_q=4096, seq_kv=4096, batch=1)]  # fmt: skip
+    d = page.doubling(recs, "xla")
+    assert (d.time_ratio, d.work_ratio, d.steps) == (pytest.approx(2.0), pytest.approx(2.0), 2)  # 4× over two
+    assert page.doubling(recs[:1], "xla") is None
+
+
+@needs_data
+def test_recorded_time_roughly_doubles_per_doubling_of_t_with_b_t_fixed():
+    long = _recs(grid="seq_long")
+    for impl in ("xla", "cudnn"):
+        d = page.doubling(long, impl)
+        assert d.work_ratio == pytest.approx(2.0) and 1.8 < d.time_ratio < 2.2, impl
+    assert page.doubling(long, "cudnn").time_ratio < page.doubling(long, "xla").time_ratio
+
+
+def test_catches_up_finds_where_the_ratio_stays_close():
+    recs = [rec(i, ms, seq_q=t) for t, (a, b) in {1024: (0.7, 1.0), 2048: (1.4, 2.0), 4096: (3.9, 4.0),
+            8192: (8.1, 8.0)}.items() for i, ms in (("xla", a), ("naive", b))]  # fmt: skip
+    c = page.catches_up(recs, "xla", "naive")
+    assert (c.seq_q, c.before, c.after) == (4096, pytest.approx((0.7, 0.7)), pytest.approx((3.9 / 4, 8.1 / 8)))
+    assert page.catches_up(recs[:4], "xla", "naive") is None  # never close
+    assert page.catches_up(recs[4:], "xla", "naive") is None  # close from the start
+
+
+@needs_data
+def test_recorded_xla_meets_the_naive_time_at_long_t():
+    c = page.catches_up(_recs(grid="seq_long"), "xla", "naive")
+    assert c.seq_q == 16384 and c.before[1] < 0.75 and c.after[0] > 0.95
+
+
+def test_causal_pair_credits_the_kept_pairs():
+    recs = [rec("cudnn", 2.0, seq_q=4, seq_kv=4, tflops=10.0), rec("cudnn", 1.2, seq_q=4, seq_kv=4, causal=True)]
+    p = page.causal_pair(recs, "cudnn", 4)
+    assert p.share == pytest.approx(10 / 16) and p.speedup == pytest.approx(2.0 / 1.2)  # 10 of 16 pairs kept
+    assert page.causal_pair(recs[:1], "cudnn", 4) is None
+
+
+@needs_data
+def test_recorded_causal_cudnn_is_faster_with_fewer_tflops():
+    p = page.causal_pair(_recs(grid="seq_long"), "cudnn", 4096)
+    assert p.share == pytest.approx(0.5, abs=0.001)
+    assert p.speedup > 1.5 and p.causal["tflops"] < p.full["tflops"]
+
+
+def test_exp_budget_per_head_dim():
+    budget = page.exp_budget([32, 64, 256])
+    assert [b.flops_per_score for b in budget] == [128, 256, 1024]
+    assert all(b.flops_per_exp == 4096 / 16 for b in budget)
+    assert [b.exp_over_matmul for b in budget] == [2.0, 1.0, 0.25]
+
+
+@needs_data
+def test_recorded_cudnn_head_dims_share_one_intensity_and_spread_in_speed():
+    pts = [page.io_point(r) for r in _recs(grid="head_dim", impl="cudnn")]
+    assert len({round(p.intensity) for p in pts}) == 1 and page.reference_roof().ridge < pts[0].intensity
+    assert max(p.tflops for p in pts) > 2 * min(p.tflops for p in pts)
+
+
+def test_not_run_reads_the_status_and_the_memory_reason():
+    reason = "needs about 161.0 GiB (inputs, outputs and score matrices, estimated) and this device lets XLA use 104.9 GiB: not run"
+    recs = [rec("xla", None, status="oom", reason=reason, estimated_bytes=161 * 2**30, seq_q=32768),
+            rec("xla", 1.0), rec("cudnn", None, status="unsupported", reason="head_dim must be ...", head_dim=100)]  # fmt: skip
+    (x,) = page.not_run(recs, "xla")
+    assert (x.seq_q, x.status, x.need_gib, x.limit_gib) == (32768, "oom", 161.0, 104.9)
+    (c,) = page.not_run(recs, "cudnn")
+    assert (c.head_dim, c.status, c.need_gib, c.limit_gib) == (100, "unsupported", None, None)
+
+
+@needs_data
+def test_recorded_xla_backward_at_32k_did_not_fit():
+    race = store.select(DATA["records"], grid="backward", head_dim=128, dtype="bfloat16", heads=16, kv_heads=16)
+    gone = page.not_run(race, "xla")
+    assert {g.seq_q for g in gone} == {32768} and all(g.status == "oom" and g.need_gib > g.limit_gib for g in gone)
+    assert page.not_run(race, "cudnn") == []
+    assert [s.head_dim for s in page.not_run(store.select(DATA["records"], grid="head_dim"), "cudnn")] == [100]
+
+
+def test_tokens_per_call_groups_the_points():
+    recs = [rec("xla", 1.0, seq_q=1024, batch=16), rec("cudnn", 1.0, seq_q=1024, batch=16),
+            rec("xla", 1.0, seq_q=16384, batch=1), rec("xla", 1.0, seq_q=32768, batch=1)]  # fmt: skip
+    assert page.tokens_per_call(recs) == {16384: [(1024, 16), (16384, 1)], 32768: [(32768, 1)]}
+
+
+def test_best_own_is_the_one_whose_worst_showing_is_best():
+    rows = [page.RaceRow("mosaic", False, 0.9, 0.95, ""), page.RaceRow("mosaic", True, 0.85, 0.9, ""),
+            page.RaceRow("pallas", False, 0.8, 0.99, ""), page.RaceRow("xla", False, 0.99, 1.0, "")]  # fmt: skip
+    assert page.best_own(rows) == "mosaic" and page.best_own(rows[3:]) is None
+
+
+def test_batch_figure_draws_microseconds_from_zero():
+    recs = [rec("cudnn", 0.07, 0.06, 0.08, batch=1), rec("cudnn", 0.075, 0.07, 0.09, batch=16),
+            rec("xla", 0.05, batch=1), rec("xla", 0.04, batch=16)]  # fmt: skip
+    fig = page.batch_figure(recs)
+    (ax,) = fig.axes
+    lines = {line.get_label(): line for line in ax.lines}
+    assert list(lines["cuDNN"].get_xdata()) == [1, 16]
+    assert list(lines["cuDNN"].get_ydata()) == pytest.approx([70.0, 75.0])  # µs, not ms
+    assert list(lines["XLA"].get_ydata()) == pytest.approx([50.0, 40.0])
+    assert ax.get_ylim()[0] == 0 and "µs" in ax.get_ylabel()
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "16"]
+    plt.close(fig)
+
+
+def test_dodge_pushes_close_labels_apart():
+    pts = [page.io_point(rec("cudnn", ms, head_dim=h)) for ms, h in ((1.0, 128), (1.9, 256), (1.0, 32))]
+    assert pts[0].intensity == pts[1].intensity == pts[2].intensity  # one FLOPs per byte, as in the H sweep
+    assert page._dodge(pts) == [-4.0, 4.0, 0.0]  # 128 and 256 within 1.2× of each other; 32 far below
