@@ -74,19 +74,55 @@ def test_call_times_refuse_missing_or_bad_times(bad):
         timing.CallTimes(**{**TIMES.__dict__, "inner": 0})
 
 
-def test_the_figure_draws_every_call_in_order_with_the_median_and_band():
+def test_the_figure_draws_every_call_in_order_from_zero_and_zooms_on_waited_and_pipelined():
     fig = timing.calls_figure(TIMES)
-    ax = fig.axes[0]
-    points = [line for line in ax.lines if line.get_linestyle() == "None"]
-    assert [len(line.get_xdata()) for line in points] == [1, 3, 1, 3, 10]  # compile, warm-up, unwaited, waited, samples
-    xs = np.concatenate([line.get_xdata() for line in points])
-    assert list(xs) == list(range(18))  # one x per call, in the order they ran
-    assert points[0].get_ydata()[0] == pytest.approx(250.0)  # the compilation, in ms
-    assert list(points[4].get_ydata()) == list(TIMES.samples_ms)
-    (median,) = [c for c in ax.collections if c.get_label().startswith("median")]
-    assert median.get_segments()[0][0][1] == pytest.approx(timing.summarize_calls(TIMES).median_ms)
-    assert ax.get_yscale() == "log"
+    full, zoom = fig.axes
+    s = timing.summarize_calls(TIMES)
+
+    def points(ax):
+        return [line for line in ax.lines if line.get_linestyle() == "None"]
+
+    assert [len(line.get_xdata()) for line in points(full)] == [3, 1, 3, 10]  # warm-up, unwaited, waited, samples
+    xs = np.concatenate([line.get_xdata() for line in points(full)])
+    assert list(xs) == list(range(17))  # one x per call, in the order they ran; the compilation is not a call
+    assert max(np.concatenate([line.get_ydata() for line in points(full)])) == pytest.approx(9.0)  # not 250 ms
+    assert full.get_yscale() == zoom.get_yscale() == "linear" and full.get_ylim()[0] == 0
+    assert list(points(full)[3].get_ydata()) == list(TIMES.samples_ms)
+    waited, samples = points(zoom)  # the zoom holds the waited calls and the samples only, at the same xs
+    assert list(waited.get_xdata()) == [4, 5, 6] and list(samples.get_xdata()) == list(range(7, 17))
+    low, high = zoom.get_ylim()
+    assert 0 < low < min(TIMES.samples_ms) and max(TIMES.samples_ms + TIMES.waited_ms) < high < 9.0
+    for ax in (full, zoom):
+        (median,) = [c for c in ax.collections if c.get_label().startswith("median")]
+        assert median.get_segments()[0][0][1] == pytest.approx(s.median_ms)
+        (band,) = [c for c in ax.collections if c.get_label().startswith("p10")]
+        ys = band.get_paths()[0].vertices[:, 1]
+        assert (ys.min(), ys.max()) == pytest.approx((s.p10_ms, s.p90_ms))
     plt.close(fig)
+
+
+def test_one_stall_drags_the_mean_not_the_median():
+    st = timing.one_stall(TIMES, factor=10.0)
+    median = float(np.median(TIMES.samples_ms))
+    stalled = [*TIMES.samples_ms[:-1], 10 * median]
+    assert st.mean_ms == pytest.approx(np.mean(TIMES.samples_ms)) and st.median_ms == pytest.approx(median)
+    assert st.stalled_mean_ms == pytest.approx(np.mean(stalled)) and st.stalled_median_ms == pytest.approx(
+        np.median(stalled)
+    )
+    assert st.mean_rise_pct > 80 and abs(st.median_rise_pct) < 2  # 9 × the median over 10 samples moves the mean
+    with pytest.raises(ValueError, match="factor"):
+        timing.one_stall(TIMES, factor=0)
+
+
+def test_the_listing_keeps_the_five_steps_and_drops_the_argument_checks():
+    import ast
+
+    text = timing.five_ways_listing()
+    ast.parse(text)
+    assert "check_int" not in text and text.startswith("def five_ways(")
+    steps = [text.index(f"# {i}.") for i in range(1, 6)]
+    assert steps == sorted(steps)  # numbered in the order they run
+    assert ".lower(*args).compile()" in text and "block_until_ready" in text and text.rstrip().endswith("}")
 
 
 def test_dispatch_share_counts_calls_whose_dispatch_outlasts_them():
@@ -95,6 +131,12 @@ def test_dispatch_share_counts_calls_whose_dispatch_outlasts_them():
     d = timing.dispatch_share(recs)
     assert (d.over, d.ok) == (1, 2) and d.largest_ratio == pytest.approx(1.6)
     assert timing.dispatch_share([]) == timing.DispatchShare(0, 0, None)
+    named = [{"status": "ok", "impl": "cudnn", "dtype": "bfloat16", "median_ms": 0.08, "dispatch_ms": 0.14},
+             {"status": "ok", "impl": "default", "dtype": "bfloat16", "median_ms": 0.05, "dispatch_ms": 0.1}, *recs]  # fmt: skip
+    d = timing.dispatch_share(named)
+    assert [(x.impl, x.dispatch_ms, x.call_ms) for x in d.slow] == [("default", 0.1, 0.05), ("cudnn", 0.14, 0.08),
+                                                                   (None, 0.08, 0.05)]  # largest ratio first  # fmt: skip
+    assert d.over == len(d.slow) == 3 and d.slow[0].ratio == pytest.approx(d.largest_ratio)
 
 
 def test_dispatch_share_of_the_recorded_codelab_shape():
@@ -105,6 +147,34 @@ def test_dispatch_share_of_the_recorded_codelab_shape():
     d = timing.dispatch_share(recs)
     assert d.ok == len(recs) == 7
     assert d.over == sum(r["single_call_ms"] - r["median_ms"] > r["median_ms"] for r in recs)
+    assert all(x.dispatch_ms > x.call_ms for x in d.slow) and d.slow, "the page names the calls dispatch outlasts"
+
+
+def test_versus_uses_the_spreads():
+    recs = [{"impl": "cudnn", "status": "ok", "dtype": "bfloat16", "median_ms": 0.08, "p10_ms": 0.075, "p90_ms": 0.09},
+            {"impl": "xla", "status": "ok", "dtype": "bfloat16", "median_ms": 0.05, "p10_ms": 0.04, "p90_ms": 0.056},
+            {"impl": "xla", "status": "ok", "dtype": "float32", "median_ms": 0.5, "p10_ms": 0.4, "p90_ms": 0.6}]  # fmt: skip
+    assert timing.versus(recs, dtype="bfloat16") == timing.Versus(0.08, 0.05, "slower")
+    close = [{**recs[0], "p10_ms": 0.05}, recs[1]]  # the ranges overlap: on par
+    assert timing.versus(close, dtype="bfloat16").word == "on par"
+    assert timing.versus(recs, dtype="float16") is None and timing.versus(recs, a="te") is None
+
+
+def test_cudnn_against_xla_at_the_recorded_codelab_shape():
+    data = store.recorded()
+    if data is None:
+        pytest.skip("no recorded results")
+    recs = store.select(data["records"], grid="seed_shape", status="ok", dtype="bfloat16")
+    v = timing.versus(recs)
+    (c,), (x,) = ([r for r in recs if r["impl"] == i] for i in ("cudnn", "xla"))
+    assert (v.a_ms, v.b_ms) == pytest.approx((c["median_ms"], x["median_ms"]))
+    assert v.word == ("slower" if c["p10_ms"] > x["p90_ms"] else "faster" if c["p90_ms"] < x["p10_ms"] else "on par")
+
+
+@pytest.mark.parametrize("n, word", [(3, "a few"), (40, "dozens"), (553, "hundreds"), (999, "hundreds"),
+                                     (1000, "thousands")])  # fmt: skip
+def test_count_word(n, word):
+    assert timing.count_word(n) == word
 
 
 def _rec(impl, ratio, dev_ms, source="device", causal=False, **kw):
@@ -162,10 +232,34 @@ def test_the_recorded_device_time_agrees_within_the_target_on_the_same_calls():
 def test_device_row_formats_a_record():
     rec = _rec("cudnn", 1.0123, 2.5, median_ms=2.53, p10_ms=2.5, p90_ms=2.6, dispatch_ms=0.012)
     row = timing.device_row(rec)
-    assert row["pipelined / summed"] == "1.012" and row["pipelined ms (p10–p90)"] == "2.53 (2.5–2.6)"
-    assert row["profiled calls: host / kernels (ms)"] == "–" and row["dispatch (ms)"] == "0.012"
+    assert row["pipelined / kernels"] == "1.012" and row["pipelined ms (p10–p90)"] == "2.53 (2.5–2.6)"
+    assert row["host clock / kernels (ms)"] == "–" and row["dispatch (ms)"] == "0.012"
     same = timing.device_row({**rec, "traced_wall_ms": 2.55, "device_span_ms": 2.6})
-    assert same["profiled calls: host / kernels (ms)"] == "2.55 / 2.5 = 1.020" and same["GPU busy"] == "96 %"
+    assert same["host clock / kernels (ms)"] == "2.55 / 2.5 = 1.020" and same["GPU busy"] == "96 %"
     skipped = timing.device_row({"impl": "te", "causal": True, "status": "unsupported", "reason": "no TE"})
     assert skipped["pipelined ms (p10–p90)"] == "–" and skipped["reason"] == "no TE"
     assert set(row) == set(timing.DEVICE_COLUMNS)
+
+
+def test_host_kernel_rows_keep_the_long_traced_calls_longest_first():
+    recs = [_rec("xla", 1.02, 3.0, traced_wall_ms=3.03, device_span_ms=3.0),
+            _rec("blockwise", 1.08, 6.0, causal=True, traced_wall_ms=6.6, device_span_ms=6.6),
+            _rec("cudnn", 1.1, 0.5, traced_wall_ms=0.52, device_span_ms=0.51),  # shorter than a millisecond
+            _rec("te", 1.0, 2.0),  # no host time of the traced calls
+            _rec("naive", 1.0, 4.0, source="host", traced_wall_ms=4.0)]  # a CPU's ops, not GPU kernels  # fmt: skip
+    rows = timing.host_kernel_rows(recs)
+    assert [(r["mask"], r["kernels summed (ms)"]) for r in rows] == [("causal", "6.000"), ("none", "3.000")]
+    assert rows[0]["host / kernels"] == "1.100" and rows[0]["GPU busy"] == "91 %"
+    assert rows[1]["host clock (ms)"] == "3.030" and rows[1]["GPU busy"] == "100 %"
+    assert all(tuple(r) == timing.HOST_KERNEL_COLUMNS for r in rows)
+
+
+def test_the_recorded_host_kernel_rows_are_the_calls_the_agreement_counts():
+    data = store.recorded()
+    if data is None:
+        pytest.skip("no recorded results")
+    recs = store.select(data["records"], grid="device_time")
+    rows, a = timing.host_kernel_rows(recs), timing.agreement(recs)
+    assert len(rows) == a.long
+    gaps = sorted(abs(float(r["host / kernels"]) - 1) * 100 for r in rows)
+    assert gaps[a.inside - 1] == pytest.approx(a.inside_pct, abs=0.06)  # the open table shows what the text says
