@@ -28,6 +28,17 @@ def test_precision_table_judges_each_error_against_its_own_precision():
     assert bad[0]["verdict"].startswith("differ by more than float32")
 
 
+def test_the_error_and_time_tables_are_split_by_shape():
+    rows = [{**r, "shape": "B=4, T=S=128"} for r in PREC]
+    errors = lt.precision_table(rows, times=False)
+    assert [len(r) for r in errors] == [4, 4]  # no time column beside an error at another shape
+    assert errors[0]["max |out − float64| at B=4, T=S=128"] == "6.0e-04"
+    times = lt.precision_time_table(rows)
+    assert times[1] == {"precision": "highest", "matmuls in": "float32", "shape": "T=2048",
+                        "ms per call (p10–p90)": "3.00 (2.90–3.10)"}  # fmt: skip
+    assert lt.precision_time_table([{k: v for k, v in r.items() if "ms" not in k} for r in rows]) == []
+
+
 def test_highest_vs_default_says_slower_only_outside_the_spread():
     c = lt.highest_vs_default(PREC)
     assert c.word == "slower" and c.value == pytest.approx(1 / 3)
@@ -39,10 +50,67 @@ def test_refusal_table_and_consistency():
     rows = [{"head_dim": 128, "dtype": "bfloat16", "why_not": None, "forced": "runs"},
             {"head_dim": 100, "dtype": "bfloat16", "why_not": "head_dim must be a multiple of 8", "forced": "ValueError: x"}]  # fmt: skip
     table = lt.refusal_table(rows)
-    assert table[0]["our check (cudnn_why_not)"] == "runs" and table[1]["JAX when cuDNN is forced"] == "ValueError: x"
+    assert [r["H"] for r in table] == [100, 128]  # sorted by head size
+    assert table[1]["`cudnn_why_not` says"] == "runs" and table[0]["JAX with cuDNN forced"] == "ValueError: x"
     assert lt.refusals_consistent(rows)
     assert not lt.refusals_consistent([{**rows[0], "forced": "RuntimeError: no"}])  # we say runs, JAX refuses
     assert not lt.refusals_consistent([{**rows[1], "forced": "runs"}])  # we refuse, JAX runs it
+
+
+def test_generation_and_head_dim_limit_follow_the_compute_capability():
+    assert [lt.generation(cc) for cc in ("9.0", "8.0", "8.6", "8.9", "10.0", "7.5")] == [
+        "Hopper", "Ampere", "Ampere", "Ada Lovelace", "Blackwell", "Turing"]  # fmt: skip
+    assert lt.generation("6.1") is None
+    assert [lt.cudnn_head_dim_limit(cc) for cc in ("9.0", "10.0", "8.0", "8.9", "7.5")] == [256, 256, 128, 128, None]
+    with pytest.raises(ValueError, match=r"like '9\.0'"):
+        lt.generation("Hopper")
+
+
+def test_the_recorded_h200_limit_is_what_its_refusals_show():
+    data = store.recorded("nvidia-h200")
+    cc = data["provenance"]["environment"]["compute_capability"]
+    limit = lt.cudnn_head_dim_limit(cc)
+    rows, _ = lt.recorded_lesson("cudnn_refusals")
+    bf16 = [r for r in rows if r["dtype"] == "bfloat16"]
+    assert bf16 and all((r["forced"] == "runs") == (r["head_dim"] <= limit and r["head_dim"] % 8 == 0) for r in bf16)
+
+
+SEED = [  # recorded rows as the result file keeps them: the kernel in words, the call names in brackets
+    {"impl": "cudnn", "dtype": "bfloat16", "status": "ok", "kernel": "cuDNN fused attention (__cudnn$fmhaSoftmax)"},
+    {"impl": "default", "dtype": "bfloat16", "status": "ok", "kernel": "XLA: own fusions, no library kernel"},
+    {"impl": "xla", "dtype": "float32", "status": "ok", "kernel": "XLA: cuBLAS matmuls + fusions"},
+    {"impl": "default", "dtype": "float32", "status": "ok", "kernel": "XLA: own fusions, no library kernel"},
+]
+
+
+def test_kernel_table_names_what_ran_and_the_library_calls():
+    table = lt.kernel_table(SEED)
+    assert [(r["implementation"], r["dtype"]) for r in table] == [
+        ("`None` (default)", "float32"), ('`"xla"`', "float32"), ("`None` (default)", "bfloat16"),
+        ('`"cudnn"`', "bfloat16")]  # fmt: skip
+    assert table[3] == {"implementation": '`"cudnn"`', "dtype": "bfloat16", "what ran": "cuDNN fused attention",
+                        "library calls": "__cudnn$fmhaSoftmax"}  # fmt: skip
+    assert table[0]["what ran"] == "XLA's own kernels" and table[0]["library calls"] == "none"
+    assert table[1]["what ran"] == "XLA's own kernels and cuBLAS matmuls"
+    live = [{"impl": "cudnn", "dtype": "float32", "reason": "it takes float16 or bfloat16 inputs"},
+            {"impl": "xla", "dtype": "bfloat16", "kernel": "XLA: cuBLAS matmuls + fusions",
+             "kernels": ("__cublas$lt$matmul",)}]  # fmt: skip
+    table = lt.kernel_table(live)
+    assert table[0]["what ran"] == "not tried" and table[0]["library calls"] == "it takes float16 or bfloat16 inputs"
+    assert table[1]["library calls"] == "__cublas$lt$matmul"
+
+
+def test_picked_cudnn_reads_the_default_bfloat16_row():
+    assert lt.picked_cudnn(SEED) is False
+    assert lt.picked_cudnn([{**SEED[1], "kernel": SEED[0]["kernel"]}]) is True
+    assert lt.picked_cudnn(SEED[:1]) is None  # no default row
+    assert lt.picked_cudnn([{**SEED[1], "status": "error"}]) is None
+
+
+def test_where_recorded_leaves_out_libraries_the_grid_does_not_use(tmp_path):
+    assert lt.where_recorded("lessons", tmp_path) is None
+    line = lt.where_recorded("seed_shape")
+    assert "NVIDIA H200" in line and "cuDNN" in line and "TransformerEngine" not in line
 
 
 def test_each_constant_input_kind_is_compared_with_random_data():
