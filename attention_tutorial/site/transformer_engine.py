@@ -129,6 +129,99 @@ def device_pair_rows(pairs, a_name: str = "TE", b_name: str = "JAX") -> list[dic
             for p in pairs]  # fmt: skip
 
 
+# TE's fused-attention backends (``NVTE_Fused_Attn_Backend``) in words
+BACKENDS = {
+    "NVTE_F16_arbitrary_seqlen": "cuDNN's flash-attention backend",
+    "NVTE_F16_max512_seqlen": "cuDNN's backend for sequences up to 512",
+    "NVTE_FP8": "cuDNN's FP8 backend",
+    "NVTE_No_Backend": "no fused backend (TE falls back to unfused attention)",
+}
+
+
+def backend_words(te_records) -> tuple[str, int, bool] | None:
+    """The backend TE chose over its ok records, in words (several joined), the number of records, and whether one
+    backend served them all; None without any recorded backend."""
+    names = [r.get("backend") for r in te_records or [] if r.get("status") == "ok" and r.get("backend")]
+    if not names:
+        return None
+    kinds = sorted(set(names))
+    return "; ".join(BACKENDS.get(n, n) for n in kinds), len(names), len(kinds) == 1
+
+
+def less_time(ratio: float) -> float:
+    """Percent less time TE takes than the other path, from the other's time over TE's (negative: TE takes longer)."""
+    return 100.0 * (1.0 - 1.0 / ratio)
+
+
+def gap_by_length(rows) -> list[dict]:
+    """Rows of :func:`te_vs_cudnn` per T: the least and most percent less time TE takes there (:func:`less_time`),
+    and whether every point there is "on par" (within the range over runs)."""
+    out = []
+    for t in sorted({r["seq_q"] for r in rows}):
+        at = [r for r in rows if r["seq_q"] == t]
+        pct = [less_time(r["ratio"]) for r in at]
+        out.append({"seq_q": t, "least": min(pct), "most": max(pct), "on_par": all(r["word"] == "on par" for r in at)})
+    return out
+
+
+def pays_from(rows, causal: bool) -> int | None:
+    """The shortest T from which FP8 is faster at every recorded longer T (rows of :func:`fp8_speedups`), or None."""
+    rs = sorted((r for r in rows if r["causal"] == causal), key=lambda r: r["seq_q"])
+    first = None
+    for r in reversed(rs):
+        if r["word"] != "faster":
+            break
+        first = r["seq_q"]
+    return first
+
+
+def same_error(a: float, b: float, tolerance: float = 0.01) -> bool:
+    """Whether two relative errors agree within ``tolerance`` of the larger (1 %: the same error for a reader)."""
+    return abs(a - b) <= tolerance * max(abs(a), abs(b))
+
+
+# TE's DotProductAttention as the package calls it, spelled out (te_config gives these arguments; a test checks it)
+TE_CALL = """\
+import math
+import transformer_engine.jax.flax as te_flax
+
+# q: (B, T, N, H); k, v: (B, S, K, H); bf16
+attention = te_flax.DotProductAttention(
+    head_dim=H,
+    num_attention_heads=N,
+    num_gqa_groups=K,  # the codelab's kv heads
+    attn_mask_type="causal",  # or "no_mask"
+    qkv_layout="bshd_bshd_bshd",  # three arrays, batch first
+    transpose_batch_sequence=False,
+    scale_factor=1 / math.sqrt(H),  # the codelab's scale
+    attention_dropout=0.0,
+)
+out = attention.apply({}, q, k, v, deterministic=True)  # no parameters
+"""
+
+
+def te_vs_cudnn_figure(rows):
+    """TE's speed over JAX's cuDNN path's (cuDNN time / TE time) against T, one line per pass and head size, the
+    range over runs as error bars; 1 = the same speed."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    series = sorted({(r["pass"], r["head_dim"]) for r in rows})
+    for i, (p, h) in enumerate(series):
+        rs = sorted((r for r in rows if (r["pass"], r["head_dim"]) == (p, h)), key=lambda r: r["seq_q"])
+        err = [[r["ratio"] - r["low"] for r in rs], [r["high"] - r["ratio"] for r in rs]]
+        ax.errorbar([r["seq_q"] for r in rs], [r["ratio"] for r in rs], yerr=err, marker="o", capsize=3,
+                    color=PALETTE[i % len(PALETTE)], linestyle="-" if p == "fwd" else "--",
+                    label=f"{'forward' if p == 'fwd' else 'forward + backward'}, H = {h}")  # fmt: skip
+    ax.axhline(1.0, color=GREY, linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("T = S (B·T fixed)")
+    ax.set_ylabel("TE's speed / cuDNN's")
+    ax.set_title("TE against JAX's cuDNN path, causal (above 1: TE faster)", fontsize=10)
+    ax.legend(frameon=False, fontsize=8)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
 def table_rows(rows, fields=("seq_q", "head_dim", "pass")) -> list[dict]:
     """Rows of :func:`te_vs_cudnn` or :func:`fp8_speedups` for a table: the point, the ratio to 2 decimals, its
     range over runs as one cell, the verdict."""

@@ -136,3 +136,83 @@ def test_device_pairs_set_two_profiles_of_one_point_side_by_side():
     assert page.device_pairs([te]) == []
     (row,) = page.device_pair_rows([p])
     assert row["TE kernel (µs)"] == "873.2" and row["TE on the host"] == "faster" and row["mask"] == "none"
+
+
+def test_gap_by_length_and_less_time_say_it_in_percent():
+    rows = [
+        {"seq_q": 128, "ratio": 0.8, "word": "slower"},
+        {"seq_q": 128, "ratio": 1.25, "word": "faster"},
+        {"seq_q": 4096, "ratio": 1.01, "word": "on par"},
+    ]
+    assert page.less_time(1.25) == pytest.approx(20.0) and page.less_time(0.8) == pytest.approx(-25.0)
+    short, long = page.gap_by_length(rows)
+    assert (short["seq_q"], short["least"], short["most"], short["on_par"]) == (
+        128,
+        pytest.approx(-25.0),
+        pytest.approx(20.0),
+        False,
+    )
+    assert long["seq_q"] == 4096 and long["on_par"]
+
+
+def test_te_vs_cudnn_figure_draws_each_pass_and_head_size():
+    rows = [
+        {"seq_q": t, "head_dim": h, "pass": p, "ratio": r, "low": r - 0.01, "high": r + 0.01}
+        for (t, h, p, r) in [(128, 64, "fwd", 0.9), (512, 64, "fwd", 1.1), (128, 128, "fwd+bwd", 1.2)]
+    ]
+    fig = page.te_vs_cudnn_figure(rows)
+    ax = fig.axes[0]
+    drawn = {c.get_label(): list(c.lines[0].get_ydata()) for c in ax.containers}
+    assert drawn == {"forward, H = 64": pytest.approx([0.9, 1.1]), "forward + backward, H = 128": [1.2]}
+    assert ax.get_ylabel() == "TE's speed / cuDNN's"
+
+
+def test_pays_from_and_same_error():
+    rows = [
+        {"seq_q": 4096, "causal": True, "word": "slower"},
+        {"seq_q": 8192, "causal": True, "word": "faster"},
+        {"seq_q": 16384, "causal": True, "word": "faster"},
+        {"seq_q": 4096, "causal": False, "word": "faster"},
+        {"seq_q": 8192, "causal": False, "word": "on par"},
+    ]
+    assert page.pays_from(rows, True) == 8192
+    assert page.pays_from(rows, False) is None  # not faster at the longest T
+    assert page.same_error(0.05939, 0.05931) and not page.same_error(0.059, 0.054)
+
+
+def test_backend_words():
+    recs = [{"status": "ok", "backend": "NVTE_F16_arbitrary_seqlen"}] * 3 + [{"status": "error", "backend": "x"}]
+    assert page.backend_words(recs) == ("cuDNN's flash-attention backend", 3, True)
+    assert page.backend_words([]) is None
+
+
+def test_te_call_listing_spells_out_the_package_arguments():
+    import ast
+    import inspect
+    import math
+
+    from attention_tutorial import AttentionShape
+    from attention_tutorial.kernels import te
+
+    H, N, K = 128, 32, 8
+    config = te.te_config(AttentionShape(8, 4096, 4096, N, K, H), causal=True)
+    call = next(
+        n
+        for n in ast.walk(ast.parse(page.TE_CALL))
+        if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("Attention")
+    )
+    given = {kw.arg: eval(ast.unparse(kw.value), {"math": math, "H": H, "N": N, "K": K}) for kw in call.keywords}
+    assert given == config
+    assert "apply({}, q, k, v, deterministic=True)" in page.TE_CALL
+    assert "apply({}, q, k, v, deterministic=True)" in inspect.getsource(te.te_attention)
+
+
+def test_the_fp8_check_finds_a_cast_on_cpu():
+    import jax
+    import jax.numpy as jnp
+
+    from attention_tutorial.kernels import te
+
+    x = jnp.ones((2, 16, 2, 8), jnp.bfloat16)
+    assert te.hlo_fp8_types(lambda q: q.astype(jnp.float8_e4m3fn).astype(jnp.bfloat16), x) == ("f8e4m3fn",)
+    assert te.hlo_fp8_types(lambda q: jax.nn.dot_product_attention(q, q, q), x) == ()
