@@ -40,10 +40,11 @@ class CompileStats:
         return describe_kernels(self.kernels)
 
 
-def compile_stats(fn, *args) -> CompileStats:
-    """Compile ``jax.jit(fn)`` for ``args`` (arrays or ``jax.ShapeDtypeStruct``) and report what came out."""
+def compile_stats(fn, *args, donate_argnums=()) -> CompileStats:
+    """Compile ``jax.jit(fn)`` for ``args`` (arrays or ``jax.ShapeDtypeStruct``) and report what came out.
+    ``donate_argnums``: as :func:`jax.jit`'s; the executable then consumes those arguments' buffers."""
     t0 = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
+    compiled = jax.jit(fn, donate_argnums=donate_argnums).lower(*args).compile()
     seconds = time.perf_counter() - t0
     try:
         temp = int(compiled.memory_analysis().temp_size_in_bytes)

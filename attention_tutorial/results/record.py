@@ -196,7 +196,15 @@ def _train_profile_records(peak, **timing):
 def _train_records(peak, **timing):
     from ..train.grid import train_grid  # each implementation trains in its own process (its own peak memory)
 
-    return train_grid(("cudnn", "xla", "mosaic"), steps=200, peak_tflops=peak)
+    # ten steps queued before each wait, as a loop that does not read every loss at once (train_dispatch: what
+    # waiting after every step costs)
+    return train_grid(("cudnn", "xla", "mosaic"), steps=200, peak_tflops=peak, wait_every=10)
+
+
+def _train_dispatch_records(peak, **timing):
+    from ..train.dispatch import dispatch_grid  # one child process per command-buffer setting (XLA reads flags once)
+
+    return dispatch_grid(("cudnn", "mosaic"), peak_tflops=peak)
 
 
 # Experiments beside the grids, by name: each returns records (None: kept in the provenance instead — kernel_code:
@@ -214,6 +222,7 @@ EXTRAS = {
     "timeline": None,
     "timing_lesson": None,
     "train_profile": _train_profile_records,
+    "train_dispatch": _train_dispatch_records,
 }
 
 # What an extra adds to its grid's provenance, by name (called after the extra ran).

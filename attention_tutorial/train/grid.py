@@ -33,11 +33,12 @@ DEFAULT_IMPLS = ("cudnn", "xla", "blockwise")
 
 def train_grid(impls=DEFAULT_IMPLS, *, steps: int = 300, config: str | Config = "h200", seed: int = 0,
                log_every: int = 5, isolate: bool = True, peak_tflops: float | None = None,
-               timeout_s: float = 600, twin: bool = True, eval_batches: int = 4) -> list[dict]:  # fmt: skip
+               timeout_s: float = 600, twin: bool = True, eval_batches: int = 4,
+               wait_every: int = 1) -> list[dict]:  # fmt: skip
     """Train ``config`` (a name in ``CONFIGS``, or a :class:`Config` when not ``isolate``) with each of ``impls``;
     all their records, in order. ``twin``: once more with the first implementation that can run here, from weights
     nudged by one rounding step of the config's dtype (records marked ``perturb``), the yardstick for comparing
-    loss curves. Bad arguments raise ``ValueError`` before anything trains; an implementation name the registry
+    loss curves. ``wait_every``: steps dispatched before the host waits (:func:`~.loop.train_records`). Bad arguments raise ``ValueError`` before anything trains; an implementation name the registry
     does not know becomes an error record, as any failing run does."""
     isolate, twin = check_flag("isolate", isolate), check_flag("twin", twin)
     if isinstance(impls, str) or not all(isinstance(i, str) and i for i in impls):
@@ -49,18 +50,20 @@ def train_grid(impls=DEFAULT_IMPLS, *, steps: int = 300, config: str | Config = 
         raise ValueError(f"unknown config {config!r}; choose from {sorted(CONFIGS)}.")
     cfg = config if isinstance(config, Config) else CONFIGS[config]
     a = check_args("xla", steps=steps, config=cfg, seed=seed, log_every=log_every, eval_batches=eval_batches,
-                   peak_tflops=peak_tflops, perturb=0.0)  # fmt: skip
-    steps, seed, log_every, eval_batches, peak_tflops = (a[k] for k in ("steps", "seed", "log_every", "eval_batches",
-                                                                        "peak_tflops"))  # fmt: skip
+                   peak_tflops=peak_tflops, perturb=0.0, wait_every=wait_every)  # fmt: skip
+    steps, seed, log_every, eval_batches, peak_tflops, wait_every = (
+        a[k] for k in ("steps", "seed", "log_every", "eval_batches", "peak_tflops", "wait_every")
+    )
     timeout_s = check_number("timeout_s", timeout_s, positive=True, example="600")
     runs = [(impl, 0.0) for impl in impls] + [(first, rounding_step(cfg.dtype)) for first in _runnable(impls, cfg)[:1]
                                               if twin]  # fmt: skip
     records = []
     for impl, perturb in runs:
         if isolate:
-            records += _in_child(impl, steps, config, seed, log_every, peak_tflops, timeout_s, perturb, eval_batches)
+            records += _in_child(impl, steps, config, seed, log_every, peak_tflops, timeout_s, perturb, eval_batches,
+                                 wait_every)  # fmt: skip
         else:
-            records += _in_process(impl, steps, cfg, seed, log_every, peak_tflops, perturb, eval_batches)
+            records += _in_process(impl, steps, cfg, seed, log_every, peak_tflops, perturb, eval_batches, wait_every)
     return records
 
 
@@ -74,21 +77,24 @@ def _runnable(impls, cfg: Config) -> list[str]:
     ]
 
 
-def _in_process(impl, steps, cfg: Config, seed, log_every, peak_tflops, perturb=0.0, eval_batches=4) -> list[dict]:
+def _in_process(impl, steps, cfg: Config, seed, log_every, peak_tflops, perturb=0.0, eval_batches=4,
+                wait_every=1) -> list[dict]:  # fmt: skip
     try:
         run = train_records(impl, steps=steps, config=cfg, seed=seed, log_every=log_every, peak_tflops=peak_tflops,
-                            perturb=perturb, eval_batches=eval_batches)  # fmt: skip
+                            perturb=perturb, eval_batches=eval_batches, wait_every=wait_every)  # fmt: skip
     except Exception as err:  # a failing implementation is a result, not the end of the grid
         return [_failed(impl, cfg, seed, steps, failure_fields(err), perturb)]
     return [*run.records, run.summary]
 
 
-def _in_child(impl, steps, config, seed, log_every, peak_tflops, timeout_s, perturb=0.0, eval_batches=4) -> list[dict]:
+def _in_child(impl, steps, config, seed, log_every, peak_tflops, timeout_s, perturb=0.0, eval_batches=4,
+              wait_every=1) -> list[dict]:  # fmt: skip
     cfg = CONFIGS[config]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "records.json"
         cmd = [sys.executable, "-m", __name__, impl, str(steps), config, str(seed), str(log_every), str(out),
-               repr(float(peak_tflops or 0)), repr(float(perturb)), "--eval-batches", str(eval_batches)]  # fmt: skip
+               repr(float(peak_tflops or 0)), repr(float(perturb)), "--eval-batches", str(eval_batches),
+               "--wait-every", str(wait_every)]  # fmt: skip
         try:
             env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # works beside a parent holding the GPU
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
@@ -150,6 +156,8 @@ def parse_args(argv) -> argparse.Namespace:
                    help="nudge the initial weights by this relative amount (a twin run); default 0")  # fmt: skip
     p.add_argument("--eval-batches", type=_arg(int, lambda x: check_int("--eval-batches", x, minimum=0)), default=4,
                    help="held-out batches evaluated before and after training (default 4)")  # fmt: skip
+    p.add_argument("--wait-every", type=_arg(int, lambda x: check_int("--wait-every", x, minimum=1)), default=1,
+                   help="steps dispatched before waiting for the device (default 1: after every step)")  # fmt: skip
     args = p.parse_args(argv)
     folder = args.out.parent
     if args.out.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
@@ -170,7 +178,7 @@ def parse_args(argv) -> argparse.Namespace:
 def _child(argv) -> None:
     a = parse_args(argv)
     recs = _in_process(a.impl, a.steps, CONFIGS[a.config], a.seed, a.log_every, a.peak_tflops or None, a.perturb,
-                       a.eval_batches)  # fmt: skip
+                       a.eval_batches, a.wait_every)  # fmt: skip
     try:
         a.out.write_text(json.dumps(recs))
     except OSError as err:

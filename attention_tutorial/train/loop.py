@@ -3,9 +3,12 @@
 ``train_records(impl, steps=..., config=..., seed=...)`` trains a fresh model with the attention ``impl`` and
 returns one record per logged step (loss, step time, tokens/s, TFLOP/s, peak device memory) and a summary. The
 same seed gives the same initial parameters and the same batches whatever the attention, so runs compare
-directly. Timing: the train step is compiled first (``compile_s``) and run once on a throw-away copy of the state
-(warm-up), then every step is timed from dispatch to ``block_until_ready`` of its outputs; the next batch is
-already on the device, so the time is the step's own. The summary's steady state leaves out the learning-rate
+directly. Timing: the train step is compiled first (``compile_s``, the parameters and optimizer state donated: each
+step updates them in place) and run once on a throw-away copy of the state (warm-up). Then ``wait_every`` steps at a
+time are dispatched back to back and waited for once (``block_until_ready``), their batches already on the device;
+each of them is given the group's time over its size. With ``wait_every=1`` that is each step's own time; with more,
+the host queues the next step while the device runs the current one, as a training loop that does not read every
+loss at once does. The summary's steady state leaves out the learning-rate
 warm-up's steps (at most half the run): its step time (median, p10, p90), tokens/s with the same spread, and the
 model FLOP utilisation (MFU) against the datasheet's dense bf16 peak and the measured bf16 matmul peak, from the
 FLOPs per token the model's shapes give (:func:`flops_per_token`).
@@ -148,7 +151,7 @@ def evaluate(model, params, tokens: np.ndarray, config: Config, *, seed: int, ba
     return float(np.mean([float(x) for x in losses]))
 
 
-def check_args(impl, *, steps, config, seed, log_every, eval_batches, peak_tflops, perturb) -> dict:
+def check_args(impl, *, steps, config, seed, log_every, eval_batches, peak_tflops, perturb, wait_every=1) -> dict:
     """The arguments of :func:`train_records` checked (``ValueError`` naming the argument, the value and the fix)
     and normalised (Python ints and floats)."""
     if not isinstance(impl, str) or not impl:
@@ -162,6 +165,7 @@ def check_args(impl, *, steps, config, seed, log_every, eval_batches, peak_tflop
         "eval_batches": check_int("eval_batches", eval_batches, minimum=0, example="4 (0: no held-out loss)"),
         "peak_tflops": None if peak_tflops is None else check_number("peak_tflops", peak_tflops, positive=True),
         "perturb": check_number("perturb", perturb, non_negative=True, example="2**-7"),
+        "wait_every": check_int("wait_every", wait_every, minimum=1, example="10 (1: wait after every step)"),
     }
 
 
@@ -193,7 +197,7 @@ def _base(impl: str, config: Config, seed: int, steps: int, perturb: float = 0.0
 
 def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0, log_every: int = 1,
                   eval_batches: int = 4, corpus=None, peak_tflops: float | None = None,
-                  perturb: float = 0.0) -> TrainResult:  # fmt: skip
+                  perturb: float = 0.0, wait_every: int = 1) -> TrainResult:  # fmt: skip
     """Train ``steps`` AdamW steps with attention ``impl`` and return the per-step records and a summary.
 
     A step record (``kind`` "step", one every ``log_every`` steps and at the last) holds the loss of that step's
@@ -205,14 +209,15 @@ def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0
     status "unsupported". ``perturb`` > 0 nudges the initial weights by that relative amount
     (:func:`perturb_params`): the run is then a *twin*, its records marked ``perturb``, the yardstick of how far
     rounding alone moves the loss curve. A loss that turns NaN or infinite ends the run: the summary then has
-    status "error", ``failed_step`` and the loss in its ``reason``, no timings.
+    status "error", ``failed_step`` and the loss in its ``reason``, no timings. ``wait_every``: how many steps are
+    dispatched before the host waits for the device (see the module's docstring); the records say it.
     """
     a = check_args(impl, steps=steps, config=config, seed=seed, log_every=log_every, eval_batches=eval_batches,
-                   peak_tflops=peak_tflops, perturb=perturb)  # fmt: skip
+                   peak_tflops=peak_tflops, perturb=perturb, wait_every=wait_every)  # fmt: skip
     steps, seed, log_every, eval_batches = a["steps"], a["seed"], a["log_every"], a["eval_batches"]
-    peak_tflops, perturb = a["peak_tflops"], a["perturb"]
+    peak_tflops, perturb, wait_every = a["peak_tflops"], a["perturb"], a["wait_every"]
     c = config
-    base = _base(impl, c, seed, steps, perturb)
+    base = {**_base(impl, c, seed, steps, perturb), "wait_every": wait_every}
     reason = registry.why_not(impl, c.attention_shape(), c.dtype, causal=True)
     if reason:
         return TrainResult([], {**base, "kind": "summary", "status": "unsupported", "reason": reason,
@@ -230,32 +235,34 @@ def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0
         return evaluate(model, p, corpus.held_out, c, seed=seed, batches=eval_batches) if eval_batches else None
 
     eval_before = held_out(params)
-    stats = _step_program(c, impl, steps, model, opt, params, opt_state, batch(0))
-    jax.block_until_ready(stats.compiled(params, opt_state, batch(0)))  # warm-up, result thrown away
+    stats = _step_program(c, impl, steps, model, opt, params, opt_state, batch(0), donate=True)
+    jax.block_until_ready(stats.compiled(*_copy((params, opt_state)), batch(0)))  # warm-up on a copy, thrown away
     flops, tokens = step_flops(c), c.batch * c.seq_len
-    records, times, window = [], [], []
-    nxt = batch(0)
-    for s in range(steps):
-        tokens_in, nxt = nxt, None
+    records, times, since_log = [], [], []
+    for start in range(0, steps, wait_every):
+        group = jax.block_until_ready([batch(s) for s in range(start, min(start + wait_every, steps))])
         t0 = time.perf_counter()
-        params, opt_state, loss = stats.compiled(params, opt_state, tokens_in)
-        jax.block_until_ready((params, opt_state, loss))
-        ms = (time.perf_counter() - t0) * 1e3
-        loss = float(loss)
-        if not np.isfinite(loss):  # diverged: the run stops here, a failure with the step
-            reason = (f"the loss became {loss} at step {s} of {steps}: training diverged. Lower Config.learning_rate "
-                      f"(now {c.learning_rate:g}) or lengthen Config.warmup_steps (now {c.warmup_steps}).")  # fmt: skip
-            return TrainResult(records, {**base, "kind": "summary", "status": "error", "reason": reason,
-                                         "failed_step": s, "eval_loss_init": eval_before,
-                                         "median_ms": None, "p10_ms": None, "p90_ms": None, "tflops": None})  # fmt: skip
-        times.append(ms)
-        window.append(ms)
-        nxt = batch(s + 1) if s + 1 < steps else None
-        if s % log_every == 0 or s == steps - 1:
-            records.append(
-                _timed({**base, "kind": "step", "step": s, "loss": loss}, window, flops, tokens, peak_tflops)
-            )
-            window = []
+        losses = []
+        for tokens_in in group:  # dispatched back to back; the device runs them in order
+            params, opt_state, loss = stats.compiled(params, opt_state, tokens_in)
+            losses.append(loss)
+        jax.block_until_ready((params, opt_state, losses))
+        ms = (time.perf_counter() - t0) * 1e3 / len(group)
+        for s, loss in enumerate((float(x) for x in losses), start):
+            if not np.isfinite(loss):  # diverged: the run stops here, a failure with the step
+                reason = (f"the loss became {loss} at step {s} of {steps}: training diverged. Lower "
+                          f"Config.learning_rate (now {c.learning_rate:g}) or lengthen Config.warmup_steps (now "
+                          f"{c.warmup_steps}).")  # fmt: skip
+                return TrainResult(records, {**base, "kind": "summary", "status": "error", "reason": reason,
+                                             "failed_step": s, "eval_loss_init": eval_before,
+                                             "median_ms": None, "p10_ms": None, "p90_ms": None, "tflops": None})  # fmt: skip
+            times.append(ms)
+            since_log.append(ms)
+            if s % log_every == 0 or s == steps - 1:
+                records.append(
+                    _timed({**base, "kind": "step", "step": s, "loss": loss}, since_log, flops, tokens, peak_tflops)
+                )
+                since_log = []
     eval_after = held_out(params)
     summary = _timed({**base, "kind": "summary", "final_loss": records[-1]["loss"], "eval_loss_init": eval_before,
                       "eval_loss": eval_after, "compile_s": stats.compile_s, "temp_bytes": stats.temp_bytes,
@@ -312,25 +319,33 @@ def profile_step(impl: str, *, config: Config = TINY, seed: int = 0, trained_ste
     params = init_params(c, seed)
     opt_state = jax.jit(opt.init)(params)  # one program (op by op, a GPU compiles each zeros_like apart)
     batch = lambda s: jax.device_put(batch_at(corpus.train, batch=c.batch, seq_len=c.seq_len, seed=seed, step=s))  # noqa: E731
-    stats = _step_program(c, impl, max(trained_steps, 1), model, opt, params, opt_state, batch(0))
+    # not donated: the profiler calls the step again and again on the same arguments
+    stats = _step_program(c, impl, max(trained_steps, 1), model, opt, params, opt_state, batch(0), donate=False)
     for s in range(trained_steps):
         params, opt_state, _ = stats.compiled(params, opt_state, batch(s))
     return device_profile(None, params, opt_state, batch(trained_steps), repeats=repeats, compiled=stats.compiled)
 
 
-_STEP_PROGRAMS: dict = {}  # (config, impl, steps) -> CompileStats of the train step, the latest few
+_STEP_PROGRAMS: dict = {}  # (config, impl, steps, donate) -> CompileStats of the train step, the latest few
 
 
-def _step_program(config: Config, impl: str, steps: int, model, opt, params, opt_state, tokens):
+def _step_program(config: Config, impl: str, steps: int, model, opt, params, opt_state, tokens, *, donate: bool):
     """The compiled train step of ``impl`` for ``config`` over ``steps`` (the learning-rate schedule's length): one
     program for all of them, so a run that repeats another's (the twin, from nudged weights) is not compiled again.
-    Its ``compile_s`` is that of the first compilation."""
-    key = (config, impl, steps)
+    Its ``compile_s`` is that of the first compilation. ``donate``: the step consumes the parameters and optimizer
+    state it is given (updated in place; the caller must use the ones it returns)."""
+    key = (config, impl, steps, donate)
     if key not in _STEP_PROGRAMS:
         while len(_STEP_PROGRAMS) >= 2:  # the executables hold device memory: keep the last two
             _STEP_PROGRAMS.pop(next(iter(_STEP_PROGRAMS)))
-        _STEP_PROGRAMS[key] = compile_stats(make_step(model, opt), params, opt_state, tokens)
+        _STEP_PROGRAMS[key] = compile_stats(make_step(model, opt), params, opt_state, tokens,
+                                            donate_argnums=(0, 1) if donate else ())  # fmt: skip
     return _STEP_PROGRAMS[key]
+
+
+def _copy(tree):
+    """Fresh device buffers holding ``tree``'s values: what a donating step may consume without touching ``tree``."""
+    return jax.tree.map(jnp.copy, tree)
 
 
 def _config(config) -> Config:

@@ -47,7 +47,7 @@ def group_shares(kernels) -> dict[str, float]:
 
 
 def step_profile(impl: str, *, config: Config = H200, embedding: str | None = None, seed: int = 0,
-                 repeats: int = 5, top: int = 8, corpus=None) -> dict:  # fmt: skip
+                 repeats: int = 5, top: int = 20, corpus=None) -> dict:  # fmt: skip
     """One record: the profile of ``repeats`` training steps with attention ``impl`` (grid "train_profile").
 
     ``embedding`` overrides ``config.embedding`` ("onehot" or "gather"). The record holds the host time per step, the

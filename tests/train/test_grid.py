@@ -30,19 +30,19 @@ def test_a_child_process_returns_its_records():
 def test_the_twin_runs_last_with_the_first_implementation_nudged_by_one_rounding_step(monkeypatch):
     runs = []
 
-    def fake(impl, steps, cfg, seed, log_every, peak_tflops, perturb=0.0, eval_batches=4):
-        runs.append((impl, perturb, steps, eval_batches))
+    def fake(impl, steps, cfg, seed, log_every, peak_tflops, perturb=0.0, eval_batches=4, wait_every=1):
+        runs.append((impl, perturb, steps, eval_batches, wait_every))
         return [{"impl": impl, "kind": "summary", "status": "ok"}]
 
     monkeypatch.setattr(grid, "_in_process", fake)
     for dtype, step in (("bfloat16", 2.0**-7), ("float32", 2.0**-23)):
         runs.clear()
         train_grid(("xla", "naive"), steps=3, config=dataclasses.replace(TINY, dtype=dtype), isolate=False,
-                   eval_batches=2)  # fmt: skip
-        assert runs == [("xla", 0.0, 3, 2), ("naive", 0.0, 3, 2), ("xla", step, 3, 2)]
+                   eval_batches=2, wait_every=5)  # fmt: skip
+        assert runs == [("xla", 0.0, 3, 2, 5), ("naive", 0.0, 3, 2, 5), ("xla", step, 3, 2, 5)]
     runs.clear()
     train_grid(("xla",), steps=1, config=TINY, isolate=False, twin=False)
-    assert runs == [("xla", 0.0, 1, 4)]
+    assert runs == [("xla", 0.0, 1, 4, 1)]
 
 
 @pytest.mark.parametrize(
@@ -60,6 +60,7 @@ def test_the_twin_runs_last_with_the_first_implementation_nudged_by_one_rounding
         ({"timeout_s": -1}, "timeout_s must be a finite number > 0"),
         ({"peak_tflops": float("nan")}, "peak_tflops must be a finite number > 0"),
         ({"config": 3}, "unknown config"),
+        ({"wait_every": 0}, "wait_every must be an integer >= 1"),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_trains(kwargs, match):
@@ -80,6 +81,7 @@ def test_bad_arguments_are_refused_before_anything_trains(kwargs, match):
         (["xla", "1", "tiny", "0", "1", "{out}", "0", "-1"], "PERTURB must be a finite number >= 0"),
         (["xla", "1", "tiny", "0", "1", "/no/such/folder/r.json", "0"], "existing, writable folder"),
         (["xla", "1", "tiny", "0", "1", "{out}", "0", "--eval-batches", "-1"], "--eval-batches must be an integer"),
+        (["xla", "1", "tiny", "0", "1", "{out}", "0", "--wait-every", "0"], "--wait-every must be an integer >= 1"),
     ],
 )
 def test_the_command_line_refuses_bad_arguments_in_one_line(argv, words, tmp_path, capsys):

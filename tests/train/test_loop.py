@@ -97,9 +97,9 @@ def test_a_run_repeating_anothers_program_reuses_its_compiled_step():
     from attention_tutorial.train import loop
 
     _, first = train_records("xla", steps=STEPS, config=TINY, seed=0, eval_batches=2)
-    program = loop._STEP_PROGRAMS[(TINY, "xla", STEPS)]
+    program = loop._STEP_PROGRAMS[(TINY, "xla", STEPS, True)]
     _, twin = train_records("xla", steps=STEPS, config=TINY, seed=0, eval_batches=2, perturb=1e-3)
-    assert loop._STEP_PROGRAMS[(TINY, "xla", STEPS)] is program  # not compiled again
+    assert loop._STEP_PROGRAMS[(TINY, "xla", STEPS, True)] is program  # not compiled again
     assert twin["compile_s"] == first["compile_s"] and twin["temp_bytes"] == first["temp_bytes"]
     assert twin["final_loss"] != first["final_loss"] or twin["eval_loss"] != first["eval_loss"]
 
@@ -145,6 +145,7 @@ SMALL = dataclasses.replace(TINY, layers=1, d_model=32, heads=2, head_dim=16, se
         ({"peak_tflops": -1.0}, "peak_tflops must be a finite number > 0"),
         ({"impl": None}, "impl must be an implementation name"),
         ({"config": "tiny"}, "config must be a train.model.Config"),
+        ({"wait_every": 0}, "wait_every must be an integer >= 1"),
     ],
 )
 def test_bad_arguments_name_the_argument_and_the_fix(kwargs, match):
@@ -163,9 +164,22 @@ def test_token_ids_outside_the_vocabulary_are_refused_before_training():
         train_records("xla", steps=1, config=SMALL, corpus=Corpus(wide, wide, "", 1, 1, ""))
 
 
-def test_a_run_whose_loss_turns_non_finite_fails_at_that_step():
+def test_steps_dispatched_ahead_train_the_same_curve_each_step_timed_by_its_group(runs):
+    """wait_every=4 over 6 steps: groups of 4 and 2, the same losses as waiting after every step; the steps of a
+    group share its time."""
+    rec, summary = train_records("xla", steps=STEPS, config=TINY, seed=0, eval_batches=2, wait_every=4)
+    assert [r["step"] for r in rec] == list(range(STEPS))
+    np.testing.assert_allclose([r["loss"] for r in rec], [r["loss"] for r in runs["xla"].records], rtol=0, atol=1e-6)
+    ms = [r["median_ms"] for r in rec]
+    assert len(set(ms[:4])) == 1 and len(set(ms[4:])) == 1
+    assert summary["wait_every"] == 4 and runs["xla"].summary["wait_every"] == 1
+    assert summary["eval_loss"] == pytest.approx(runs["xla"].summary["eval_loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("wait_every", [1, 3])
+def test_a_run_whose_loss_turns_non_finite_fails_at_that_step(wait_every):
     diverging = dataclasses.replace(SMALL, learning_rate=1e30, warmup_steps=0)
-    rec, summary = train_records("xla", steps=4, config=diverging, log_every=1, eval_batches=1)
+    rec, summary = train_records("xla", steps=4, config=diverging, log_every=1, eval_batches=1, wait_every=wait_every)
     assert summary["status"] == "error" and summary["failed_step"] >= 1
     assert "nan" in summary["reason"] or "inf" in summary["reason"]
     assert "learning_rate" in summary["reason"] and summary["median_ms"] is None and check_record(summary) == []
