@@ -333,7 +333,7 @@ def _covered(xs, ys) -> float:
 def device_timelines(path) -> dict[str, list[tuple[str, float, float]]]:
     """{GPU plane name: [(event name, start ns, duration ns)]} of a trace's device streams ({} without GPU planes).
 
-    Event stats are not read (reading them aborted the process on the H200; see :mod:`.profile`)."""
+    Event stats are not read (reading them aborted the process on the H200; see :mod:`attention_tutorial.measure.profile`)."""
     from .profile import profile_data_class
 
     data = profile_data_class().from_file(str(path))

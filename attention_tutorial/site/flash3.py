@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..measure.flops import DATASHEET
 from ..results import store
-from ..results.plotting import label
+from ..results.plotting import GREY, PALETTE, label
 from .claims import same_point
 from .pallas_kernels import Speed, pct, race, unique
 
@@ -141,6 +141,64 @@ def closest(results, goal: Goal, causal: bool) -> GoalResult | None:
     """The result for ``goal`` and the mask that comes closest: the best verdict, then the highest lowest median."""
     mine = [r for r in results if r.goal == goal and r.causal == causal]
     return min(mine, key=lambda r: (MET.index(r.met), -(r.speed.low if r.speed else 0.0)), default=None)
+
+
+WORD_ORDER = ("faster", "on par", "slower")  # the verdicts a speed claim allows, best first
+
+
+def words_over_t(words) -> str:
+    """The verdicts a kernel got over T in words: "on par at every T", "faster at some T and on par at others"."""
+    words = sorted(set(words), key=WORD_ORDER.index)
+    if not words:
+        return "not measured"
+    if len(words) == 1:
+        return f"{words[0]} at every T"
+    return ", ".join(f"{w} at some T" for w in words[:-1]) + f" and {words[-1]} at others"
+
+
+def standing_rows(results, goals=GOALS) -> list[dict]:
+    """Per goal and mask, the kernel that comes closest (:func:`closest`): ``goal``, ``causal``, ``impl``, its lowest
+    and highest median over T (``low``, ``high``), the range over runs (``spread``), the target and the verdict."""
+    rows = []
+    for goal in goals:
+        for causal in (False, True):
+            r = closest(results, goal, causal)
+            if r is None or r.speed is None:
+                continue
+            rows.append({"goal": goal, "causal": causal, "impl": r.impl, "low": r.speed.low, "high": r.speed.high,
+                         "spread": (r.speed.spread_low, r.speed.spread_high), "target": goal.target, "met": r.met})  # fmt: skip
+    return rows
+
+
+STANDING_COLOURS = {"yes": PALETTE[2], "not in every run": PALETTE[1], "not judged": GREY, "no": PALETTE[0]}
+
+
+def standing_figure(rows, *, title: str = ""):
+    """One line per goal and mask (:func:`standing_rows`): a thick bar from the lowest to the highest median over
+    T, a thin line for the range over runs, a black tick at the goal, 100 % dashed; coloured by the verdict."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.6, 0.42 * len(rows) + 1.5), layout="constrained", facecolor="white")
+    for i, r in enumerate(rows):
+        colour = STANDING_COLOURS[r["met"]]
+        ax.plot([100 * x for x in r["spread"]], [i, i], color=colour, linewidth=1.2, solid_capstyle="butt")
+        ax.plot([100 * r["low"], 100 * r["high"]], [i, i], color=colour, linewidth=7, solid_capstyle="butt")
+        ax.plot([100 * r["target"]] * 2, [i - 0.32, i + 0.32], color="black", linewidth=2)
+    ax.axvline(100, color=GREY, linestyle=(0, (6, 3)), linewidth=1.1)
+    names = [f"{r['goal'].what.rsplit(', T', 1)[0]}, {'causal' if r['causal'] else 'no mask'}" for r in rows]
+    ax.set_yticks(range(len(rows)), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("% of cuDNN's speed (FP8: of cuDNN FP8's)")
+    ax.grid(True, axis="x", color="#dddddd", linewidth=0.8)
+    met = dict.fromkeys(r["met"] for r in rows)
+    handles = [plt.Line2D([], [], color=STANDING_COLOURS[m], linewidth=7, label=f"medians over T (goal met: {m})")
+               for m in met]  # fmt: skip
+    handles.append(plt.Line2D([], [], color=GREY, linewidth=1.2, label="range over runs"))
+    handles.append(plt.Line2D([], [], color="black", linewidth=2, label="goal"))
+    fig.legend(handles=handles, fontsize=8, loc="outside lower center", ncol=min(len(handles), 3), frameon=False)
+    if title:
+        ax.set_title(title, fontsize=10)
+    return fig
 
 
 # --- the pipelined loop and the plain one ----------------------------------------------------------------------------

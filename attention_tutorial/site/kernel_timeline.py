@@ -67,8 +67,8 @@ class Row:
 
     @property
     def label(self) -> str:
-        role = f"compute {self.warpgroup}" if self.compute else "copy"
-        return f"{KERNEL_NAMES.get(self.kernel, self.kernel)}, CTA {self.cta}, {role}"
+        role = f"compute warpgroup {self.warpgroup}" if self.compute else "copy warpgroup"
+        return f"{KERNEL_NAMES.get(self.kernel, self.kernel)}, CTA {self.cta}: {role}"
 
 
 def recorded_timeline(gpu: str = store.REFERENCE_GPU) -> dict | None:

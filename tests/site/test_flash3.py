@@ -95,6 +95,39 @@ def test_closest_takes_the_best_verdict_then_the_highest_lowest_speed():
     assert page.closest(results, FP8_GOAL, True) is None
 
 
+def test_standing_rows_take_the_closest_kernel_per_goal_and_mask_and_draw_one_line_each():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    r = _rec
+    recs = [r("cudnn_fp8_s448", 4096, False, 1.0), r("mosaic_fp8_regs", 4096, False, 1 / 0.95),
+            r("cudnn_fp8_s448", 8192, False, 4.0), r("mosaic_fp8_regs", 8192, False, 4 / 0.92),
+            r("mosaic_fp8", 4096, False, 1 / 0.80), r("cudnn_fp8_s448", 4096, True, 1.0),
+            r("mosaic_fp8", 4096, True, 1 / 0.85)]  # fmt: skip
+    rows = page.standing_rows(page.goal_results(recs, goals=(FP8_GOAL,)), goals=(FP8_GOAL,))
+    assert [(x["impl"], x["causal"], x["met"]) for x in rows] == [("mosaic_fp8_regs", False, "yes"),
+                                                                   ("mosaic_fp8", True, "no")]  # fmt: skip
+    assert rows[0]["low"] == pytest.approx(0.92) and rows[0]["high"] == pytest.approx(0.95)
+    assert rows[1]["low"] == rows[1]["high"] == pytest.approx(0.85) and rows[1]["target"] == 0.90
+    fig = page.standing_figure(rows)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["FP8, no mask", "FP8, causal"]
+    assert len(ax.lines) == 3 * len(rows) + 1  # range over runs, medians over T, the goal's tick; 100 % dashed
+
+
+@pytest.mark.parametrize(
+    ("words", "text"),
+    [
+        ({"on par"}, "on par at every T"),
+        ({"on par", "faster"}, "faster at some T and on par at others"),
+        ({"slower", "faster", "on par"}, "faster at some T, on par at some T and slower at others"),
+        (set(), "not measured"),
+    ],
+)
+def test_words_over_t_gather_the_verdicts_best_first(words, text):
+    assert page.words_over_t(words) == text
+
+
 def test_the_committed_goals_read_the_recorded_grids():
     from attention_tutorial.site.report import reference
 

@@ -34,7 +34,11 @@ def test_rows_go_kernel_by_kernel_warpgroup_by_warpgroup_and_keep_the_first_ctas
         ("mosaic_pipe", 0, w) for w in range(3)]  # fmt: skip
     assert [r.compute for r in rows[:3]] == [True, True, False]
     assert rows[0].bars[1] == kt.Bar("wait", 20, 60, 1)
-    assert rows[2].label.endswith("copy") and rows[0].label.startswith("plain") and rows[3].label.startswith("pipe")
+    assert (
+        rows[2].label.endswith("copy warpgroup")
+        and rows[0].label.startswith("plain")
+        and rows[3].label.startswith("pipe")
+    )
     assert len(kt.timeline_rows(TIMELINE, ctas=2)) == 7
     assert kt.timeline_rows(TIMELINE, kernels=("mosaic_pipe", "mosaic"))[0].kernel == "mosaic_pipe"
     with pytest.raises(ValueError, match="ctas must be a positive int"):

@@ -39,9 +39,22 @@ def test_reference_filters_by_grid_and_fields(recorded):
 
 def test_recorded_facts_name_the_gpu_the_count_and_the_versions(recorded, monkeypatch):
     assert report.recorded_facts() == {"recorded_gpu": "NVIDIA H200", "recorded_count": "6",
-                                       "recorded_versions": "JAX 0.11.2, cuDNN 9.19.0"}  # fmt: skip
+                                       "recorded_versions": "JAX 0.11.2, cuDNN 9.19.0",
+                                       "recorded_kernel_speed": "not yet measured"}  # fmt: skip
     monkeypatch.setattr(store, "recorded", lambda gpu: None)
     assert report.recorded_facts()["recorded_gpu"] == "no GPU yet"
+
+
+def test_recorded_facts_give_our_forwards_speed_against_cudnn_at_long_sequences(monkeypatch):
+    def rec(impl, t, ms, causal=False, h=128):
+        return {**_rec("beyond", impl, t, h), "causal": causal, "median_ms": ms, "p10_ms": ms, "p90_ms": ms}
+
+    # cuDNN over ours: 0.97 and 1.01 at T >= 8192; T = 4096 and H = 64 are left out
+    records = [rec("cudnn", 8192, 0.97), rec("mosaic", 8192, 1.0), rec("cudnn", 16384, 1.01, True),
+               rec("mosaic", 16384, 1.0, True), rec("cudnn", 4096, 0.5), rec("mosaic", 4096, 1.0),
+               rec("cudnn", 8192, 2.0, h=64), rec("mosaic", 8192, 1.0, h=64)]  # fmt: skip
+    monkeypatch.setattr(store, "recorded", lambda gpu: {"provenance": PROV, "records": records})
+    assert report.recorded_facts()["recorded_kernel_speed"] == "97–101 %"
 
 
 def test_show_recorded_includes_other_grids_at_the_same_shapes(recorded):
