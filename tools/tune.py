@@ -37,10 +37,11 @@ PALLAS = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (1
 MOSAIC = [(128, 2), (128, 3), (64, 2), (64, 4)]
 # (bwd_block_q, bwd_block_kv, bwd_stages, bwd_dq): the default first; 128 query rows per warpgroup fit the registers at
 # H = 64 only (dQ's accumulator is 128 × H float32), 128 keys neither (dK and dV together: 2 × 128 × H); dQ by
-# atomics takes 3 stages at H = 64 only (shared memory)
+# atomics takes 3 stages at H = 64 only (shared memory), and shares dS between the warpgroups at H = 128 only
 BWD_TILES = [
     (64, 64, 2, "pass"),
     (64, 64, 2, "atomic"),
+    (64, 64, 2, "atomic_shared"),
     (64, 64, 3, "atomic"),
     (64, 64, 3, "pass"),
     (128, 64, 2, "pass"),

@@ -371,7 +371,8 @@ def tile_rows(rows, base: str, *, causal: bool = False) -> list[dict]:
              "relative speed": f"{r['tflops'] / ref:.2f}" if r["tflops"] and ref else "–"} for r in mine]  # fmt: skip
 
 
-DQ_SCHEMES = {"pass": "a pass of its own", "atomic": "atomic adds"}  # MosaicConfig.bwd_dq, in words
+DQ_SCHEMES = {"pass": "a pass of its own", "atomic": "atomic adds",
+              "atomic_shared": "atomic adds, dS shared"}  # MosaicConfig.bwd_dq, in words  # fmt: skip
 
 
 #: The matrix products each pass of the backward computes for one pair of tiles (a query block, a key block), by the

@@ -6,7 +6,8 @@ see them. dQ comes one of two ways. By default :func:`dq_kernel` owns query bloc
 its own: every CTA owns its outputs (deterministic), at the cost of recomputing q·kᵀ and dO·vᵀ (seven matrix
 products per tile pair in all). With ``MosaicConfig.bwd_dq="atomic"`` the dK/dV kernel also multiplies each dS by its
 keys and adds that share of dQ into a float32 dQ in global memory by TMA reduce-add (FlashAttention-3's choice: five
-products, float32 traffic, a summation order that varies from run to run).
+products, float32 traffic, a summation order that varies from run to run); ``"atomic_shared"`` lets the two
+warpgroups meet in shared memory so that each adds half of dQ's columns.
 """
 
 from __future__ import annotations
@@ -131,15 +132,16 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, causal, b
     """dK, dV: each compute warpgroup owns ``bkv`` keys of one kv head and walks, for each of the N // K query
     heads sharing it (GQA: summed here, in registers), the query blocks that see them.
 
-    With ``dq="atomic"`` the first of ``refs`` is a float32 dQ (zeros coming in) that each step adds its share dS·k
-    (queries × H) into by TMA reduce-add."""
+    With ``dq="atomic"`` or ``"atomic_shared"`` the first of ``refs`` is a float32 dQ (zeros coming in) that each step
+    adds its share dS·k into by TMA reduce-add: each warpgroup its own (queries × H), or, shared, the two warpgroups'
+    dS meet in shared memory and each adds half of H's columns for all 2·bkv keys (half the registers and traffic)."""
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
     dq_ref, (dk_ref, dv_ref, scoped) = (None, refs) if dq == "pass" else (refs[0], refs[1:])
     smem, ready, tile_free = scoped
     k_smem2, v_smem2, q_smem, do_smem, lse_smem, delta_smem = smem[:6]
-    k_ready, v_ready, q_ready, do_ready, lse_ready, delta_ready = ready
+    k_ready, v_ready, q_ready, do_ready, lse_ready, delta_ready = ready[:6]
     dtype, head_dim = q_ref.dtype, q_ref.shape[-1]
     batch, kv_head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
     cta_keys = lax.axis_index("kv_seq") * (2 * bkv)
@@ -149,6 +151,7 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, causal, b
     per_head = n_q - first
     total = groups * per_head  # pipeline steps: (query head of the group, query block)
     c = scale * LOG2E
+    half = head_dim // 2
 
     @pl.when(wg < 2)
     def _compute():
@@ -236,6 +239,38 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, causal, b
             add_dq(share, jq, g, slice(None))
             return dk, dv
 
+        def shared_step(jq, carry, base, masked, g, active=True):
+            """dQ by both warpgroups at once: each puts its dS (zeros where its keys see none of the block) in shared
+            memory, waits for the other's, and adds dQ's share for its half of H over both warpgroups' keys."""
+            dk, dv = carry
+            t = base + jq
+            slot, parity = lax.rem(t, jnp.array(stages, jnp.int32)), lax.rem(t, jnp.array(2, jnp.int32))
+            wait_tile(slot)
+            ds_smem = smem[6].at[parity, wg]
+            if active:
+                dst, dv = ds_of(jq, slot, dv, masked)
+                ds_smem[...] = dst
+            else:
+                ds_smem[...] = plgpu.layout_cast(jnp.full((bkv, bq), 0.0, dtype), plgpu.Layout.WGMMA)
+            plgpu.commit_smem()
+            ds_ready = ready[6].at[parity]
+            plgpu.barrier_arrive(ds_ready)
+            plgpu.barrier_wait(ds_ready)  # both warpgroups' dS are in (and the last use of this parity's is over)
+            cols = pl.ds(wg * half, half)
+
+            def dk_and_dq(refs):
+                dk_ref, share_ref = refs
+                if active:
+                    plgpu.wgmma(dk_ref, dst, q_smem.at[slot])  # dK += dSᵀ q
+                for w in range(2):  # dQ's share, my half of H: Σ over both warpgroups' keys of dS k
+                    plgpu.wgmma(share_ref, smem[6].at[parity, w].transpose((1, 0)), k_smem2.at[w].at[:, cols])
+
+            share0 = plgpu.layout_cast(jnp.full((bq, half), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+            dk, share = pl.run_state(dk_and_dq)((plgpu.ACC.init(dk), plgpu.ACC.init(share0)))
+            plgpu.barrier_arrive(tile_free.at[slot])
+            add_dq(share, jq, g, cols)
+            return dk, dv
+
         n_q_ = n_q
         if causal:
             mine = jnp.minimum(lax.div(key0, jnp.array(bq, jnp.int32)), n_q_)  # first block that sees our keys
@@ -245,12 +280,18 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, causal, b
 
         def one_head(g, carry):
             base = g * per_head - first  # pipeline step of (g, query block jq) is base + jq
-            walk = functools.partial(step, base=base, g=g)
-            lax.fori_loop(first, mine, functools.partial(skip, base=base), None)
+            walk = functools.partial(shared_step if dq == "atomic_shared" else step, base=base, g=g)
+            if dq == "atomic_shared":  # every step takes part: the other warpgroup waits for our dS
+                carry = lax.fori_loop(first, mine, functools.partial(walk, masked=False, active=False), carry)
+            else:
+                lax.fori_loop(first, mine, functools.partial(skip, base=base), None)
             carry = lax.fori_loop(mine, unmasked, functools.partial(walk, masked=True), carry)
             return lax.fori_loop(unmasked, n_q_, functools.partial(walk, masked=False), carry)
 
         dk, dv = lax.fori_loop(0, groups, one_head, (dk, dv))
+        if dq == "atomic_shared":  # the other warpgroup's last dQ share has read our k: both arrive before we write
+            plgpu.barrier_arrive(ready[7].at[0])
+            plgpu.barrier_wait(ready[7].at[0])
         k_smem[...] = (dk * scale).astype(dtype)
         v_smem[...] = dv.astype(dtype)
         plgpu.commit_smem()
@@ -318,9 +359,13 @@ def backward(q, k, v, d_out, lse2, delta, *, causal: bool, scale: float, cfg: Mo
             plgpu.SMEM((stages, bq, H), dt, transforms=tiles), plgpu.SMEM((stages, bq, H), dt, transforms=tiles),
             plgpu.SMEM((stages, bq), jnp.float32), plgpu.SMEM((stages, bq), jnp.float32))  # fmt: skip
     ready = (*(plgpu.Barrier(num_barriers=2),) * 2, *(plgpu.Barrier(num_barriers=stages),) * 4)
-    if cfg.bwd_dq == "atomic":  # each warpgroup's dS and its float32 share of dQ on the way out
+    if cfg.bwd_dq != "pass":  # each warpgroup's dS (two steps' when shared) and its float32 share of dQ on the way out
         f32_tiles = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
-        smem += (two((bkv, bq), dt, transforms=tiles), two((bq, H), jnp.float32, transforms=f32_tiles))
+        shared = cfg.bwd_dq == "atomic_shared"
+        ds = plgpu.SMEM((2, 2, bkv, bq) if shared else (2, bkv, bq), dt, transforms=tiles)
+        smem += (ds, two((bq, H // 2 if shared else H), jnp.float32, transforms=f32_tiles))
+        # both warpgroups' dS are in, per step parity; both are done with each other's k
+        ready += (plgpu.Barrier(num_arrivals=2, num_barriers=2), plgpu.Barrier(num_arrivals=2, num_barriers=1))
     free = plgpu.Barrier(num_arrivals=2, num_barriers=stages)
     kernel = functools.partial(dkv_kernel, stages=stages, seq_q=T, dq=cfg.bwd_dq, **common)
     grid = (K, S // (2 * bkv), B)

@@ -22,7 +22,7 @@ SMEM_RESERVE = 4 * 1024  # on top of the tiles, where not measured otherwise: th
 TILE_REGISTERS = 192  # of a compute thread's 232 (set_max_registers), for tiles; the rest: indices, max, sum, ...
 WARPGROUPS = 3  # per CTA: two compute, one copy
 PROFILE_BYTES_PER_REGION = 16  # the in-kernel profiler: two events (start, end) of two 32-bit words each
-BWD_DQ = ("pass", "atomic")  # how the backward makes dQ (MosaicConfig.bwd_dq)
+BWD_DQ = ("pass", "atomic", "atomic_shared")  # how the backward makes dQ (MosaicConfig.bwd_dq)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +33,9 @@ class MosaicConfig:
     ``bwd_dq`` says how the backward makes dQ (:data:`BWD_DQ`): ``"pass"``, a kernel of its own that recomputes
     q·kᵀ and dO·vᵀ (seven matrix products per tile pair in all, deterministic); ``"atomic"``, the dK/dV kernel adds
     each step's share dS·k into a float32 dQ in global memory (TMA reduce-add, FlashAttention-3's choice: five
-    products, float32 traffic, a summation order that varies from run to run, so dQ is not the same bits twice).
+    products, float32 traffic, a summation order that varies from run to run, so dQ is not the same bits twice);
+    ``"atomic_shared"``, the same with the two warpgroups' dS met in shared memory, each adding half of H's columns
+    (half the registers and traffic; H = 128 only).
     ``pipeline=True`` adds FlashAttention-3's intra-warpgroup pipelining to the forward
     (:func:`~attention_tutorial.kernels.mosaic.pipelined.pipelined_steps`). H = 256 needs ``block_kv=64`` (see
     :func:`smem_bytes`).
@@ -132,6 +134,8 @@ def bwd_smem_bytes(cfg: MosaicConfig, head_dim: int, dtype) -> int:
     total = 2 * 2 * bkv * head_dim * item + cfg.bwd_stages * (2 * bq * head_dim * item + 2 * bq * 4)
     if cfg.bwd_dq == "atomic":
         total += 2 * (bkv * bq * item + bq * head_dim * 4)
+    elif cfg.bwd_dq == "atomic_shared":  # two steps' dS of both warpgroups, a float32 half of H each
+        total += 2 * (2 * bkv * bq * item + bq * head_dim // 2 * 4)
     return total
 
 
@@ -160,7 +164,8 @@ def bwd_tile_registers(cfg: MosaicConfig, head_dim: int) -> int:
     warpgroup's 128 threads: dK and dV (bwd_block_kv × H each), the scores and dP (bwd_block_kv × bwd_block_q each),
     and with dQ by atomics the step's share of dQ (bwd_block_q × H). An upper bound: not all are live at once."""
     bq, bkv = cfg.bwd_block_q, cfg.bwd_block_kv
-    tiles = 2 * bkv * head_dim + 2 * bkv * bq + (bq * head_dim if cfg.bwd_dq == "atomic" else 0)
+    share = {"pass": 0, "atomic": bq * head_dim, "atomic_shared": bq * head_dim // 2}[cfg.bwd_dq]
+    tiles = 2 * bkv * head_dim + 2 * bkv * bq + share
     return tiles // 128
 
 
@@ -204,6 +209,9 @@ def problem(shape: AttentionShape, dtype, cfg: MosaicConfig) -> str | None:
         return f"T must be a multiple of 2·block_q = {2 * cfg.block_q}; got T={shape.seq_q}. Pad the queries."
     if shape.seq_kv % cfg.block_kv:
         return f"S must be a multiple of block_kv = {cfg.block_kv}; got S={shape.seq_kv}. Pad the keys."
+    if cfg.bwd_dq == "atomic_shared" and H != 128:
+        return (f"bwd_dq='atomic_shared' splits H = 128 in two halves of 64 columns (wgmma's tile), one per warpgroup; "
+                f"got H={H}: use bwd_dq='atomic' or 'pass'.")  # fmt: skip
     if H <= 128 and (need := bwd_smem_bytes(cfg, H, dtype)) + SMEM_RESERVE > SMEM_BYTES:
         return (
             f"at H={H}, bwd_block_q={cfg.bwd_block_q}, bwd_block_kv={cfg.bwd_block_kv}, bwd_stages={cfg.bwd_stages}"

@@ -32,12 +32,12 @@ def test_gradient_lowers_to_forward_and_two_backward_kernels(causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_dq_by_atomics_lowers_to_one_backward_kernel_adding_into_float32(causal, head_dim):
+@pytest.mark.parametrize(("dq", "head_dim"), [("atomic", 64), ("atomic", 128), ("atomic_shared", 128)])
+def test_dq_by_atomics_lowers_to_one_backward_kernel_adding_into_float32(causal, dq, head_dim):
     """dQ by atomics: the dK/dV kernel adds dQ into a float32 array aliased in and out; no dQ kernel (GQA, T < S)."""
     q = jax.ShapeDtypeStruct((1, 256, 8, head_dim), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((1, 512, 2, head_dim), jnp.bfloat16)
-    cfg = MosaicConfig(bwd_dq="atomic")
+    cfg = MosaicConfig(bwd_dq=dq)
 
     def loss(q, k, v):
         return mosaic_flash_attention(q, k, v, is_causal=causal, config=cfg).astype(jnp.float32).sum()
@@ -71,11 +71,13 @@ def test_lowers_with_x64_enabled():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dq", ["pass", "atomic"])
+@pytest.mark.parametrize("dq", ["pass", "atomic", "atomic_shared"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_gpu_gradients_match_float64(causal, head_dim, dtype, dq):
+    if dq == "atomic_shared" and head_dim != 128:
+        pytest.skip("dQ shared between the warpgroups splits H = 128 only")
     if reason := why_not(AttentionShape(1, 512, 512, 4, 4, head_dim), dtype, causal):
         pytest.skip(reason)
     cfg = MosaicConfig(bwd_dq=dq)

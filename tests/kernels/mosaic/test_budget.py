@@ -101,7 +101,9 @@ def test_backward_budget_by_hand_and_its_refusal():
     reason = problem(shape, jnp.bfloat16, MosaicConfig(bwd_dq="atomic", bwd_stages=3))
     assert "with bwd_dq='atomic' the dK/dV kernel needs 241.5 KiB" in reason and "bwd_stages=2" in reason
     assert problem(shape._replace(head_dim=64), jnp.bfloat16, MosaicConfig(bwd_dq="atomic", bwd_stages=3)) is None
-    with pytest.raises(ValueError, match=r"MosaicConfig\.bwd_dq must be one of \('pass', 'atomic'\); got 'atomics'"):
+    with pytest.raises(
+        ValueError, match=r"MosaicConfig\.bwd_dq must be one of \('pass', 'atomic', 'atomic_shared'\); got 'atomics'"
+    ):
         MosaicConfig(bwd_dq="atomics")
 
 
@@ -111,6 +113,16 @@ def test_backward_tile_registers_by_hand():
     assert bwd_tile_registers(MosaicConfig(), 128) == 64 + 64 + 32 + 32 == TILE_REGISTERS
     assert bwd_tile_registers(atomic, 128) == 192 + 64 > TILE_REGISTERS
     assert (bwd_tile_registers(MosaicConfig(), 64), bwd_tile_registers(atomic, 64)) == (128, 160)
+    assert bwd_tile_registers(MosaicConfig(bwd_dq="atomic_shared"), 128) == 192 + 32  # half of H's columns
+
+
+def test_shared_dq_budget_and_its_head_dim():
+    shared = MosaicConfig(bwd_dq="atomic_shared")
+    # two steps' dS of both warpgroups (4 × 64×64 × 2 B) and a float32 half of H per warpgroup (2 × 64×64 × 4 B)
+    assert bwd_smem_bytes(shared, 128, jnp.bfloat16) - bwd_smem_bytes(MosaicConfig(), 128, jnp.bfloat16) == 64 * 1024
+    shape = AttentionShape(1, 512, 512, 4, 4, 128)
+    assert problem(shape, jnp.bfloat16, shared) is None
+    assert "H = 128 in two halves" in problem(shape._replace(head_dim=64), jnp.bfloat16, shared)
 
 
 @pytest.mark.parametrize("bad", [0, -64, True, 128.0])
