@@ -29,11 +29,11 @@ from ._common import (
     shared_lowering,
     swizzled_tiles,
 )
-from .budget import MosaicConfig
+from .budget import MosaicConfig, copy_registers
 
 
 def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, scoped, *, causal, bq, bkv, stages, seq_kv,
-               groups, scale):  # fmt: skip
+              groups, scale, registers):  # fmt: skip
     """dQ: each compute warpgroup owns ``bq`` query rows and walks the key blocks they see, as the forward does."""
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -49,7 +49,7 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, scoped, *
 
     @pl.when(wg < 2)
     def _compute():
-        plgpu.set_max_registers(232, action="increase")
+        plgpu.set_max_registers(registers, action="increase")
         q_smem, do_smem, lse_smem, delta_smem = q_smem2.at[wg], do_smem2.at[wg], lse_smem2.at[wg], delta_smem2.at[wg]
         row0 = cta_rows + wg * bq
         steps = causal_steps(row0, bq, bkv, n_kv) if causal else n_kv
@@ -108,7 +108,7 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, scoped, *
 
     @pl.when(wg == 2)
     def _copy():
-        plgpu.set_max_registers(40, action="decrease")
+        plgpu.set_max_registers(copy_registers(registers), action="decrease")
         kv_head = lax.div(head, jnp.array(groups, head.dtype))
 
         def fetch(j, slot):
@@ -128,7 +128,7 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, scoped, *
 
 
 def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, causal, bq, bkv, stages, seq_q, groups, scale,
-               dq="pass"):  # fmt: skip
+               registers, dq="pass"):  # fmt: skip
     """dK, dV: each compute warpgroup owns ``bkv`` keys of one kv head and walks, for each of the N // K query
     heads sharing it (GQA: summed here, in registers), the query blocks that see them.
 
@@ -155,7 +155,7 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, causal, b
 
     @pl.when(wg < 2)
     def _compute():
-        plgpu.set_max_registers(232, action="increase")
+        plgpu.set_max_registers(registers, action="increase")
         k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
         key0 = cta_keys + wg * bkv
         keys = (batch, pl.ds(key0, bkv), kv_head)
@@ -301,7 +301,7 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, causal, b
 
     @pl.when(wg == 2)
     def _copy():
-        plgpu.set_max_registers(40, action="decrease")
+        plgpu.set_max_registers(copy_registers(registers), action="decrease")
 
         def fetch(t, slot):
             g, jq = lax.div(t, jnp.maximum(per_head, 1)), first + lax.rem(t, jnp.maximum(per_head, 1))
@@ -335,7 +335,7 @@ def backward(q, k, v, d_out, lse2, delta, *, causal: bool, scale: float, cfg: Mo
     if H > 128:  # dK and dV at H = 256 would take 2 × 128 registers per thread alone
         raise ValueError(f"the backward kernels take H = 64 or 128; got H={H} (H = 256 is forward-only here).")
     bq, bkv, dt = cfg.bwd_block_q, cfg.bwd_block_kv, q.dtype
-    common = dict(causal=causal, bq=bq, bkv=bkv, groups=N // K, scale=scale)
+    common = dict(causal=causal, bq=bq, bkv=bkv, groups=N // K, scale=scale, registers=cfg.bwd_registers)
     args = (q, k, v, d_out, lse2, delta)
     tiles = swizzled_tiles()
 
@@ -364,8 +364,8 @@ def backward(q, k, v, d_out, lse2, delta, *, causal: bool, scale: float, cfg: Mo
         shared = cfg.bwd_dq == "atomic_shared"
         ds = plgpu.SMEM((2, 2, bkv, bq) if shared else (2, bkv, bq), dt, transforms=tiles)
         smem += (ds, two((bq, H // 2 if shared else H), jnp.float32, transforms=f32_tiles))
-        # both warpgroups' dS are in, per step parity; both are done with each other's k
-        ready += (plgpu.Barrier(num_arrivals=2, num_barriers=2), plgpu.Barrier(num_arrivals=2, num_barriers=1))
+        if shared:  # both warpgroups' dS are in, per step parity; both are done with each other's k
+            ready += (plgpu.Barrier(num_arrivals=2, num_barriers=2), plgpu.Barrier(num_arrivals=2, num_barriers=1))
     free = plgpu.Barrier(num_arrivals=2, num_barriers=stages)
     kernel = functools.partial(dkv_kernel, stages=stages, seq_q=T, dq=cfg.bwd_dq, **common)
     grid = (K, S // (2 * bkv), B)

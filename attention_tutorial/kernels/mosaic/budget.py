@@ -1,8 +1,9 @@
 """Tiles and what they cost: the kernels' frozen config, Hopper's shared-memory and register budgets, and the check
 that a problem and a config fit them (with the fix named when they don't).
 
-A Hopper CTA may use 227 KiB of shared memory; each compute thread of our kernels gets 232 registers
-(``set_max_registers``), of which 192 are set aside for tiles. The counts are ours, by hand, not ``ptxas``'s.
+A Hopper CTA may use 227 KiB of shared memory; each compute thread of our kernels gets 232 registers by default
+(``set_max_registers``; ``MosaicConfig.registers``), of which 192 are set aside for tiles. The counts are ours, by
+hand, not ``ptxas``'s.
 """
 
 from __future__ import annotations
@@ -19,8 +20,13 @@ from .exp2 import COLUMN_GROUP
 SMEM_BYTES = 227 * 1024  # shared memory one CTA may use on Hopper (H100, H200)
 SMEM_RESERVE = 4 * 1024  # on top of the tiles, where not measured otherwise: the pipelined forward with 3 stages at
 # H = 128 asked the H200 for 232,568 B against the 229,888 counted (the plain one with 3 stages compiled and ran)
-TILE_REGISTERS = 192  # of a compute thread's 232 (set_max_registers), for tiles; the rest: indices, max, sum, ...
 WARPGROUPS = 3  # per CTA: two compute, one copy
+# A CTA of three warpgroups starts with 168 registers per thread (64K registers hold 384 threads × 170, in steps of
+# 8); set_max_registers then moves registers from the copy warpgroup to the two compute ones within that pool.
+LAUNCH_REGISTERS = 168
+REGISTERS = 232  # a compute thread's by default (MosaicConfig.registers), leaving the copy warpgroup 40
+MIN_COPY_REGISTERS = 24  # the fewest set_max_registers gives a thread
+TILE_REGISTERS = 192  # of the default 232, for tiles; the other 40: indices, max, sum, addresses, ...
 PROFILE_BYTES_PER_REGION = 16  # the in-kernel profiler: two events (start, end) of two 32-bit words each
 BWD_DQ = ("pass", "atomic", "atomic_shared")  # how the backward makes dQ (MosaicConfig.bwd_dq)
 
@@ -36,6 +42,9 @@ class MosaicConfig:
     products, float32 traffic, a summation order that varies from run to run, so dQ is not the same bits twice);
     ``"atomic_shared"``, the same with the two warpgroups' dS met in shared memory, each adding half of H's columns
     (half the registers and traffic; H = 128 only).
+    ``registers`` and ``bwd_registers``: 32-bit registers per compute thread in the forward and in the backward
+    kernels (``set_max_registers``; a multiple of 8 from 168 to 240). The copy warpgroup gets what the two compute
+    ones leave of the CTA's pool (:func:`copy_registers`): 40 at 232, 24 at 240 (FlashAttention-3's split).
     ``pipeline=True`` adds FlashAttention-3's intra-warpgroup pipelining to the forward
     (:func:`~attention_tutorial.kernels.mosaic.pipelined.pipelined_steps`). H = 256 needs ``block_kv=64`` (see
     :func:`smem_bytes`).
@@ -57,6 +66,8 @@ class MosaicConfig:
     bwd_block_kv: int = 64
     bwd_stages: int = 2
     bwd_dq: str = "pass"
+    registers: int = REGISTERS
+    bwd_registers: int = REGISTERS
     pipeline: bool = False
     no_exp: bool = False
     exp_poly: float = 0.0
@@ -75,6 +86,8 @@ class MosaicConfig:
                 raise ValueError(
                     f"MosaicConfig.{name} must be a multiple of 64 (wgmma's tile); got {getattr(self, name)}."
                 )
+        for name in ("registers", "bwd_registers"):
+            check_registers(f"MosaicConfig.{name}", getattr(self, name))
         self._check_exp_poly()
         if not isinstance(self.profile_dir, str):
             raise TypeError(f"MosaicConfig.profile_dir must be a str (a folder); got {self.profile_dir!r}.")
@@ -106,6 +119,12 @@ class MosaicConfig:
                              "exponentials exp_poly would compute. Set one of them.")  # fmt: skip
 
     @property
+    def tile_budget(self) -> int:
+        """Registers per compute thread of the forward set aside for tiles: ``registers`` less the 40 that
+        indices, maxima and sums take (:data:`TILE_REGISTERS` at the default)."""
+        return self.registers - (REGISTERS - TILE_REGISTERS)
+
+    @property
     def exp_poly_columns(self) -> int:
         """How many of a score tile's ``block_kv`` columns go through the polynomial (``exp_poly``)."""
         return round(self.exp_poly * self.block_kv)
@@ -114,6 +133,25 @@ class MosaicConfig:
     def profiling(self) -> bool:
         """Whether the in-kernel profiler is on."""
         return bool(self.profile_space)
+
+
+def check_registers(name: str, value) -> None:
+    """A compute warpgroup's registers per thread: a multiple of 8 (``setmaxnreg``'s step) from the
+    :data:`LAUNCH_REGISTERS` a thread starts with up to what leaves the copy warpgroup :data:`MIN_COPY_REGISTERS`."""
+    most = (WARPGROUPS * LAUNCH_REGISTERS - MIN_COPY_REGISTERS) // (WARPGROUPS - 1) // 8 * 8
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int (registers per thread); got {value!r}.")
+    if value % 8 or not LAUNCH_REGISTERS <= value <= most:
+        raise ValueError(
+            f"{name} must be a multiple of 8 from {LAUNCH_REGISTERS} to {most} (the two compute warpgroups take "
+            f"their registers from the copy warpgroup's, which keeps at least {MIN_COPY_REGISTERS}); got {value!r}."
+        )
+
+
+def copy_registers(registers: int) -> int:
+    """Registers per thread the copy warpgroup keeps when each compute thread takes ``registers``: what is left of
+    the CTA's pool, ``3 × 168 − 2 × registers`` (40 at 232, 24 at 240)."""
+    return WARPGROUPS * LAUNCH_REGISTERS - (WARPGROUPS - 1) * registers
 
 
 def smem_bytes(cfg: MosaicConfig, head_dim: int, dtype) -> int:
@@ -199,10 +237,10 @@ def problem(shape: AttentionShape, dtype, cfg: MosaicConfig) -> str | None:
             f"forward's tiles ({need / 1024:.1f} KiB in all, more than {SMEM_BYTES // 1024} KiB): pick a smaller "
             "profile_space or a shorter S (fewer key blocks, fewer regions per warpgroup)."
         )
-    if (H > 128 or cfg.pipeline) and (regs := tile_registers(cfg, H)) > TILE_REGISTERS:
+    if (H > 128 or cfg.pipeline) and (regs := tile_registers(cfg, H)) > cfg.tile_budget:
         return (
             f"at H={H}, block_kv={cfg.block_kv}{' with pipeline=True' if cfg.pipeline else ''} the forward's tiles "
-            f"need {regs} registers per thread, more than the {TILE_REGISTERS} this kernel budgets: pick "
+            f"need {regs} registers per thread, more than the {cfg.tile_budget} this kernel budgets: pick "
             f"block_kv=64 (e.g. config=MosaicConfig(block_kv=64, stages=2{', pipeline=True' if cfg.pipeline else ''}))."
         )
     if shape.seq_q % (2 * cfg.block_q):
@@ -237,9 +275,9 @@ def fp8_problem(shape: AttentionShape, cfg: MosaicConfig) -> str | None:
                 f"E4M3 p); got pipeline={cfg.pipeline}, block_q={cfg.block_q}, block_kv={cfg.block_kv}.")  # fmt: skip
     if cfg.profiling:
         return "the FP8 forward has no profiler regions: profile the 16-bit forward (profile_space=0 here)."
-    if (regs := tile_registers(cfg, shape.head_dim)) > TILE_REGISTERS:
+    if (regs := tile_registers(cfg, shape.head_dim)) > cfg.tile_budget:
         return (f"at block_kv={cfg.block_kv} the FP8 forward's float32 tiles need {regs} registers per thread, more "
-                f"than the {TILE_REGISTERS} the kernel budgets: use block_kv=128.")  # fmt: skip
+                f"than the {cfg.tile_budget} the kernel budgets: use block_kv=128.")  # fmt: skip
     if (need := smem_bytes_fp8(cfg, shape.head_dim)) + SMEM_RESERVE > SMEM_BYTES:
         return (f"at block_kv={cfg.block_kv} and stages={cfg.stages} the FP8 forward needs {need / 1024:.1f} KiB of "
                 f"shared memory, more than the {(SMEM_BYTES - SMEM_RESERVE) // 1024} KiB a Hopper CTA leaves beside "

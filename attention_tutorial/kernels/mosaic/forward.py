@@ -25,7 +25,7 @@ from ._common import (
     shared_lowering,
     swizzled_tiles,
 )
-from .budget import MosaicConfig
+from .budget import MosaicConfig, copy_registers
 from .exp2 import softmax_exp2
 from .pipelined import pipelined_steps
 
@@ -53,7 +53,7 @@ def forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, causal, cfg, 
 
     @pl.when(wg < 2)
     def _compute():
-        plgpu.set_max_registers(232, action="increase")  # 2 × 128 threads × 232 + 128 × 40 ≤ 64K registers
+        plgpu.set_max_registers(cfg.registers, action="increase")  # from the copy warpgroup's
         qo_smem = qo_smem2.at[wg]  # q tile in, output tile out: (block_q, H)
         row0 = cta_rows + wg * bq
         steps = causal_steps(row0, bq, bkv, n_kv) if causal else n_kv
@@ -140,7 +140,7 @@ def forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, causal, cfg, 
 
     @pl.when(wg == 2)
     def _copy():
-        plgpu.set_max_registers(40, action="decrease")
+        plgpu.set_max_registers(copy_registers(cfg.registers), action="decrease")
         kv_head = lax.div(head, jnp.array(groups, head.dtype))  # GQA: query head n reads kv head n // (N/K)
         tile = lambda j: (batch, pl.ds(j * bkv, bkv), kv_head)  # noqa: E731  key block j: (block_kv, H)
         copy_kv_ring(k_ref, v_ref, k_smem, v_smem, (k_ready, v_ready, k_free, v_free), k_tile=tile, v_tile=tile,

@@ -43,7 +43,7 @@ from ._common import (
     shared_lowering,
     swizzled_tiles,
 )
-from .budget import FP8_HEAD_DIMS, MosaicConfig, fp8_problem
+from .budget import FP8_HEAD_DIMS, MosaicConfig, copy_registers, fp8_problem
 from .exp2 import softmax_exp2
 
 __all__ = ["E4M3_MAX", "F8", "FP8_HEAD_DIMS", "P_VIA", "fp8_forward", "fp8_forward_kernel", "logit_factors",
@@ -179,7 +179,7 @@ def fp8_forward_kernel(q_ref, k_ref, v_ref, c_ref, o_ref, lse_ref, scoped, *, ca
 
     @pl.when(wg < 2)
     def _compute():
-        plgpu.set_max_registers(232, action="increase")
+        plgpu.set_max_registers(cfg.registers, action="increase")
         q_smem = q_smem2.at[wg]
         row0 = cta_rows + wg * bq
         steps = causal_steps(row0, bq, bkv, n_kv) if causal else n_kv
@@ -260,7 +260,7 @@ def fp8_forward_kernel(q_ref, k_ref, v_ref, c_ref, o_ref, lse_ref, scoped, *, ca
 
     @pl.when(wg == 2)
     def _copy():
-        plgpu.set_max_registers(40, action="decrease")
+        plgpu.set_max_registers(copy_registers(cfg.registers), action="decrease")
         kv_head = lax.div(head, jnp.array(groups, head.dtype))
         copy_kv_ring(k_ref, v_ref, k_smem, v_smem, (k_ready, v_ready, k_free, v_free),
                      k_tile=lambda j: (batch, pl.ds(j * bkv, bkv), kv_head),

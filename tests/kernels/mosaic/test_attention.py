@@ -1,6 +1,7 @@
 """The public functions: validation before any kernel, what keeps them from running here, the pipelined entry point,
 and JAX's bundled Mosaic GPU kernel against float64 on a Hopper GPU."""
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -106,3 +107,29 @@ def test_layers_at_the_same_shapes_share_one_compiled_kernel():
     attention = functools.partial(mosaic_flash_attention, is_causal=True)
     one, three = (chained_grad_text(attention, q, k, v, calls=n).count("mosaic_gpu") for n in (1, 3))
     assert one > 0 and three == one
+
+
+def _register_moves(fn, *args):
+    """(action, registers) of each set_max_registers in the traced kernels of ``fn(*args)``, sorted."""
+    import re
+
+    text = str(jax.make_jaxpr(fn)(*args))
+    return sorted((a, int(n)) for a, n in re.findall(r"set_max_registers_p\[action=(\w+)\] (\d+)", text))
+
+
+@pytest.mark.parametrize(("registers", "bwd_registers"), [(232, 232), (240, 232), (232, 240)])
+def test_registers_reach_each_kernel_and_leave_the_copy_warpgroup_the_rest(registers, bwd_registers):
+    """Forward (plain, pipelined, FP8) with ``registers``, both backward kernels with ``bwd_registers``."""
+    from attention_tutorial.kernels.mosaic.fp8 import mosaic_fp8_attention
+
+    cfg = MosaicConfig(registers=registers, bwd_registers=bwd_registers)
+    fwd = [("decrease", 504 - 2 * registers), ("increase", registers)]
+    bwd = [("decrease", 504 - 2 * bwd_registers), ("increase", bwd_registers)]
+    q = jax.ShapeDtypeStruct((1, 512, 2, 128), jnp.bfloat16)
+    for c in (cfg, dataclasses.replace(cfg, pipeline=True)):
+        assert _register_moves(functools.partial(mosaic_flash_attention, config=c), q, q, q) == fwd
+    assert _register_moves(functools.partial(mosaic_fp8_attention, config=cfg), q, q, q) == fwd
+    for dq, kernels in (("pass", 2), ("atomic", 1), ("atomic_shared", 1)):
+        c = dataclasses.replace(cfg, bwd_dq=dq)
+        grad = jax.grad(lambda q, c=c: mosaic_flash_attention(q, q, q, config=c).astype(jnp.float32).sum())
+        assert _register_moves(grad, q) == sorted(fwd + bwd * kernels)

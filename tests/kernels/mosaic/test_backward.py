@@ -87,6 +87,20 @@ def test_gpu_gradients_match_float64(causal, head_dim, dtype, dq):
         assert_grads_close(fn, q, kk, v, causal=causal, tol=3e-2)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("dq", "head_dim"), [("pass", 128), ("atomic", 64), ("atomic_shared", 128)])
+def test_gpu_gradients_with_240_registers_match_float64(causal, dq, head_dim):
+    """The backward kernels' compute warpgroups at 240 registers, the copy warpgroup at 24."""
+    if reason := why_not(AttentionShape(1, 512, 512, 4, 4, head_dim), jnp.bfloat16, causal):
+        pytest.skip(reason)
+    cfg = MosaicConfig(bwd_dq=dq, bwd_registers=240)
+    for b, t, s, n, k in ((1, 512, 512, 4, 4), (1, 256, 512, 8, 2)):  # MHA, GQA T<S
+        q, kk, v = make_qkv(b, t, n, head_dim, seq_kv=s, kv_heads=k, dtype=jnp.bfloat16, seed=t + s)
+        fn = functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg)
+        assert_grads_close(fn, q, kk, v, causal=causal, tol=3e-2)
+
+
 def test_backward_alone_checks_its_inputs():
     q, k, v = make_qkv(1, 256, 2, 64, dtype=jnp.bfloat16)
     lse = jnp.zeros((1, 2, 256))

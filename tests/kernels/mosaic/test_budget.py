@@ -8,11 +8,14 @@ import pytest
 
 from attention_tutorial.inputs import AttentionShape
 from attention_tutorial.kernels.mosaic.budget import (
+    LAUNCH_REGISTERS,
     SMEM_BYTES,
     TILE_REGISTERS,
+    WARPGROUPS,
     MosaicConfig,
     bwd_smem_bytes,
     bwd_tile_registers,
+    copy_registers,
     default_config,
     fp8_problem,
     problem,
@@ -205,3 +208,28 @@ def test_exp_poly_refuses_fractions_the_tile_layout_cannot_split(kwargs, error, 
                                                  ({"exp_poly": 0.125, "block_kv": 64}, 8)])  # fmt: skip
 def test_exp_poly_counts_whole_groups_of_eight_columns(kwargs, columns):
     assert MosaicConfig(**kwargs).exp_poly_columns == columns
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [({"registers": 236}, ValueError, "registers must be a multiple of 8 from 168 to 240"),
+     ({"bwd_registers": 248}, ValueError, "bwd_registers must be a multiple of 8 from 168 to 240.*got 248"),
+     ({"registers": 160}, ValueError, "got 160"),
+     ({"registers": 240.0}, TypeError, "registers must be an int"),
+     ({"bwd_registers": True}, TypeError, "bwd_registers must be an int")],
+)  # fmt: skip
+def test_registers_refuse_what_setmaxnreg_cannot_give(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        MosaicConfig(**kwargs)
+
+
+def test_the_copy_warpgroup_keeps_what_the_compute_ones_leave():
+    # the CTA's pool: 3 warpgroups × 128 threads × 168 registers; 2 × 232 + 40 and 2 × 240 + 24 use it all
+    assert WARPGROUPS * LAUNCH_REGISTERS * 128 <= 64 * 1024
+    assert (copy_registers(232), copy_registers(240), copy_registers(168)) == (40, 24, 168)
+    assert MosaicConfig().tile_budget == TILE_REGISTERS and MosaicConfig(registers=240).tile_budget == 200
+    # the tile check follows the budget: 200 registers take what 192 refuse (pipelined H = 128 at block_kv = 128
+    # needs 64 + 64 + 2·32 = 192; a profile of the same at 184 is refused)
+    shape = AttentionShape(1, 256, 256, 4, 4, 128)
+    assert problem(shape, jnp.bfloat16, MosaicConfig(pipeline=True, registers=240)) is None
+    assert "more than the 184" in problem(shape, jnp.bfloat16, MosaicConfig(pipeline=True, registers=224))

@@ -98,11 +98,7 @@ def test_pipelined_causal_bounds_fit_the_static_loops_and_mask_every_block_that_
             assert split <= n_kv - 1 and last - split <= most_masked_steps(block_q, block_kv, n_kv)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize(("head_dim", "cfg"), CONFIGS)
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
-def test_gpu_pipelined_and_h256_match_reference(causal, head_dim, cfg, dtype):
+def check_against_reference(head_dim, cfg, dtype, causal):
     if reason := on_hopper():
         pytest.skip(reason)
     for b, t, s, n, k in ((2, 512, 1024, 8, 2), (1, 1024, 256, 4, 1)):  # GQA T<S (8 key blocks of 64), MQA T>S
@@ -114,3 +110,22 @@ def test_gpu_pipelined_and_h256_match_reference(causal, head_dim, cfg, dtype):
         want = reference_lse(q[:, :256], kk, is_causal=causal)  # the first rows, as check_output does (top-left mask)
         np.testing.assert_allclose(np.asarray(lse)[..., :256], want, atol=1e-2, rtol=1e-3)
     assert any(name.startswith("mosaic_gpu") for name in kernels_used(fn, q, kk, v))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("head_dim", "cfg"), CONFIGS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_gpu_pipelined_and_h256_match_reference(causal, head_dim, cfg, dtype):
+    check_against_reference(head_dim, cfg, dtype, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    ("head_dim", "cfg"),
+    [(128, MosaicConfig(registers=240)), (256, MosaicConfig(block_kv=64, pipeline=True, registers=240))],
+)
+def test_gpu_forward_with_240_registers_matches_reference(causal, head_dim, cfg):
+    """The copy warpgroup down to 24 registers, the compute ones up to 240 (the plain kernel and the fullest one)."""
+    check_against_reference(head_dim, cfg, jnp.bfloat16, causal)
