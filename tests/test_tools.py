@@ -44,3 +44,29 @@ def test_cell_times_lists_the_slowest_compilations_by_name(tmp_path, capsys):
     assert main([str(tmp_path / "cells.jsonl"), str(log), "5"]) == 0
     listed = capsys.readouterr().out.split("compiled function")[1].splitlines()[1:]
     assert [line.split()[0] for line in listed] == ["1.9", "0.6"] and "a: jit_grad (x = f(q))" in listed[0]
+
+
+def test_tune_tables_try_configurations_that_fit_their_shapes():
+    """Each configuration the register and dQ tables time is one the kernel takes at the table's shape, and the
+    registers are the only field a register row changes."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import tune
+
+    from attention_tutorial.inputs import AttentionShape
+    from attention_tutorial.kernels.mosaic.budget import default_config, problem
+
+    shape = lambda h: AttentionShape(4, 8192, 8192, 16, 16, h)  # noqa: E731
+    dq = {h: dict(tune.backward_configs("bwd_dq", h)) for h in (64, 128)}
+    assert next(iter(dq[128])) == "dQ pass" and dq[128]["dQ pass"] == default_config(128)
+    assert len(dq[128]) == 6 and len(dq[64]) == 4 and not any("shared" in label for label in dq[64])
+    assert all(problem(shape(h), jnp.bfloat16, cfg) is None for h in dq for cfg in dq[h].values())
+    for h in (128, 256):
+        fwd = {label: fn.keywords["config"] for label, fn in tune.candidates("registers", False, h)}
+        assert sorted(cfg.registers for cfg in fwd.values()) == [232, 232, 240, 240]
+        assert all(problem(shape(h), jnp.bfloat16, cfg) is None for cfg in fwd.values())
+        assert all(dataclasses.replace(cfg, registers=232) == default_config(h, pipeline=cfg.pipeline)
+                   for cfg in fwd.values())  # fmt: skip

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # What the project runs on the lent GPU machine (no network; see tools/te-device.md and README).
 #   bash tools/gpu.sh tests            GPU-marked tests (and TE ones, when TE is installed)
-#   bash tools/gpu.sh tune KERNEL      tile sizes of our kernels against cuDNN (pallas, mosaic, pipe, fp8, bwd, bwd_tiles)
+#   bash tools/gpu.sh tune KERNEL      tile sizes of our kernels against cuDNN (tools/tune.py: pallas, mosaic, pipe, fp8,
+#                                        registers, bwd, bwd_tiles, bwd_dq)
 #   bash tools/gpu.sh kernels          the Mosaic kernels' GPU tests, then the ablations and the warpgroup timeline
 #                                        recorded into the result file (about 8 minutes; a summary last)
-#   bash tools/gpu.sh backward         the backward kernels' GPU tests (dQ by a pass and by atomic adds), then the tile
-#                                        and dQ table (tools/tune.py bwd_tiles) (about 5 minutes); the race itself:
-#                                        bash tools/gpu.sh record backward
+#   bash tools/gpu.sh backward         the backward kernels' GPU tests (dQ by a pass, by atomic adds, shared; 232 and
+#                                        240 registers), then the dQ table (tools/tune.py bwd_dq) (under 10 minutes);
+#                                        the race itself: bash tools/gpu.sh record backward
+#   bash tools/gpu.sh registers        the forwards' GPU tests at 240 registers (plain, pipelined, FP8), then the
+#                                        forwards at 232 and 240 beside cuDNN (tools/tune.py registers) (about 5 minutes)
 #   bash tools/gpu.sh exp_poly         part of p's exponentials on the FMA units: its GPU tests, then the plain and
 #                                        pipelined forwards (H = 128, both masks) at exp_poly 0, 0.25, 0.5 beside cuDNN,
 #                                        two rounds, as a table (about 2 minutes; records in $OUT/exp_poly.json)
@@ -57,9 +60,15 @@ PY
     ;;
   backward)
     workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 4)
-    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:benchmark -m gpu \
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 240 python3 -m pytest -q -p no:cacheprovider -p no:benchmark -m gpu \
       "${workers[@]}" tests/kernels/mosaic/test_backward.py 2>&1 | tail -8
-    timeout 360 python3 tools/tune.py bwd_tiles "$OUT/bwd_tiles_tuning.json" 2>&1 | tail -30 ;;
+    timeout 330 python3 tools/tune.py bwd_dq "$OUT/bwd_dq_tuning.json" 2>&1 | tail -30 ;;
+  registers)
+    workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 4)
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 150 python3 -m pytest -q -p no:cacheprovider -p no:benchmark -m gpu \
+      "${workers[@]}" -k 240 tests/kernels/mosaic/test_pipelined.py tests/kernels/mosaic/test_fp8.py \
+      2>&1 | tail -8
+    timeout 300 python3 tools/tune.py registers "$OUT/registers_tuning.json" 2>&1 | tail -30 ;;
   exp_poly)
     workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 4)
     XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 90 python3 -m pytest -q -p no:cacheprovider -p no:benchmark -m gpu \

@@ -11,12 +11,17 @@ python tools/tune.py bwd [OUT.json]      forward+backward (jax.vjp) of our two k
 B·T = 16k, T = 4096 and 8192, N=16, H=128, bf16, causal and not; each row is saved as soon as it is measured.
 python tools/tune.py bwd_tiles [OUT.json]  forward+backward of our Mosaic GPU kernel with other backward tiles
 (bwd_block_q × bwd_block_kv, stages) and with dQ added by atomics, against cuDNN's: B=4, T=8192, N=16, H = 64 and 128, bf16, causal and not.
+python tools/tune.py bwd_dq [OUT.json]     the same shapes, the default tiles, each way of making dQ (a pass, atomic
+adds, atomic adds shared between the warpgroups) at the backward's default 232 registers and at 240.
+python tools/tune.py registers [OUT.json]  the plain and pipelined forwards at 232 and 240 registers per compute
+thread: B=4, T=8192, N=16, H = 128 and 256, bf16, causal and not.
 
 Without OUT.json a table goes where the package reads its tuning tables,
 attention_tutorial/results/data/tuning/<kernel>_<gpu>.json (say, pipe_nvidia-h200.json); an existing file is never
 overwritten (the new one gets the time in its name: rename it over the old one to change what the pages cite).
 """
 
+import dataclasses
 import functools
 import json
 import os
@@ -27,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from attention_tutorial import dot_product_attention, make_qkv, time_fn
-from attention_tutorial.kernels.mosaic_flash import MosaicConfig, mosaic_flash_attention
+from attention_tutorial.kernels.mosaic_flash import MosaicConfig, default_config, mosaic_flash_attention
 from attention_tutorial.kernels.pallas_flash import flash_attention
 from attention_tutorial.measure.flops import attention_flops
 from attention_tutorial.measure.fp8 import WRONG_ABOVE, rel_error
@@ -48,14 +53,25 @@ BWD_TILES = [
     (128, 64, 3, "pass"),
     (64, 128, 2, "pass"),
 ]
+# (label, MosaicConfig fields) of each way of making dQ, at the default registers and at 240; the default first
+BWD_DQ_CONFIGS = [(f"dQ {dq.replace('_', ' ')}" + (", 240 registers" if regs == 240 else ""),
+                   {"bwd_dq": dq, "bwd_registers": regs})
+                  for dq in ("pass", "atomic", "atomic_shared") for regs in (232, 240)]  # fmt: skip
 PIPE = [(128, 2, False), (128, 2, True), (64, 2, True), (64, 3, True), (64, 4, True)]  # 128 × 3 stages: no room
 FP8 = [(128, 2, "registers"), (128, 3, "registers"), (128, 4, "registers"), (128, 2, "smem")]
 # (block_kv, stages, p_via); block_kv = 256 needs more registers than the kernel budgets
 
 
-def candidates(kernel, causal):
+def candidates(kernel, causal, head_dim=128):
     """(label, function) for each configuration of ``kernel``."""
-    if kernel == "pallas":
+    if kernel == "registers":  # the plain and pipelined forwards (block_kv = 64 at H = 256) at 232 and 240
+        for pipeline in (False, True):
+            base = default_config(head_dim, pipeline=pipeline)
+            for regs in (232, 240):
+                cfg = dataclasses.replace(base, registers=regs)
+                label = f"64x{cfg.block_kv}{' pipelined' if pipeline else ''}, {regs} registers"
+                yield label, functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg)
+    elif kernel == "pallas":
         for bq, bk, warps, stages in PALLAS:
             yield (
                 f"{bq}x{bk} w{warps} s{stages}",
@@ -83,8 +99,8 @@ def candidates(kernel, causal):
 
 def main(kernel, out):
     rows = []
-    for H in (128,) if kernel in ("pipe", "fp8") else (128, 64):
-        B, T, N = (4, 8192, 16) if kernel in ("pipe", "fp8") else (8, 4096, 16)
+    for H in {"pipe": (128,), "fp8": (128,), "registers": (128, 256)}.get(kernel, (128, 64)):
+        B, T, N = (4, 8192, 16) if kernel in ("pipe", "fp8", "registers") else (8, 4096, 16)
         q, k, v = make_qkv(B, T, N, H, dtype=jnp.bfloat16)
         for causal in (False, True):
             flops = attention_flops(B, T, T, N, H, causal=causal)
@@ -94,7 +110,7 @@ def main(kernel, out):
 
                 cudnn = functools.partial(cudnn_fp8_attention, is_causal=causal, scale_s=448.0)
             exact = jax.jit(functools.partial(dot_product_attention, implementation="cudnn", is_causal=causal))(q, k, v)
-            for label, fn in [("cuDNN FP8" if kernel == "fp8" else "cuDNN", cudnn), *candidates(kernel, causal)]:
+            for label, fn in [("cuDNN FP8" if kernel == "fp8" else "cuDNN", cudnn), *candidates(kernel, causal, H)]:
                 try:
                     err = rel_error(jax.jit(fn)(q, k, v), exact)  # against bf16 cuDNN: a wrong kernel is not timed
                     if err > WRONG_ABOVE["float8_e4m3fn" if kernel == "fp8" else "bfloat16"]:
@@ -158,9 +174,21 @@ def backward(out):
                 save(rows, out)
 
 
-def backward_tiles(out):
-    """Time forward+backward of our Mosaic GPU kernel at each of BWD_TILES beside cuDNN's; a configuration whose
-    gradients are off (against cuDNN's) is reported, not timed; rows are saved as they come."""
+def backward_configs(kernel, head_dim):
+    """(label, MosaicConfig) of each backward configuration of ``kernel`` (bwd_tiles, bwd_dq) at ``head_dim``."""
+    if kernel == "bwd_tiles":
+        for bq, bkv, st, dq in BWD_TILES:
+            label = f"bwd {bq}x{bkv} stages {st}" + ("" if dq == "pass" else f" dQ {dq}")
+            yield label, MosaicConfig(bwd_block_q=bq, bwd_block_kv=bkv, bwd_stages=st, bwd_dq=dq)
+    else:
+        for label, fields in BWD_DQ_CONFIGS:
+            if fields["bwd_dq"] != "atomic_shared" or head_dim == 128:  # shared: H = 128 only
+                yield label, MosaicConfig(**fields)
+
+
+def backward_tiles(out, kernel="bwd_tiles"):
+    """Time forward+backward of our Mosaic GPU kernel at each backward configuration of ``kernel`` beside cuDNN's;
+    a configuration whose gradients are off (against cuDNN's) is reported, not timed; rows are saved as they come."""
     rows = []
     B, T, N = 4, 8192, 16
     for H in (64, 128):
@@ -171,11 +199,9 @@ def backward_tiles(out):
             cudnn = functools.partial(dot_product_attention, implementation="cudnn", is_causal=causal)
             exact = jax.jit(fwd_bwd(cudnn))(q, k, v, d_out)
             impls = [("cuDNN", cudnn)] + [
-                (f"bwd {bq}x{bkv} stages {st}" + ("" if dq == "pass" else f" dQ {dq}"),
-                 functools.partial(mosaic_flash_attention, is_causal=causal, config=MosaicConfig(
-                     bwd_block_q=bq, bwd_block_kv=bkv, bwd_stages=st, bwd_dq=dq)))
-                for bq, bkv, st, dq in BWD_TILES
-            ]  # fmt: skip
+                (label, functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg))
+                for label, cfg in backward_configs(kernel, H)
+            ]
             for label, fn in impls:
                 try:
                     grads = jax.jit(fwd_bwd(fn))(q, k, v, d_out)
@@ -186,7 +212,7 @@ def backward_tiles(out):
                 except Exception as exc:  # a configuration that does not compile or fit is reported, not fatal
                     tf = err = None
                     print(f"H={H} {label}: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
-                rows.append({"kernel": "bwd_tiles", "B": B, "T": T, "N": N, "H": H, "causal": causal, "config": label,
+                rows.append({"kernel": kernel, "B": B, "T": T, "N": N, "H": H, "causal": causal, "config": label,
                              "pass": "fwd+bwd", "tflops": tf, "rel_error_vs_cudnn": err})  # fmt: skip
                 print(
                     f"H={H:3d} causal={causal!s:5} {label:34s} {tf and round(tf)}  err {err and f'{err:.2g}'}",
@@ -211,13 +237,15 @@ def default_out(kernel: str) -> str:
 
 
 if __name__ == "__main__":
-    kernels = ("pallas", "mosaic", "pipe", "fp8", "bwd", "bwd_tiles")
+    kernels = ("pallas", "mosaic", "pipe", "fp8", "registers", "bwd", "bwd_tiles", "bwd_dq")
     if len(sys.argv) not in (2, 3) or sys.argv[1] not in kernels:
         raise SystemExit(f"usage: python tools/tune.py {{{'|'.join(kernels)}}} [OUT.json]")
     out = fresh(sys.argv[2] if len(sys.argv) == 3 else default_out(sys.argv[1]))
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     print(f"saving to {out}", flush=True)
-    if sys.argv[1] in ("bwd", "bwd_tiles"):
-        (backward if sys.argv[1] == "bwd" else backward_tiles)(out)
-        sys.exit()
-    main(sys.argv[1], out)
+    if sys.argv[1] == "bwd":
+        backward(out)
+    elif sys.argv[1] in ("bwd_tiles", "bwd_dq"):
+        backward_tiles(out, sys.argv[1])
+    else:
+        main(sys.argv[1], out)
