@@ -152,15 +152,11 @@ def call(body, out_type, scratch, grid, grid_names, *args, profile_space: int = 
     """One warp-specialised Mosaic GPU kernel: two compute warpgroups and one copy warpgroup per CTA, exp2 as the
     hardware's ``ex2.approx``. With ``profile_space`` (regions per warpgroup) and ``profile_dir``, Pallas's
     in-kernel profiler writes each call's per-warpgroup trace (Chrome trace JSON) into ``profile_dir``."""
-    import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
-
-    def entry(*refs):
-        pl.run_scoped(lambda *scoped: body(*refs, scoped), *scratch, collective_axes="wg")
 
     profile = {"profile_space": profile_space, "profile_dir": profile_dir} if profile_space else {}
     return plgpu.kernel(
-        entry,
+        _entry(body, scratch),
         out_type=out_type,
         grid=grid,
         grid_names=grid_names,
@@ -177,10 +173,19 @@ def call_into(body, args, outs, scratch, grid, grid_names):
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
     mesh = plgpu.Mesh(grid=grid, grid_names=grid_names, num_threads=3, thread_name="wg")
+    refs = [jax.new_ref(x) for x in outs]
+    kernel = pl.kernel(_entry(body, scratch), out_type=(), mesh=mesh,
+                       compiler_params=plgpu.CompilerParams(approx_math=True))  # fmt: skip
+    kernel(*args, *refs)
+    return tuple(r[...] for r in refs)
+
+
+def _entry(body, scratch):
+    """The kernel's entry: ``body(*refs, scoped)`` with the ``scratch`` (shared memory, barriers) allocated once for
+    the CTA's three warpgroups."""
+    import jax.experimental.pallas as pl
 
     def entry(*refs):
         pl.run_scoped(lambda *scoped: body(*refs, scoped), *scratch, collective_axes="wg")
 
-    refs = [jax.new_ref(x) for x in outs]
-    pl.kernel(entry, out_type=(), mesh=mesh, compiler_params=plgpu.CompilerParams(approx_math=True))(*args, *refs)
-    return tuple(r[...] for r in refs)
+    return entry
