@@ -5,8 +5,8 @@ python tools/tune.py mosaic [OUT.json]   block_kv and stages of the Mosaic GPU k
 (GPU only; a minute or two each). B=8, T=4096, N=16, bf16; H = 128 and 64, causal and not.
 python tools/tune.py pipe [OUT.json]     block_kv and stages of the pipelined Mosaic forward (B=4, T=8192, N=16,
 H=128, bf16), the plain kernel's default beside it.
-python tools/tune.py fp8 [OUT.json]      block_kv and stages of our FP8 forward against cuDNN's FP8 (P scale 448),
-same shape.
+python tools/tune.py fp8 [OUT.json]      block_kv, stages and registers of our FP8 forward against cuDNN's FP8 (P
+scale 448), same shape.
 python tools/tune.py bwd [OUT.json]      forward+backward (jax.vjp) of our two kernels against cuDNN's:
 B·T = 16k, T = 4096 and 8192, N=16, H=128, bf16, causal and not; each row is saved as soon as it is measured.
 python tools/tune.py bwd_tiles [OUT.json]  forward+backward of our Mosaic GPU kernel with other backward tiles
@@ -58,8 +58,9 @@ BWD_DQ_CONFIGS = [(f"dQ {dq.replace('_', ' ')}" + (", 240 registers" if regs == 
                    {"bwd_dq": dq, "bwd_registers": regs})
                   for dq in ("pass", "atomic", "atomic_shared") for regs in (232, 240)]  # fmt: skip
 PIPE = [(128, 2, False), (128, 2, True), (64, 2, True), (64, 3, True), (64, 4, True)]  # 128 × 3 stages: no room
-FP8 = [(128, 2, "registers"), (128, 3, "registers"), (128, 4, "registers"), (128, 2, "smem")]
-# (block_kv, stages, p_via); block_kv = 256 needs more registers than the kernel budgets
+FP8 = [(128, 2, "registers", 232), (128, 3, "registers", 232), (128, 4, "registers", 232), (128, 2, "smem", 232),
+       (128, 2, "registers", 240)]  # fmt: skip
+# (block_kv, stages, p_via, registers); block_kv = 256 needs more registers than the kernel budgets
 
 
 def candidates(kernel, causal, head_dim=128):
@@ -82,10 +83,10 @@ def candidates(kernel, causal, head_dim=128):
     elif kernel == "fp8":
         from attention_tutorial.kernels.mosaic_fp8 import mosaic_fp8_attention
 
-        for bkv, stages, p_via in FP8:
-            cfg = MosaicConfig(block_kv=bkv, stages=stages)
+        for bkv, stages, p_via, regs in FP8:
+            cfg = MosaicConfig(block_kv=bkv, stages=stages, registers=regs)
             fn = functools.partial(mosaic_fp8_attention, is_causal=causal, config=cfg, p_via=p_via)
-            yield f"FP8 64x{bkv} stages {stages} p via {p_via}", fn
+            yield f"FP8 64x{bkv} stages {stages} p via {p_via}" + (", 240 registers" if regs == 240 else ""), fn
     elif kernel == "pipe":
         for bkv, stages, pipeline in PIPE:
             cfg = MosaicConfig(block_kv=bkv, stages=stages, pipeline=pipeline)
