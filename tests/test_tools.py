@@ -57,7 +57,7 @@ def test_tune_tables_try_configurations_that_fit_their_shapes():
     import tune
 
     from attention_tutorial.inputs import AttentionShape
-    from attention_tutorial.kernels.mosaic.budget import default_config, problem
+    from attention_tutorial.kernels.mosaic.budget import default_config, fp8_problem, problem
 
     shape = lambda h: AttentionShape(4, 8192, 8192, 16, 16, h)  # noqa: E731
     dq = {h: dict(tune.backward_configs("bwd_dq", h)) for h in (64, 128)}
@@ -70,3 +70,6 @@ def test_tune_tables_try_configurations_that_fit_their_shapes():
         assert all(problem(shape(h), jnp.bfloat16, cfg) is None for cfg in fwd.values())
         assert all(dataclasses.replace(cfg, registers=232) == default_config(h, pipeline=cfg.pipeline)
                    for cfg in fwd.values())  # fmt: skip
+    fp8 = {label: fn.keywords["config"] for label, fn in tune.candidates("fp8", True)}
+    assert len(fp8) == len(tune.FP8) and all(fp8_problem(shape(128), cfg) is None for cfg in fp8.values())
+    assert fp8["FP8 64x128 stages 2 p via registers, exp_poly 0.25"].exp_poly == 0.25

@@ -9,8 +9,8 @@
 #                                        240 registers), then the dQ table (tools/tune.py bwd_dq) (under 10 minutes);
 #                                        the race itself: bash tools/gpu.sh record backward
 #   bash tools/gpu.sh registers        the forwards' GPU tests at 240 registers (plain, pipelined, FP8), then the
-#                                        forwards at 232 and 240 beside cuDNN (tools/tune.py registers, then fp8)
-#                                        (under 10 minutes)
+#                                        forwards at 232 and 240 beside cuDNN (tools/tune.py registers) (under 9
+#                                        minutes); the FP8 forward's: bash tools/gpu.sh tune fp8
 #   bash tools/gpu.sh exp_poly         part of p's exponentials on the FMA units: its GPU tests, then the plain and
 #                                        pipelined forwards (H = 128, both masks) at exp_poly 0, 0.25, 0.5 beside cuDNN,
 #                                        two rounds, as a table (about 2 minutes; records in $OUT/exp_poly.json)
@@ -69,8 +69,7 @@ PY
     XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 150 python3 -m pytest -q -p no:cacheprovider -p no:benchmark -m gpu \
       "${workers[@]}" -k 240 tests/kernels/mosaic/test_pipelined.py tests/kernels/mosaic/test_fp8.py \
       2>&1 | tail -8
-    timeout 280 python3 tools/tune.py registers "$OUT/registers_tuning.json" 2>&1 | tail -30
-    timeout 120 python3 tools/tune.py fp8 "$OUT/fp8_tuning.json" 2>&1 | tail -14 ;;
+    timeout 330 python3 tools/tune.py registers "$OUT/registers_tuning.json" 2>&1 | tail -30 ;;
   exp_poly)
     workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 4)
     XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 90 python3 -m pytest -q -p no:cacheprovider -p no:benchmark -m gpu \

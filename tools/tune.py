@@ -5,7 +5,7 @@ python tools/tune.py mosaic [OUT.json]   block_kv and stages of the Mosaic GPU k
 (GPU only; a minute or two each). B=8, T=4096, N=16, bf16; H = 128 and 64, causal and not.
 python tools/tune.py pipe [OUT.json]     block_kv and stages of the pipelined Mosaic forward (B=4, T=8192, N=16,
 H=128, bf16), the plain kernel's default beside it.
-python tools/tune.py fp8 [OUT.json]      block_kv, stages and registers of our FP8 forward against cuDNN's FP8 (P
+python tools/tune.py fp8 [OUT.json]      stages, registers and exp_poly of our FP8 forward against cuDNN's FP8 (P
 scale 448), same shape.
 python tools/tune.py bwd [OUT.json]      forward+backward (jax.vjp) of our two kernels against cuDNN's:
 B·T = 16k, T = 4096 and 8192, N=16, H=128, bf16, causal and not; each row is saved as soon as it is measured.
@@ -58,9 +58,9 @@ BWD_DQ_CONFIGS = [(f"dQ {dq.replace('_', ' ')}" + (", 240 registers" if regs == 
                    {"bwd_dq": dq, "bwd_registers": regs})
                   for dq in ("pass", "atomic", "atomic_shared") for regs in (232, 240)]  # fmt: skip
 PIPE = [(128, 2, False), (128, 2, True), (64, 2, True), (64, 3, True), (64, 4, True)]  # 128 × 3 stages: no room
-FP8 = [(128, 2, "registers", 232), (128, 3, "registers", 232), (128, 4, "registers", 232), (128, 2, "smem", 232),
-       (128, 2, "registers", 240)]  # fmt: skip
-# (block_kv, stages, p_via, registers); block_kv = 256 needs more registers than the kernel budgets
+# (p_via, MosaicConfig fields other than the default's); block_kv = 256 needs more registers than the kernel budgets
+FP8 = [("registers", {}), ("registers", {"stages": 3}), ("registers", {"stages": 4}), ("smem", {}),
+       ("registers", {"registers": 240}), ("registers", {"exp_poly": 0.25}), ("registers", {"exp_poly": 0.5})]  # fmt: skip
 
 
 def candidates(kernel, causal, head_dim=128):
@@ -83,10 +83,12 @@ def candidates(kernel, causal, head_dim=128):
     elif kernel == "fp8":
         from attention_tutorial.kernels.mosaic_fp8 import mosaic_fp8_attention
 
-        for bkv, stages, p_via, regs in FP8:
-            cfg = MosaicConfig(block_kv=bkv, stages=stages, registers=regs)
+        for p_via, fields in FP8:
+            cfg = MosaicConfig(**fields)
             fn = functools.partial(mosaic_fp8_attention, is_causal=causal, config=cfg, p_via=p_via)
-            yield f"FP8 64x{bkv} stages {stages} p via {p_via}" + (", 240 registers" if regs == 240 else ""), fn
+            extra = {"registers": f", {cfg.registers} registers", "exp_poly": f", exp_poly {cfg.exp_poly}"}
+            label = f"FP8 64x{cfg.block_kv} stages {cfg.stages} p via {p_via}"
+            yield label + "".join(extra[k] for k in fields if k in extra), fn
     elif kernel == "pipe":
         for bkv, stages, pipeline in PIPE:
             cfg = MosaicConfig(block_kv=bkv, stages=stages, pipeline=pipeline)
