@@ -7,7 +7,8 @@
 #                                        recorded into the result file (about 8 minutes; a summary last)
 #   bash tools/gpu.sh backward         the backward kernels' GPU tests (dQ by a pass, by atomic adds, shared; 232 and
 #                                        240 registers), then the dQ table (tools/tune.py bwd_dq) (under 10 minutes);
-#                                        the race itself: bash tools/gpu.sh record backward
+#                                        the race itself and the backward's warpgroups for each way of making dQ:
+#                                        bash tools/gpu.sh record backward timeline_backward
 #   bash tools/gpu.sh registers        the forwards' GPU tests at 240 registers (plain, pipelined, FP8), then the
 #                                        forwards at 232 and 240 beside cuDNN (tools/tune.py registers) (under 9
 #                                        minutes); the FP8 forward's: bash tools/gpu.sh tune fp8

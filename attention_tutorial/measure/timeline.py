@@ -1,4 +1,4 @@
-"""A measured timeline of our Mosaic GPU forward's warpgroups, from Pallas Mosaic GPU's in-kernel profiler.
+"""A measured timeline of our Mosaic GPU kernels' warpgroups, from Pallas Mosaic GPU's in-kernel profiler.
 
 With ``MosaicConfig(profile_space=..., profile_dir=...)`` the forward names its regions (``jax.named_scope``) and
 Pallas stamps the SM clock where each starts and ends, per warpgroup, in a buffer in shared memory; after the call
@@ -19,7 +19,14 @@ What the recorder stores (provenance key ``"timeline"``, one entry per kernel, `
      "ctas": how many CTAs the trace held, "tracks": [
         {"cta": 0, "sm": 17, "warpgroup": 0, "regions": [["wait", start, end, depth], ...]}, ...]}
 
-or ``{"status": "error", "reason": ...}``. Times are integers relative to the earliest region kept. The profiler
+or ``{"status": "error", "reason": ...}``.
+
+The backward (:func:`backward_timeline_records`, provenance key ``"timeline_backward"``) is recorded the same way for
+each way of making dQ (:data:`BACKWARD_KERNELS`), with the backward kernels called alone: ``"tracks"`` are the dK/dV
+kernel's, and with dQ by a pass of its own ``"dq_tracks"`` the dQ kernel's; ``"tiles"`` holds the backward's. Its
+regions: ``qk`` recomputing the scores, ``softmax`` the elementwise work (the mask, exp2 for P, dS from dP),
+``grads`` the gradient matmuls (dV and dP, then dK, and with atomic adds dQ's share), ``dq_add`` sending dQ's share
+out (a TMA reduce-add), ``wait`` and ``copy`` as in the forward. Times are integers relative to the earliest region kept. The profiler
 places each warpgroup's first region at the global timer (ns) and the later ones by the SM clock (cycles; at the
 H200's 1.98 GHz a cycle is about 0.5 ns), so within one track the differences count cycles: compare regions with each
 other, not with wall-clock times. Profiling adds two shared-memory stores per region, so the profiled kernel is a
@@ -44,12 +51,55 @@ KERNELS = {"mosaic": False, "mosaic_pipe": True}  # impl: pipeline
 CTAS = 2  # CTAs kept per kernel: the first to start
 WARPGROUPS = 3  # per CTA: two compute, one copy
 REGIONS_PER_STEP = 8  # the pipelined step's regions (the plain one has 6), for sizing the event buffer
+BACKWARD_SHAPE = AttentionShape(1, 2048, 2048, 8, 8, 64)  # H = 64: where the two ways of making dQ differ most
+BACKWARD_KERNELS = {"mosaic": "pass", "mosaic_atomic": "atomic"}  # impl: bwd_dq
+BACKWARD_REGIONS_PER_STEP = 10  # the dK/dV kernel's step with atomic adds (wait, qk, softmax, grads twice, ...)
 
 
 def profile_space(shape: AttentionShape, block_kv: int) -> int:
     """Regions per warpgroup the event buffer must hold: ``REGIONS_PER_STEP`` for each key block and a few for the
     prologue and epilogue (a warpgroup that records more than it holds corrupts its trace)."""
     return REGIONS_PER_STEP * (shape.seq_kv // block_kv) + 16
+
+
+def backward_profile_space(shape: AttentionShape, cfg) -> int:
+    """Regions per warpgroup the backward's event buffer must hold: :data:`BACKWARD_REGIONS_PER_STEP` for each step
+    of the longer of its two walks (the dK/dV kernel's over query blocks and heads sharing a kv head, the dQ
+    kernel's over key blocks) and a few for the prologue and epilogue."""
+    steps = max(shape.heads // shape.kv_heads * shape.seq_q // cfg.bwd_block_q, shape.seq_kv // cfg.bwd_block_kv)
+    return BACKWARD_REGIONS_PER_STEP * steps + 16
+
+
+def _written(folder: Path, before: set, expected: int, what: str) -> list[Path]:
+    """The traces written into ``folder`` since ``before``, in the order the kernels ran (the profiler names each
+    ``<kernel>-<time in ns>-trace.json``)."""
+    jax.effects_barrier()  # the traces are written by host callbacks
+    written = sorted(set(folder.glob("*.json")) - before, key=lambda p: int(p.name.rsplit("-", 2)[-2]))
+    if len(written) != expected:
+        raise RuntimeError(f"the profiled {what} wrote {len(written)} traces into {folder}, not {expected}: {written}")
+    return written
+
+
+def profile_backward(dq: str, folder, *, shape: AttentionShape = BACKWARD_SHAPE, causal: bool = False) -> list[Path]:
+    """Run our backward kernels alone (dQ made as ``dq`` says: see ``MosaicConfig.bwd_dq``) once with the in-kernel
+    profiler on and return the traces they wrote into ``folder``, in the order they ran: with a pass of its own the
+    dQ kernel's, then the dK/dV kernel's; with atomic adds the dK/dV kernel's alone. Needs a Hopper GPU."""
+    from ..kernels.mosaic.attention import mosaic_flash_attention, mosaic_flash_backward
+    from ..kernels.mosaic.budget import default_config
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    plain = dataclasses.replace(default_config(shape.head_dim), bwd_dq=dq)
+    config = dataclasses.replace(plain, profile_space=backward_profile_space(shape, plain), profile_dir=str(folder))
+    q, k, v = make_qkv(shape.batch, shape.seq_q, shape.heads, shape.head_dim, seq_kv=shape.seq_kv,
+                       kv_heads=shape.kv_heads, dtype=jnp.bfloat16, seed=0)  # fmt: skip
+    out, lse = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, config=plain, return_lse=True))(
+        q, k, v)  # fmt: skip
+    d_out = jax.random.normal(jax.random.key(1), q.shape, jnp.float32).astype(q.dtype)
+    before = set(folder.glob("*.json"))
+    fn = jax.jit(functools.partial(mosaic_flash_backward, is_causal=causal, config=config))
+    jax.block_until_ready(fn(q, k, v, out, lse, d_out))
+    return _written(folder, before, 2 if dq == "pass" else 1, "backward")
 
 
 def profile_forward(pipeline: bool, folder, *, shape: AttentionShape = SHAPE, causal: bool = False) -> Path:
@@ -67,11 +117,7 @@ def profile_forward(pipeline: bool, folder, *, shape: AttentionShape = SHAPE, ca
                        kv_heads=shape.kv_heads, dtype=jnp.bfloat16, seed=0)  # fmt: skip
     fn = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, config=config))
     jax.block_until_ready(fn(q, k, v))
-    jax.effects_barrier()  # the trace is written by a host callback
-    written = sorted(set(folder.glob("*.json")) - before)
-    if len(written) != 1:
-        raise RuntimeError(f"the profiled forward wrote {len(written)} traces into {folder}, not one: {written}")
-    return written[0]
+    return _written(folder, before, 1, "forward")[0]
 
 
 def parse_trace(trace: dict, *, ctas: int = CTAS, warpgroups: int = WARPGROUPS) -> list[dict]:
@@ -136,5 +182,35 @@ def timeline_records(*, shape: AttentionShape = SHAPE, ctas: int = CTAS, causal:
             n_ctas = len({(e["tid"] - 1) // WARPGROUPS for e in trace["traceEvents"]})
             out[impl] = {"status": "ok", **meta, "ctas": n_ctas, "tracks": parse_trace(trace, ctas=ctas)}
         except Exception as err:  # one kernel failing leaves the other's timeline
+            out[impl] = {"status": "error", "reason": f"{type(err).__name__}: {str(err)[:300]}", **meta}
+    return out
+
+
+def backward_timeline_records(*, shape: AttentionShape = BACKWARD_SHAPE, ctas: int = CTAS, causal: bool = False
+                              ) -> dict[str, dict]:  # fmt: skip
+    """For each of :data:`BACKWARD_KERNELS`: one profiled call of the backward kernels alone at ``shape``, the
+    first ``ctas`` CTAs of each kernel as tracks (see the module docstring), or its status and reason."""
+    from ..kernels.mosaic.attention import why_not
+    from ..kernels.mosaic.budget import default_config, problem
+
+    out = {}
+    for impl, dq in BACKWARD_KERNELS.items():
+        config = dataclasses.replace(default_config(shape.head_dim), bwd_dq=dq)
+        meta = {"shape": shape._asdict(), "causal": causal, "dtype": "bfloat16", "bwd_dq": dq,
+                "tiles": {f: getattr(config, f) for f in ("bwd_block_q", "bwd_block_kv", "bwd_stages")},
+                "profile_space": backward_profile_space(shape, config), "unit": "ns"}  # fmt: skip
+        reason = why_not(shape, jnp.bfloat16, causal) or problem(shape, jnp.bfloat16, config)
+        if reason:
+            out[impl] = {"status": "unsupported", "reason": reason, **meta}
+            continue
+        try:
+            with tempfile.TemporaryDirectory() as folder:
+                traces = [json.loads(p.read_text()) for p in profile_backward(dq, folder, shape=shape, causal=causal)]
+            *dq_trace, dkv_trace = traces
+            n_ctas = len({(e["tid"] - 1) // WARPGROUPS for e in dkv_trace["traceEvents"]})
+            out[impl] = {"status": "ok", **meta, "ctas": n_ctas, "tracks": parse_trace(dkv_trace, ctas=ctas)}
+            if dq_trace:
+                out[impl]["dq_tracks"] = parse_trace(dq_trace[0], ctas=ctas)
+        except Exception as err:  # one way failing leaves the other's timeline
             out[impl] = {"status": "error", "reason": f"{type(err).__name__}: {str(err)[:300]}", **meta}
     return out

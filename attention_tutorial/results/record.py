@@ -95,15 +95,16 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
         store.save(out, prov, [])
         statuses = ", ".join(f"{name}: {rec['status']}" for name, rec in prov["kernel_code"].items())
         print(f"kernel_code: {statuses}", flush=True)
-    if "timeline" in extras:  # the forward's warpgroups from the in-kernel profiler, kept in the provenance
-        from ..measure.timeline import timeline_records
+    for key in ("timeline", "timeline_backward"):  # the warpgroups from the in-kernel profiler, in the provenance
+        if key in extras:
+            from ..measure import timeline
 
-        t0 = time.perf_counter()
-        prov["timeline"] = timeline_records()
-        prov["grids"] = {"timeline": _grid_provenance(env, round(time.perf_counter() - t0, 1), command, peak)}
-        store.save(out, prov, [])
-        statuses = ", ".join(f"{name}: {rec['status']}" for name, rec in prov["timeline"].items())
-        print(f"timeline: {statuses}", flush=True)
+            t0 = time.perf_counter()
+            prov[key] = (timeline.timeline_records if key == "timeline" else timeline.backward_timeline_records)()
+            prov["grids"] = {key: _grid_provenance(env, round(time.perf_counter() - t0, 1), command, peak)}
+            store.save(out, prov, [])
+            statuses = ", ".join(f"{name}: {rec['status']}" for name, rec in prov[key].items())
+            print(f"{key}: {statuses}", flush=True)
     if "lessons" in extras:  # TF32 vs float32, what cuDNN refuses, GQA = MHA: kept in the provenance
         from ..measure.lessons import lesson_records
 
@@ -208,8 +209,8 @@ def _train_dispatch_records(peak, **timing):
 
 
 # Experiments beside the grids, by name: each returns records (None: kept in the provenance instead — kernel_code:
-# instruction counts; lessons: see measure.lessons; timeline: see measure.timeline; timing_lesson: see
-# measure.timing_lesson, kept as lessons["timing"]).
+# instruction counts; lessons: see measure.lessons; timeline, timeline_backward: see measure.timeline; timing_lesson:
+# see measure.timing_lesson, kept as lessons["timing"]).
 EXTRAS = {
     "fp8": _fp8_records,
     "device_time": _device_time_records,
@@ -220,6 +221,7 @@ EXTRAS = {
     "kernel_code": None,
     "lessons": None,
     "timeline": None,
+    "timeline_backward": None,
     "timing_lesson": None,
     "train_profile": _train_profile_records,
     "train_dispatch": _train_dispatch_records,

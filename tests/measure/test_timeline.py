@@ -2,6 +2,7 @@
 the tracks they encode; the event buffer is sized for every step; off a Hopper GPU each kernel says why not."""
 
 import dataclasses
+import functools
 import io
 import json
 
@@ -111,3 +112,81 @@ def test_gpu_profiled_forwards_give_tracks_of_every_warpgroup_with_each_region(t
             assert {"qk", "softmax", "pv", "wait"} <= names
             assert all(0 <= s <= e for _, s, e, _ in t["regions"])
         assert {r[0] for r in tracks[2]["regions"]} <= {"copy", "wait", "Init"}  # Init: the profiler's own start
+
+
+def test_the_backward_event_buffer_holds_every_step_and_fits_beside_the_tiles():
+    shape = tl.BACKWARD_SHAPE
+    for dq in tl.BACKWARD_KERNELS.values():
+        cfg = dataclasses.replace(default_config(shape.head_dim), bwd_dq=dq)
+        space = tl.backward_profile_space(shape, cfg)
+        assert space >= tl.BACKWARD_REGIONS_PER_STEP * shape.seq_q // cfg.bwd_block_q
+        assert problem(shape, jnp.bfloat16, dataclasses.replace(cfg, profile_space=space, profile_dir="/t")) is None
+    # 24 KiB of events fit beside the forward's 160.5 KiB of tiles, not beside the atomic dK/dV kernel's 209 (+ 4)
+    big = dataclasses.replace(default_config(128), bwd_dq="atomic", profile_space=512, profile_dir="/t")
+    assert "to the dK/dV kernel's tiles (237.0 KiB" in problem(
+        AttentionShape(1, 256, 256, 2, 2, 128), jnp.bfloat16, big
+    )
+
+
+def test_traces_are_taken_in_the_order_their_kernels_ran(tmp_path):
+    before = set(tmp_path.glob("*.json"))
+    for name in ("dkv_entry-2000000000000000010-trace.json", "entry-1999999999999999999-trace.json"):
+        (tmp_path / name).write_text("{}")
+    assert [p.name.split("-")[0] for p in tl._written(tmp_path, before, 2, "backward")] == ["entry", "dkv_entry"]
+    with pytest.raises(RuntimeError, match=r"wrote 2 traces .* not 1"):
+        tl._written(tmp_path, before, 1, "backward")
+
+
+def _backward_jaxpr(cfg, causal):
+    from attention_tutorial.kernels.mosaic.attention import mosaic_flash_backward
+
+    q = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16)
+    lse = jax.ShapeDtypeStruct((1, 2, 256), jnp.float32)
+    fn = functools.partial(mosaic_flash_backward, is_causal=causal, config=cfg)
+    return jax.make_jaxpr(fn)(q, q, q, q, lse, q)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dq", ["pass", "atomic"])
+def test_backward_regions_exist_only_when_profiling_and_add_no_operation(dq, causal):
+    from tests.kernels.mosaic.test_forward import _scope_names
+
+    plain = dataclasses.replace(default_config(64), bwd_dq=dq)
+    profiled = dataclasses.replace(plain, profile_space=64, profile_dir="/tmp/trace")
+    base = _scope_names(_backward_jaxpr(plain, causal).jaxpr)  # the kernels' entry, the einsum of rowsum(dO ∘ O)
+    regions = {"qk", "softmax", "grads", "wait", "copy"} | ({"dq_add"} if dq == "atomic" else set())
+    assert not base & regions and _scope_names(_backward_jaxpr(profiled, causal).jaxpr) == base | regions
+    a, b = str(_backward_jaxpr(plain, causal)).splitlines(), str(_backward_jaxpr(profiled, causal)).splitlines()
+    differ = [(x, y) for x, y in zip(a, b) if x != y]
+    assert len(a) == len(b) and len(differ) == (2 if dq == "pass" else 1)  # each kernel's compiler parameters
+    assert all("profile_space=64" in y for _, y in differ)
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the CPU answer")
+def test_off_hopper_each_backward_says_why_with_what_it_would_have_run():
+    got = tl.backward_timeline_records(shape=AttentionShape(1, 256, 256, 2, 2, 64))
+    assert set(got) == {"mosaic", "mosaic_atomic"}
+    for impl, entry in got.items():
+        assert entry["status"] == "unsupported" and "Hopper" in entry["reason"]
+        assert entry["bwd_dq"] == tl.BACKWARD_KERNELS[impl] and entry["tiles"]["bwd_block_q"] == 64
+
+
+@pytest.mark.gpu
+def test_gpu_profiled_backwards_give_tracks_of_every_warpgroup_with_each_region():
+    from attention_tutorial.kernels.mosaic.attention import why_not
+
+    if reason := why_not(tl.BACKWARD_SHAPE, jnp.bfloat16, False):
+        pytest.skip(reason)
+    got = tl.backward_timeline_records(ctas=1)
+    for impl, entry in got.items():
+        assert entry["status"] == "ok", (impl, entry.get("reason"))
+        kernels = [entry["tracks"], *([entry["dq_tracks"]] if impl == "mosaic" else [])]
+        assert ("dq_tracks" in entry) == (impl == "mosaic")
+        for tracks in kernels:
+            assert [t["warpgroup"] for t in tracks] == [0, 1, 2]
+            for t in tracks[:2]:
+                assert {"qk", "softmax", "grads", "wait"} <= {r[0] for r in t["regions"]}
+                assert all(0 <= s <= e for _, s, e, _ in t["regions"])
+            assert {r[0] for r in tracks[2]["regions"]} <= {"copy", "wait", "Init"}
+        atomic_adds = {r[0] for t in entry["tracks"][:2] for r in t["regions"]} & {"dq_add"}
+        assert atomic_adds == ({"dq_add"} if impl == "mosaic_atomic" else set())

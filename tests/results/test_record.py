@@ -78,8 +78,15 @@ def test_ablations_are_a_grid_and_the_timeline_is_kept_in_the_provenance_and_mer
     assert data["provenance"]["timeline"] == {"mosaic": {"status": "ok", "tracks": [1]}}
     assert set(data["provenance"]["grids"]) == {"ablations", "timeline"}
     monkeypatch.setattr(timeline, "timeline_records", lambda: {"mosaic_pipe": {"status": "error"}})
-    rec_mod.record([], out=out, extras=("timeline",), progress=False, command="again")
-    assert set(results.load(out)["provenance"]["timeline"]) == {"mosaic", "mosaic_pipe"}  # merged, not replaced
+    monkeypatch.setattr(timeline, "backward_timeline_records", lambda: {"mosaic_atomic": {"status": "ok"}})
+    rec_mod.record([], out=out, extras=("timeline", "timeline_backward"), progress=False, command="again")
+    prov = results.load(out)["provenance"]
+    assert set(prov["timeline"]) == {"mosaic", "mosaic_pipe"}  # merged, not replaced
+    assert prov["timeline_backward"] == {"mosaic_atomic": {"status": "ok"}}
+    assert set(prov["grids"]) == {"ablations", "timeline", "timeline_backward"}
+    monkeypatch.setattr(timeline, "backward_timeline_records", lambda: {"mosaic": {"status": "ok"}})
+    rec_mod.record([], out=out, extras=("timeline_backward",), progress=False, command="once more")
+    assert set(results.load(out)["provenance"]["timeline_backward"]) == {"mosaic", "mosaic_atomic"}
 
 
 def test_record_writes_a_valid_file_grid_by_grid_and_merges(fake_gpu, tmp_path, monkeypatch):

@@ -20,8 +20,9 @@ from ...inputs import resolve_scale
 
 LOG2E = math.log2(math.e)
 
-# The regions a profiled forward records, by the name the trace gives them (see ``regions``).
-REGIONS = ("qk", "softmax", "pv", "wait", "copy")
+# The regions a profiled kernel records, by the name the trace gives them (see ``regions``); the backward names its
+# gradient matmuls "grads" and the sending out of dQ's share "dq_add"; "pv" is the forward's alone.
+REGIONS = ("qk", "softmax", "pv", "wait", "copy", "grads", "dq_add")
 
 
 def shared_lowering(*static: str):
@@ -166,7 +167,7 @@ def call(body, out_type, scratch, grid, grid_names, *args, profile_space: int = 
     )(*args)
 
 
-def call_into(body, args, outs, scratch, grid, grid_names):
+def call_into(body, args, outs, scratch, grid, grid_names, *, profile_space: int = 0, profile_dir: str = ""):
     """:func:`call` for a kernel that adds into its outputs: ``outs`` (arrays: their starting values, zeros for a sum)
     come into the kernel as refs after ``args`` and go out with what the kernel wrote; returns them."""
     import jax.experimental.pallas as pl
@@ -174,8 +175,9 @@ def call_into(body, args, outs, scratch, grid, grid_names):
 
     mesh = plgpu.Mesh(grid=grid, grid_names=grid_names, num_threads=3, thread_name="wg")
     refs = [jax.new_ref(x) for x in outs]
+    profile = {"profile_space": profile_space, "profile_dir": profile_dir} if profile_space else {}
     kernel = pl.kernel(_entry(body, scratch), out_type=(), mesh=mesh,
-                       compiler_params=plgpu.CompilerParams(approx_math=True))  # fmt: skip
+                       compiler_params=plgpu.CompilerParams(approx_math=True, **profile))  # fmt: skip
     kernel(*args, *refs)
     return tuple(r[...] for r in refs)
 

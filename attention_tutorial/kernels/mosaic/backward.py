@@ -26,6 +26,7 @@ from ._common import (
     causal_steps,
     drain,
     load_vector,
+    regions,
     shared_lowering,
     swizzled_tiles,
 )
@@ -33,8 +34,9 @@ from .budget import MosaicConfig, copy_registers
 
 
 def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, scoped, *, causal, bq, bkv, stages, seq_kv,
-              groups, scale, registers):  # fmt: skip
-    """dQ: each compute warpgroup owns ``bq`` query rows and walks the key blocks they see, as the forward does."""
+              groups, scale, registers, region):  # fmt: skip
+    """dQ: each compute warpgroup owns ``bq`` query rows and walks the key blocks they see, as the forward does.
+    ``region(name)`` names a stretch for the in-kernel profiler (a no-op unless profiling)."""
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
@@ -58,38 +60,46 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, scoped, *
         plgpu.copy_gmem_to_smem(do_ref.at[rows], do_smem, do_ready.at[wg])
         plgpu.copy_gmem_to_smem(lse_ref.at[batch, head, pl.ds(row0, bq)], lse_smem, lse_ready.at[wg])
         plgpu.copy_gmem_to_smem(delta_ref.at[batch, head, pl.ds(row0, bq)], delta_smem, delta_ready.at[wg])
-        for barrier in (q_ready, do_ready, lse_ready, delta_ready):
-            plgpu.barrier_wait(barrier.at[wg])
+        with region("wait"):
+            for barrier in (q_ready, do_ready, lse_ready, delta_ready):
+                plgpu.barrier_wait(barrier.at[wg])
         lse = load_vector(lse_smem, plgpu.Layout.WGMMA.reduce(1))
         delta = load_vector(delta_smem, plgpu.Layout.WGMMA.reduce(1))
         dq = plgpu.layout_cast(jnp.full((bq, head_dim), 0.0, jnp.float32), plgpu.Layout.WGMMA)
 
         def step(j, dq, masked=False):
             slot = lax.rem(j, jnp.array(stages, j.dtype))
-            plgpu.barrier_wait(k_ready.at[slot])
+            with region("wait"):
+                plgpu.barrier_wait(k_ready.at[slot])
 
             def qk(s_ref):  # s = q kᵀ
                 plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
                 return s_ref[...]
 
-            s = pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32))
-            if masked:
-                s = causal_block_mask(s, row0, j * bkv)
-            p = jnp.exp2(s * c - lax.broadcast_in_dim(lse, s.shape, [0]))  # the forward's weights, recomputed
-            plgpu.barrier_wait(v_ready.at[slot])
+            with region("qk"):
+                s = pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32))
+            with region("softmax"):
+                if masked:
+                    s = causal_block_mask(s, row0, j * bkv)
+                p = jnp.exp2(s * c - lax.broadcast_in_dim(lse, s.shape, [0]))  # the forward's weights, recomputed
+            with region("wait"):
+                plgpu.barrier_wait(v_ready.at[slot])
 
             def dov(dp_ref):  # dP = dO vᵀ
                 plgpu.wgmma(dp_ref, do_smem, v_smem.at[slot].transpose((1, 0)))
                 return dp_ref[...]
 
-            dp = pl.run_scoped(dov, plgpu.ACC((bq, bkv), jnp.float32))
+            with region("grads"):
+                dp = pl.run_scoped(dov, plgpu.ACC((bq, bkv), jnp.float32))
             plgpu.barrier_arrive(v_free.at[slot])
-            ds = (p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))).astype(dtype)
+            with region("softmax"):
+                ds = (p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))).astype(dtype)
 
             def dsk(dq_ref):  # dQ += dS k
                 plgpu.wgmma(dq_ref, ds, k_smem.at[slot])
 
-            dq = pl.run_state(dsk)(plgpu.ACC.init(dq))
+            with region("grads"):
+                dq = pl.run_state(dsk)(plgpu.ACC.init(dq))
             plgpu.barrier_arrive(k_free.at[slot])
             return dq
 
@@ -113,8 +123,9 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, scoped, *
 
         def fetch(j, slot):
             rows = (batch, pl.ds(j * bkv, bkv), kv_head)
-            plgpu.copy_gmem_to_smem(k_ref.at[rows], k_smem.at[slot], k_ready.at[slot])
-            plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem.at[slot], v_ready.at[slot])
+            with region("copy"):
+                plgpu.copy_gmem_to_smem(k_ref.at[rows], k_smem.at[slot], k_ready.at[slot])
+                plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem.at[slot], v_ready.at[slot])
 
         for i in range(stages):
             pl.when(i < cta_steps)(functools.partial(fetch, i, i))
@@ -122,19 +133,21 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, scoped, *
         @pl.loop(0, cta_steps - stages)
         def _(j):
             slot = lax.rem(j, jnp.array(stages, j.dtype))
-            plgpu.barrier_wait(k_free.at[slot])
-            plgpu.barrier_wait(v_free.at[slot])
+            with region("wait"):
+                plgpu.barrier_wait(k_free.at[slot])
+                plgpu.barrier_wait(v_free.at[slot])
             fetch(j + stages, slot)
 
 
 def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, causal, bq, bkv, stages, seq_q, groups, scale,
-               registers, dq="pass"):  # fmt: skip
+               registers, region, dq="pass"):  # fmt: skip
     """dK, dV: each compute warpgroup owns ``bkv`` keys of one kv head and walks, for each of the N // K query
     heads sharing it (GQA: summed here, in registers), the query blocks that see them.
 
     With ``dq="atomic"`` or ``"atomic_shared"`` the first of ``refs`` is a float32 dQ (zeros coming in) that each step
     adds its share dS·k into by TMA reduce-add: each warpgroup its own (queries × H), or, shared, the two warpgroups'
-    dS meet in shared memory and each adds half of H's columns for all 2·bkv keys (half the registers and traffic)."""
+    dS meet in shared memory and each adds half of H's columns for all 2·bkv keys (half the registers and traffic).
+    ``region(name)`` names a stretch for the in-kernel profiler (a no-op unless profiling)."""
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
@@ -161,15 +174,17 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, causal, b
         keys = (batch, pl.ds(key0, bkv), kv_head)
         plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem, k_ready.at[wg])
         plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem, v_ready.at[wg])
-        plgpu.barrier_wait(k_ready.at[wg])
-        plgpu.barrier_wait(v_ready.at[wg])
+        with region("wait"):
+            plgpu.barrier_wait(k_ready.at[wg])
+            plgpu.barrier_wait(v_ready.at[wg])
         zeros = jnp.full((bkv, head_dim), 0.0, jnp.float32)
         dk = plgpu.layout_cast(zeros, plgpu.Layout.WGMMA)
         dv = plgpu.layout_cast(zeros, plgpu.Layout.WGMMA)
 
         def wait_tile(slot):
-            for barrier in (q_ready, do_ready, lse_ready, delta_ready):
-                plgpu.barrier_wait(barrier.at[slot])
+            with region("wait"):
+                for barrier in (q_ready, do_ready, lse_ready, delta_ready):
+                    plgpu.barrier_wait(barrier.at[slot])
 
         def skip(jq, carry, base):  # a block the CTA loads but this warpgroup's keys never see: pass it on
             slot = lax.rem(base + jq, jnp.array(stages, jnp.int32))
@@ -185,11 +200,13 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, causal, b
                 plgpu.wgmma(s_ref, k_smem, q_tile.transpose((1, 0)))
                 return s_ref[...]
 
-            st = pl.run_scoped(kq, plgpu.ACC((bkv, bq), jnp.float32))
-            if masked:
-                st = causal_block_mask(st, jq * bq, key0, keys_axis=0)
-            lse = load_vector(lse_smem.at[slot], plgpu.Layout.WGMMA.reduce(0))
-            pt = jnp.exp2(st * c - lax.broadcast_in_dim(lse, st.shape, [1]))  # Pᵀ
+            with region("qk"):
+                st = pl.run_scoped(kq, plgpu.ACC((bkv, bq), jnp.float32))
+            with region("softmax"):
+                if masked:
+                    st = causal_block_mask(st, jq * bq, key0, keys_axis=0)
+                lse = load_vector(lse_smem.at[slot], plgpu.Layout.WGMMA.reduce(0))
+                pt = jnp.exp2(st * c - lax.broadcast_in_dim(lse, st.shape, [1]))  # Pᵀ
 
             def dv_and_dpt(refs):  # both matmuls in one group: one wait instead of two
                 dv_ref, dpt_ref = refs
@@ -197,18 +214,22 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, causal, b
                 plgpu.wgmma(dpt_ref, v_smem, do_tile.transpose((1, 0)))  # dPᵀ = v dOᵀ
 
             dpt0 = plgpu.layout_cast(jnp.full((bkv, bq), 0.0, jnp.float32), plgpu.Layout.WGMMA)
-            dv, dpt = pl.run_state(dv_and_dpt)((plgpu.ACC.init(dv), plgpu.ACC.init(dpt0)))
-            delta = load_vector(delta_smem.at[slot], plgpu.Layout.WGMMA.reduce(0))
-            return (pt * (dpt - lax.broadcast_in_dim(delta, dpt.shape, [1]))).astype(dtype), dv  # dSᵀ
+            with region("grads"):
+                dv, dpt = pl.run_state(dv_and_dpt)((plgpu.ACC.init(dv), plgpu.ACC.init(dpt0)))
+            with region("softmax"):
+                delta = load_vector(delta_smem.at[slot], plgpu.Layout.WGMMA.reduce(0))
+                dst = (pt * (dpt - lax.broadcast_in_dim(delta, dpt.shape, [1]))).astype(dtype)
+            return dst, dv  # dSᵀ
 
         def add_dq(share, jq, g, cols):
             """Add this step's float32 share of dQ (queries × ``cols`` of H) into dQ in global memory."""
             dq_smem = smem[7].at[wg]
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last step's share has left dq_smem
-            dq_smem[...] = share
-            plgpu.commit_smem()
-            rows = (batch, pl.ds(jq * bq, bq), kv_head * groups + g)
-            plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[(*rows, cols)], reduction_op="add")
+            with region("dq_add"):
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last step's share has left dq_smem
+                dq_smem[...] = share
+                plgpu.commit_smem()
+                rows = (batch, pl.ds(jq * bq, bq), kv_head * groups + g)
+                plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[(*rows, cols)], reduction_op="add")
 
         def step(jq, carry, base, masked, g):
             dk, dv = carry
@@ -221,20 +242,22 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, causal, b
                 def dk_step(dk_ref):  # dK += dSᵀ q
                     plgpu.wgmma(dk_ref, dst, q_tile)
 
-                dk = pl.run_state(dk_step)(plgpu.ACC.init(dk))
+                with region("grads"):
+                    dk = pl.run_state(dk_step)(plgpu.ACC.init(dk))
                 plgpu.barrier_arrive(tile_free.at[slot])
                 return dk, dv
             ds_smem = smem[6].at[wg]
-            ds_smem[...] = dst  # dS as wgmma's left operand (transposed from shared memory)
-            plgpu.commit_smem()
 
             def dk_and_dq(refs):
                 dk_ref, share_ref = refs
                 plgpu.wgmma(dk_ref, dst, q_tile)  # dK += dSᵀ q
                 plgpu.wgmma(share_ref, ds_smem.transpose((1, 0)), k_smem)  # dQ's share: dS k, (queries, H)
 
-            share0 = plgpu.layout_cast(jnp.full((bq, head_dim), 0.0, jnp.float32), plgpu.Layout.WGMMA)
-            dk, share = pl.run_state(dk_and_dq)((plgpu.ACC.init(dk), plgpu.ACC.init(share0)))
+            with region("grads"):
+                ds_smem[...] = dst  # dS as wgmma's left operand (transposed from shared memory)
+                plgpu.commit_smem()
+                share0 = plgpu.layout_cast(jnp.full((bq, head_dim), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+                dk, share = pl.run_state(dk_and_dq)((plgpu.ACC.init(dk), plgpu.ACC.init(share0)))
             plgpu.barrier_arrive(tile_free.at[slot])  # q and dO of this slot are done
             add_dq(share, jq, g, slice(None))
             return dk, dv
@@ -249,13 +272,16 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, causal, b
             ds_smem = smem[6].at[parity, wg]
             if active:
                 dst, dv = ds_of(jq, slot, dv, masked)
-                ds_smem[...] = dst
-            else:
-                ds_smem[...] = plgpu.layout_cast(jnp.full((bkv, bq), 0.0, dtype), plgpu.Layout.WGMMA)
-            plgpu.commit_smem()
+            with region("grads"):
+                if active:
+                    ds_smem[...] = dst
+                else:
+                    ds_smem[...] = plgpu.layout_cast(jnp.full((bkv, bq), 0.0, dtype), plgpu.Layout.WGMMA)
+                plgpu.commit_smem()
             ds_ready = ready[6].at[parity]
             plgpu.barrier_arrive(ds_ready)
-            plgpu.barrier_wait(ds_ready)  # both warpgroups' dS are in (and the last use of this parity's is over)
+            with region("wait"):
+                plgpu.barrier_wait(ds_ready)  # both warpgroups' dS are in (and the last use of this parity's is over)
             cols = pl.ds(wg * half, half)
 
             def dk_and_dq(refs):
@@ -265,8 +291,9 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, causal, b
                 for w in range(2):  # dQ's share, my half of H: Σ over both warpgroups' keys of dS k
                     plgpu.wgmma(share_ref, smem[6].at[parity, w].transpose((1, 0)), k_smem2.at[w].at[:, cols])
 
-            share0 = plgpu.layout_cast(jnp.full((bq, half), 0.0, jnp.float32), plgpu.Layout.WGMMA)
-            dk, share = pl.run_state(dk_and_dq)((plgpu.ACC.init(dk), plgpu.ACC.init(share0)))
+            with region("grads"):
+                share0 = plgpu.layout_cast(jnp.full((bq, half), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+                dk, share = pl.run_state(dk_and_dq)((plgpu.ACC.init(dk), plgpu.ACC.init(share0)))
             plgpu.barrier_arrive(tile_free.at[slot])
             add_dq(share, jq, g, cols)
             return dk, dv
@@ -291,7 +318,8 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, causal, b
         dk, dv = lax.fori_loop(0, groups, one_head, (dk, dv))
         if dq == "atomic_shared":  # the other warpgroup's last dQ share has read our k: both arrive before we write
             plgpu.barrier_arrive(ready[7].at[0])
-            plgpu.barrier_wait(ready[7].at[0])
+            with region("wait"):
+                plgpu.barrier_wait(ready[7].at[0])
         k_smem[...] = (dk * scale).astype(dtype)
         v_smem[...] = dv.astype(dtype)
         plgpu.commit_smem()
@@ -307,12 +335,11 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, causal, b
             g, jq = lax.div(t, jnp.maximum(per_head, 1)), first + lax.rem(t, jnp.maximum(per_head, 1))
             head = kv_head * groups + g
             rows = (batch, pl.ds(jq * bq, bq), head)
-            plgpu.copy_gmem_to_smem(q_ref.at[rows], q_smem.at[slot], q_ready.at[slot])
-            plgpu.copy_gmem_to_smem(do_ref.at[rows], do_smem.at[slot], do_ready.at[slot])
-            plgpu.copy_gmem_to_smem(lse_ref.at[batch, head, pl.ds(jq * bq, bq)], lse_smem.at[slot], lse_ready.at[slot])
-            plgpu.copy_gmem_to_smem(
-                delta_ref.at[batch, head, pl.ds(jq * bq, bq)], delta_smem.at[slot], delta_ready.at[slot]
-            )
+            with region("copy"):
+                plgpu.copy_gmem_to_smem(q_ref.at[rows], q_smem.at[slot], q_ready.at[slot])
+                plgpu.copy_gmem_to_smem(do_ref.at[rows], do_smem.at[slot], do_ready.at[slot])
+                for ref, tile, ready_ in ((lse_ref, lse_smem, lse_ready), (delta_ref, delta_smem, delta_ready)):
+                    plgpu.copy_gmem_to_smem(ref.at[batch, head, pl.ds(jq * bq, bq)], tile.at[slot], ready_.at[slot])
 
         for i in range(stages):
             pl.when(i < total)(functools.partial(fetch, jnp.array(i, jnp.int32), i))
@@ -320,7 +347,8 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, causal, b
         @pl.loop(0, total - stages)
         def _(t):
             slot = lax.rem(t, jnp.array(stages, t.dtype))
-            plgpu.barrier_wait(tile_free.at[slot])
+            with region("wait"):
+                plgpu.barrier_wait(tile_free.at[slot])
             fetch(t + stages, slot)
 
 
@@ -335,7 +363,9 @@ def backward(q, k, v, d_out, lse2, delta, *, causal: bool, scale: float, cfg: Mo
     if H > 128:  # dK and dV at H = 256 would take 2 × 128 registers per thread alone
         raise ValueError(f"the backward kernels take H = 64 or 128; got H={H} (H = 256 is forward-only here).")
     bq, bkv, dt = cfg.bwd_block_q, cfg.bwd_block_kv, q.dtype
-    common = dict(causal=causal, bq=bq, bkv=bkv, groups=N // K, scale=scale, registers=cfg.bwd_registers)
+    common = dict(causal=causal, bq=bq, bkv=bkv, groups=N // K, scale=scale, registers=cfg.bwd_registers,
+                  region=regions(cfg.profiling))  # fmt: skip
+    profile = dict(profile_space=cfg.profile_space, profile_dir=cfg.profile_dir)
     args = (q, k, v, d_out, lse2, delta)
     tiles = swizzled_tiles()
 
@@ -352,7 +382,7 @@ def backward(q, k, v, d_out, lse2, delta, *, causal: bool, scale: float, cfg: Mo
         kernel = functools.partial(dq_kernel, stages=stages, seq_kv=S, **common)
         grid = (N, T // (2 * bq), B)
         dq = call(kernel, jax.ShapeDtypeStruct(q.shape, dt), (smem, ready, free), grid, ("heads", "q_seq", "batch"),
-                  *args)  # fmt: skip
+                  *args, **profile)  # fmt: skip
 
     stages = min(cfg.bwd_stages, (N // K) * (T // bq))
     smem = (two((bkv, H), dt, transforms=tiles), two((bkv, H), dt, transforms=tiles),
@@ -371,8 +401,8 @@ def backward(q, k, v, d_out, lse2, delta, *, causal: bool, scale: float, cfg: Mo
     grid = (K, S // (2 * bkv), B)
     if cfg.bwd_dq == "pass":
         out_type = [jax.ShapeDtypeStruct(k.shape, dt)] * 2
-        dk, dv = call(kernel, out_type, (smem, ready, free), grid, ("heads", "kv_seq", "batch"), *args)
+        dk, dv = call(kernel, out_type, (smem, ready, free), grid, ("heads", "kv_seq", "batch"), *args, **profile)
         return dq, dk, dv
     outs = (jnp.zeros(q.shape, jnp.float32), jnp.zeros(k.shape, dt), jnp.zeros(v.shape, dt))  # dQ: the adds land here
-    dq_sum, dk, dv = call_into(kernel, args, outs, (smem, ready, free), grid, ("heads", "kv_seq", "batch"))
+    dq_sum, dk, dv = call_into(kernel, args, outs, (smem, ready, free), grid, ("heads", "kv_seq", "batch"), **profile)
     return (dq_sum * scale).astype(dt), dk, dv

@@ -54,10 +54,11 @@ class MosaicConfig:
     (:func:`~attention_tutorial.kernels.mosaic.exp2.exp2_split`); 0 to 1 in steps of 8 columns of ``block_kv``
     (1/16 at block_kv = 128). The numbers stay right (within bfloat16's rounding of p).
 
-    Two switches measure the forward and never compute attention: ``no_exp=True`` replaces every exp2 of its softmax
-    by the identity (wrong numbers: a timing bound with the exponentials' cost removed), and ``profile_space`` regions
-    per warpgroup with ``profile_dir`` switch Pallas's in-kernel profiler on (its trace goes to ``profile_dir``; the
-    event buffer takes ``profile_space`` × 16 B of shared memory per warpgroup)."""
+    Two switches measure the kernels: ``no_exp=True`` replaces every exp2 of the forward's softmax by the identity
+    (wrong numbers: a timing bound with the exponentials' cost removed), and ``profile_space`` regions per warpgroup
+    with ``profile_dir`` switch Pallas's in-kernel profiler on in every kernel the config runs, forward and backward
+    (each kernel's trace goes to ``profile_dir``; the event buffer takes ``profile_space`` × 16 B of shared memory
+    per warpgroup)."""
 
     block_q: int = 64
     block_kv: int = 128
@@ -256,6 +257,16 @@ def problem(shape: AttentionShape, dtype, cfg: MosaicConfig) -> str | None:
             f"{'' if cfg.bwd_dq == 'pass' else f' with bwd_dq={cfg.bwd_dq!r}'} the dK/dV kernel needs {need / 1024:.1f} KiB "
             f"of shared memory, more than the {(SMEM_BYTES - SMEM_RESERVE) // 1024} KiB a Hopper CTA leaves for its "
             "tiles: pick bwd_stages=2 or smaller bwd blocks."
+        )
+    if (
+        cfg.profiling
+        and H <= 128
+        and (need := bwd_smem_bytes(cfg, H, dtype) + SMEM_RESERVE + profile_bytes(cfg)) > SMEM_BYTES
+    ):
+        return (
+            f"profile_space={cfg.profile_space} adds {profile_bytes(cfg) / 1024:.1f} KiB of shared memory to the dK/dV "
+            f"kernel's tiles ({need / 1024:.1f} KiB in all, more than {SMEM_BYTES // 1024} KiB): pick a smaller "
+            "profile_space or a shorter T (fewer query blocks, fewer regions per warpgroup)."
         )
     if shape.seq_q % (2 * cfg.bwd_block_q) or shape.seq_kv % (2 * cfg.bwd_block_kv):
         return (

@@ -21,7 +21,7 @@ def test_regions_are_named_scopes_only_when_profiling_and_only_known_names():
     for on in (False, True):
         with pytest.raises(ValueError, match=r"region name must be one of .*got 'exp'"):
             regions(on)("exp")
-    assert set(REGIONS) == {"qk", "softmax", "pv", "wait", "copy"}
+    assert set(REGIONS) == {"qk", "softmax", "pv", "wait", "copy", "grads", "dq_add"}
 
 
 def test_positive_scale_resolves_the_default_and_refuses_the_rest():
