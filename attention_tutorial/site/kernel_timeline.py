@@ -34,10 +34,13 @@ REGION_STYLE = {  # region: (colour, legend label)
     "pv": (PALETTE[2], "p·v (issue, wait for it)"),
     "wait": ("#BBBBBB", "waiting at a barrier"),
     "copy": (PALETTE[1], "TMA copies (k, v)"),
+    "grads": (PALETTE[4], "gradient matmuls (dV, dP, dK; dQ's share)"),  # the backward's
+    "dq_add": (PALETTE[5], "dQ's share out (TMA reduce-add)"),
     "Init": ("#DDDDDD", "setup"),  # the profiler's own region around the kernel's start
 }
-SHORT_NAMES = {"qk": "q·kᵀ", "softmax": "softmax", "pv": "p·v", "copy": "copy", "wait": ""}
-KERNEL_NAMES = {"mosaic": "plain", "mosaic_pipe": "pipelined"}
+SHORT_NAMES = {"qk": "q·kᵀ", "softmax": "softmax", "pv": "p·v", "copy": "copy", "wait": "", "grads": "grads",
+               "dq_add": "dQ+"}  # fmt: skip
+KERNEL_NAMES = {"mosaic": "plain", "mosaic_pipe": "pipelined", "mosaic_atomic": "dQ by atomic adds"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -131,3 +131,21 @@ def test_the_zoom_shows_a_few_key_blocks_from_the_window_start():
     assert 0 in [round(x) for x in starts]  # the window's softmax starts at 0
     assert {t.get_text() for t in ax.texts} >= {"softmax", "p·v", "q·kᵀ"}
     matplotlib.pyplot.close("all")
+
+
+def test_a_backward_timeline_draws_its_own_regions_each_in_its_colour():
+    backward = {"mosaic_atomic": {"status": "ok", "tracks": [
+        _track(0, 0, [["qk", 0, 50, 0], ["softmax", 50, 120, 0], ["grads", 120, 220, 0], ["dq_add", 220, 240, 0]]),
+        _track(0, 1, [["wait", 0, 40, 0], ["qk", 40, 90, 0], ["grads", 90, 200, 0]]),
+        _track(0, 2, [["copy", 0, 10, 0], ["wait", 10, 240, 0]]),
+    ]}}  # fmt: skip
+    fig = kt.timeline_figure(backward, kernels=("mosaic_atomic",))
+    ax = fig.axes[0]
+    assert ax.get_yticklabels()[0].get_text() == "dQ by atomic adds, CTA 0, compute 0"
+    colours = [tuple(c.get_facecolor()[0]) for c in ax.collections]
+    assert len(set(colours)) == 6  # qk, softmax, grads, dq_add, wait, copy
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(t.startswith("gradient matmuls") for t in legend) and any(t.startswith("dQ's share") for t in legend)
+    assert kt.region_shares(kt.timeline_rows(backward, kernels=("mosaic_atomic",)))[0].shares["grads"] == (
+        pytest.approx(210 / 440))  # fmt: skip  (grads 100 + 110 over spans 240 + 200)
+    matplotlib.pyplot.close("all")
