@@ -147,5 +147,6 @@ def test_a_backward_timeline_draws_its_own_regions_each_in_its_colour():
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert any(t.startswith("gradient matmuls") for t in legend) and any(t.startswith("dQ's share") for t in legend)
     assert kt.region_shares(kt.timeline_rows(backward, kernels=("mosaic_atomic",)))[0].shares["grads"] == (
-        pytest.approx(210 / 440))  # fmt: skip  (grads 100 + 110 over spans 240 + 200)
+        pytest.approx(210 / 440)
+    )  # fmt: skip  (grads 100 + 110 over spans 240 + 200)
     matplotlib.pyplot.close("all")
