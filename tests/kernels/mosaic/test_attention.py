@@ -49,7 +49,7 @@ def test_a_scale_that_is_not_positive_is_refused(scale):
 def test_default_config_takes_block_kv_64_at_h256():
     """Without a config, H = 256 gets block_kv = 64 (plain and pipelined); an explicit 128 is refused, naming it."""
     shape = AttentionShape(1, 1024, 1024, 4, 4, 256)
-    assert default_config(128) == MosaicConfig() and default_config(64) == MosaicConfig()
+    assert default_config(128) == MosaicConfig() and default_config(64) == MosaicConfig(bwd_dq="atomic")
     assert default_config(256) == H256 and default_config(256, pipeline=True) == MosaicConfig(
         block_kv=64, pipeline=True
     )
