@@ -443,6 +443,30 @@ def dq_speeds(rows, *, tiles: str = "bwd 64x64 stages 2") -> dict[tuple[int, boo
     return {(h, c, configs[cfg]): v for (h, c, cfg), v in config_speed(rows, configs, "cuDNN").items()}
 
 
+def dq_table_speeds(rows, *, registers: int = 232) -> dict[tuple[int, bool, str], float | None]:
+    """{(H, causal, scheme): forward + backward speed over cuDNN's} for each way of making dQ in a ``bwd_dq`` tuning
+    table ("dQ pass", "dQ atomic", "dQ atomic shared"; with ", 240 registers" for ``registers=240``)."""
+    suffix = "" if registers == 232 else f", {registers} registers"
+    configs = {f"dQ {scheme.replace('_', ' ')}{suffix}": scheme for scheme in DQ_SCHEMES}
+    return {(h, c, configs[cfg]): v for (h, c, cfg), v in config_speed(rows, configs, "cuDNN").items()}
+
+
+def registers_gain(rows) -> dict[tuple[int, bool, str], float | None]:
+    """{(H, causal, config): its TFLOP/s at 240 registers over at 232} for each configuration of a tuning table timed
+    both ways (labelled "…, 240 registers" beside "…, 232 registers" or beside the bare label); None where one did
+    not run."""
+    by = {(r["H"], r["causal"], r["config"]): r["tflops"] for r in rows}
+    out = {}
+    for (h, c, cfg), tf in by.items():
+        if not cfg.endswith(", 240 registers"):
+            continue
+        bare = cfg.removesuffix(", 240 registers")
+        base = next((b for b in (f"{bare}, 232 registers", bare) if (h, c, b) in by), None)
+        if base is not None:
+            out[(h, c, base)] = tf / by[(h, c, base)] if tf and by[(h, c, base)] else None
+    return out
+
+
 def dq_verdict(speeds, head_dim: int) -> str:
     """How atomic adds compare with a pass of its own at ``head_dim`` over both masks of :func:`dq_speeds`:
     "faster" or "slower" where the two ranges do not overlap, "about as fast" where they do, "" without both."""

@@ -283,3 +283,58 @@ def pingpong(timeline: dict, kernel: str = "mosaic", *, clock_ghz: float = SM_CL
     matmul = 2 * (2 * tiles["block_q"] * tiles["block_kv"] * head_dim) / TENSOR_FLOPS_PER_CYCLE
     return PingPong(kernel, statistics.median(lengths), statistics.median(steps), matmul,
                     _covered(intervals, lo, hi, 1), _covered(intervals, lo, hi, 2))  # fmt: skip
+
+
+# --- the backward: dQ by a pass of its own against atomic adds -----------------------------------------------------
+
+#: The backward's kernels as the recorded ``timeline_backward`` holds them: (label, entry, tracks field).
+BACKWARD_KERNELS = (
+    ("dQ by a pass: the dK/dV kernel", "mosaic", "tracks"),
+    ("dQ by a pass: the dQ kernel", "mosaic", "dq_tracks"),
+    ("dQ by atomic adds: one kernel", "mosaic_atomic", "tracks"),
+)
+
+
+def backward_shares(timeline: dict, *, clock_ghz: float = SM_CLOCK_GHZ) -> list[tuple[str, Shares]]:
+    """(label, :class:`Shares`) for each kernel of :data:`BACKWARD_KERNELS` recorded ok in ``timeline`` (the
+    ``timeline_backward`` entry): one CTA's compute warpgroups, cycles and the share of each region."""
+    out = []
+    for name, kernel, field in BACKWARD_KERNELS:
+        entry = (timeline or {}).get(kernel, {})
+        if entry.get("status") != "ok" or not entry.get(field):
+            continue
+        rows = timeline_rows({kernel: {**entry, "tracks": entry[field]}}, kernels=(kernel,), clock_ghz=clock_ghz)
+        out += [(name, s) for s in region_shares(rows)]
+    return out
+
+
+def backward_figure(shares, *, title: str = ""):
+    """One stacked bar per backward kernel (:func:`backward_shares`): the cycles a compute warpgroup of one CTA
+    spends in each region, the two kernels of dQ by a pass one above the other, with their sum beside them."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8.6, 0.55 * len(shares) + 1.9), layout="constrained", facecolor="white")
+    seen = set()
+    for y, (_, s) in enumerate(shares):
+        left = 0.0
+        for region in REGION_STYLE:
+            width = s.shares.get(region, 0.0) * s.span
+            if width <= 0:
+                continue
+            colour, text = REGION_STYLE[region]
+            ax.barh(y, width, left=left, color=colour, edgecolor="white", label=None if region in seen else text)
+            seen.add(region)
+            left += width
+        rest = s.span - left  # between regions
+        if rest > 0:
+            ax.barh(y, rest, left=left, color="white", edgecolor="#BBBBBB", hatch="//",
+                    label=None if "between" in seen else "between regions")  # fmt: skip
+            seen.add("between")
+        ax.text(s.span, y, f"  {s.span:,.0f}", va="center", fontsize=8)
+    ax.set_yticks(range(len(shares)), [name for name, _ in shares], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("SM clock cycles of one CTA's compute warpgroup")
+    fig.legend(fontsize=8, loc="outside lower center", ncol=3, frameon=False)
+    if title:
+        ax.set_title(title, fontsize=10)
+    return fig

@@ -299,16 +299,14 @@ class Registers:
         return (2 * self.compute + self.copy) / 3
 
 
-def register_split(source: str, code: dict | None = None, key: str = "mosaic bfloat16") -> Registers:
-    """The register budgets in a kernel's ``source`` (its ``set_max_registers(N, action=...)`` calls) and the count
-    ``ptxas`` reported for ``key`` in the recorded ``code``."""
-    up = re.search(r'set_max_registers\((\d+), action="increase"\)', source)
-    down = re.search(r'set_max_registers\((\d+), action="decrease"\)', source)
-    if not (up and down):
-        raise ValueError("register_split: the source has no set_max_registers(N, action=\"increase\"/\"decrease\") "
-                         "pair; pass a warp-specialised kernel's source (inspect.getsource of its kernel body).")  # fmt: skip
+def register_split(config, code: dict | None = None, key: str = "mosaic bfloat16") -> Registers:
+    """The register budgets a Mosaic kernel built with ``config`` (a ``MosaicConfig``) sets with
+    ``set_max_registers`` (``config.registers`` for each compute thread, the rest of the pool for each copy thread)
+    and the count ``ptxas`` reported for ``key`` in the recorded ``code``."""
+    from ..kernels.mosaic.budget import copy_registers
+
     allocated = ((code or {}).get(key, {}).get("registers") or [None])[0]
-    return Registers(allocated, int(up.group(1)), int(down.group(1)))
+    return Registers(allocated, config.registers, copy_registers(config.registers))
 
 
 # --- listings: the code a page prints ---------------------------------------------------------------------------------

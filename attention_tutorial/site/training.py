@@ -15,6 +15,7 @@ from ..results.plotting import PALETTE, impl_style, label
 from ..train import TWIN
 from .claims import LossYardstick, loss_yardstick
 
+MFU_GOAL = 45.0  # the MFU (% of the datasheet's dense bf16 peak) we aim the recorded training step at, with our kernel
 GROUP_ORDER = ("attention", "matmuls", "embedding gradient", "other")
 GROUP_COLOURS = {"attention": PALETTE[2], "matmuls": PALETTE[0], "embedding gradient": PALETTE[3], "other": "#BBBBBB"}
 
@@ -168,3 +169,31 @@ def profile_figure(rows):
     ax.set_title("where a training step's GPU time goes", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# --- keeping the GPU fed ----------------------------------------------------------------------------------------------
+
+
+def dispatch_times(records) -> dict[tuple[str, str, str], dict]:
+    """{(impl, command buffers, waiting): the ``train_dispatch`` record} of the ok records (waiting: "every step" or
+    "ahead")."""
+    return {(r["impl"], r["command_buffers"], r["waiting"]): r for r in records or [] if r.get("status") == "ok"}
+
+
+def dispatch_rows(records) -> list[dict]:
+    """One row per implementation and command-buffer setting of the ``train_dispatch`` records: the step time
+    waiting after every step and queued ahead (median, p10–p90), and the host's time to queue one step in each."""
+    times = dispatch_times(records)
+    rows = []
+    for impl, cb in dict.fromkeys((i, c) for i, c, _ in times):
+        every, ahead = times.get((impl, cb, "every step")), times.get((impl, cb, "ahead"))
+
+        def ms(r):
+            return f"{r['median_ms']:.1f} ({r['p10_ms']:.1f}–{r['p90_ms']:.1f})" if r else "–"
+
+        rows.append({"attention": label(impl), "command buffers": cb, "waiting after each step (ms)": ms(every),
+                     f"{ahead['steps_per_wait'] if ahead else 'n'} steps queued, then one wait (ms)": ms(ahead),
+                     "host time to queue a step (ms)": f"{ahead['queue_ms']:.1f}" if ahead else "–",
+                     "MFU queued (% of datasheet)": f"{ahead['mfu_datasheet_pct']:.1f}"
+                     if ahead and ahead.get("mfu_datasheet_pct") else "–"})  # fmt: skip
+    return rows

@@ -343,3 +343,19 @@ def test_the_tuning_tables_ship_as_package_data():
     }
     tables = set(page.TUNING_DIR.glob("*.json"))
     assert len(tables) == len(page.TUNED) and tables <= shipped
+
+
+def test_dq_table_speeds_and_the_240_register_gain_read_their_labels():
+    def row(H, causal, config, tflops):
+        return {"kernel": "bwd_dq", "B": 4, "T": 8192, "N": 16, "H": H, "causal": causal, "config": config,
+                "tflops": tflops}  # fmt: skip
+
+    rows = [row(128, False, "cuDNN", 500.0), row(128, False, "dQ pass", 450.0), row(128, False, "dQ atomic", 400.0),
+            row(128, False, "dQ atomic shared", 425.0), row(128, False, "dQ pass, 240 registers", 459.0),
+            row(128, False, "dQ atomic, 240 registers", None)]  # fmt: skip
+    assert page.dq_table_speeds(rows) == {(128, False, "pass"): 0.9, (128, False, "atomic"): 0.8,
+                                          (128, False, "atomic_shared"): 0.85}  # fmt: skip
+    assert page.dq_table_speeds(rows, registers=240) == {(128, False, "pass"): 0.918, (128, False, "atomic"): None}
+    assert page.registers_gain(rows) == {(128, False, "dQ pass"): 1.02, (128, False, "dQ atomic"): None}
+    forward = [row(256, True, "64x64, 232 registers", 500.0), row(256, True, "64x64, 240 registers", 490.0)]
+    assert page.registers_gain(forward) == {(256, True, "64x64, 232 registers"): 0.98}

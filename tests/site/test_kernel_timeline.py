@@ -141,7 +141,7 @@ def test_a_backward_timeline_draws_its_own_regions_each_in_its_colour():
     ]}}  # fmt: skip
     fig = kt.timeline_figure(backward, kernels=("mosaic_atomic",))
     ax = fig.axes[0]
-    assert ax.get_yticklabels()[0].get_text() == "dQ by atomic adds, CTA 0, compute 0"
+    assert ax.get_yticklabels()[0].get_text() == "dQ by atomic adds, CTA 0: compute warpgroup 0"
     colours = [tuple(c.get_facecolor()[0]) for c in ax.collections]
     assert len(set(colours)) == 6  # qk, softmax, grads, dq_add, wait, copy
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
@@ -150,3 +150,18 @@ def test_a_backward_timeline_draws_its_own_regions_each_in_its_colour():
         pytest.approx(210 / 440)
     )  # fmt: skip  (grads 100 + 110 over spans 240 + 200)
     matplotlib.pyplot.close("all")
+
+
+def test_the_backward_shares_read_both_kernels_of_the_pass_and_the_one_of_atomic_adds():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    entry = TIMELINE["mosaic"]
+    back = {"mosaic": {**entry, "dq_tracks": entry["tracks"]}, "mosaic_atomic": entry}
+    shares = kt.backward_shares(back)
+    assert [name for name, _ in shares] == [name for name, _, _ in kt.BACKWARD_KERNELS]
+    assert shares[0][1].span == shares[1][1].span == shares[2][1].span > 0  # the same tracks, read three times
+    assert kt.backward_shares({"mosaic": {**entry, "status": "error"}}) == []
+    assert [name for name, _ in kt.backward_shares({"mosaic": entry})] == ["dQ by a pass: the dK/dV kernel"]
+    fig = kt.backward_figure(shares)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == [name for name, _ in shares]

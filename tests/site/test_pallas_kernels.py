@@ -134,13 +134,16 @@ def test_code_names_counts_and_rows():
 
 
 def test_register_split_reads_the_kernel_s_budgets():
-    src = 'plgpu.set_max_registers(232, action="increase")\n...\nplgpu.set_max_registers(40, action="decrease")'
-    regs = page.register_split(src, {"mosaic bfloat16": {"registers": [168]}})
+    from attention_tutorial.kernels.mosaic import MosaicConfig
+
+    regs = page.register_split(MosaicConfig(), {"mosaic bfloat16": {"registers": [168]}})
     assert (regs.ptxas, regs.compute, regs.copy) == (168, 232, 40)
     assert regs.average == pytest.approx(168.0)  # the same register file, divided differently
-    assert page.register_split(src).ptxas is None
-    with pytest.raises(ValueError, match="set_max_registers"):
-        page.register_split("def kernel(): pass")
+    assert page.register_split(MosaicConfig(registers=240)).ptxas is None
+    assert (
+        page.register_split(MosaicConfig(registers=240)).compute,
+        page.register_split(MosaicConfig(registers=240)).copy,
+    ) == (240, 24)
 
 
 def test_the_recorded_code_holds_what_the_page_says():

@@ -112,3 +112,26 @@ def test_noise_share():
     assert page.noise_share(y) == pytest.approx(y.limit / y.motion) and y.limit == pytest.approx(0.05)
     assert page.noise_share(claims.loss_yardstick(_steps("xla", [5.0, 4.0]))) is None  # no rerun
     assert page.noise_share(None) is None
+
+
+def _dispatch(impl, cb, waiting, ms, queue, status="ok"):
+    if status != "ok":
+        return {"impl": impl, "command_buffers": cb, "waiting": waiting, "status": status, "median_ms": None}
+    return {"impl": impl, "command_buffers": cb, "waiting": waiting, "status": status, "median_ms": ms,
+            "p10_ms": ms - 0.1, "p90_ms": ms + 0.2, "queue_ms": queue, "steps_per_wait": 10 if waiting == "ahead" else 1,
+            "mfu_datasheet_pct": 530.0 / ms}  # fmt: skip
+
+
+def test_dispatch_rows_set_waiting_after_each_step_beside_queuing_ahead_per_setting():
+    recs = [_dispatch("cudnn", "XLA's default", "every step", 15.5, 3.2), _dispatch("cudnn", "XLA's default", "ahead",
+            13.2, 2.2), _dispatch("cudnn", "off", "every step", 16.5, 7.0), _dispatch("cudnn", "off", "ahead", 13.6,
+            13.2), _dispatch("mosaic", "off", "ahead", 0.0, 0.0, status="error")]  # fmt: skip
+    times = page.dispatch_times(recs)
+    assert set(times) == {("cudnn", cb, w) for cb in ("XLA's default", "off") for w in ("every step", "ahead")}
+    rows = page.dispatch_rows(recs)
+    assert [(r["command buffers"], r["waiting after each step (ms)"], r["10 steps queued, then one wait (ms)"],
+             r["host time to queue a step (ms)"]) for r in rows] == [
+        ("XLA's default", "15.5 (15.4–15.7)", "13.2 (13.1–13.4)", "2.2"),
+        ("off", "16.5 (16.4–16.7)", "13.6 (13.5–13.8)", "13.2"),
+    ]  # fmt: skip
+    assert rows[0]["MFU queued (% of datasheet)"] == f"{530 / 13.2:.1f}"
