@@ -2,7 +2,8 @@
 # What the project runs on the lent GPU machine (no network; see tools/te-device.md and README).
 #   bash tools/gpu.sh tests            GPU-marked tests (and TE ones, when TE is installed)
 #   bash tools/gpu.sh tune KERNEL      tile sizes of our kernels against cuDNN (tools/tune.py: pallas, mosaic, pipe, fp8,
-#                                        registers, bwd, bwd_tiles, bwd_dq)
+#                                        registers, bwd, bwd_tiles, bwd_dq), or the training step with and without
+#                                        biases (train)
 #   bash tools/gpu.sh kernels          the Mosaic kernels' GPU tests, then the ablations and the warpgroup timeline
 #                                        recorded into the result file (about 8 minutes; a summary last)
 #   bash tools/gpu.sh backward         the backward kernels' GPU tests (dQ by a pass, by atomic adds, shared; 232 and

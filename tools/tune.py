@@ -15,6 +15,8 @@ python tools/tune.py bwd_dq [OUT.json]     the same shapes, the default tiles, e
 adds, atomic adds shared between the warpgroups) at the backward's default 232 registers and at 240.
 python tools/tune.py registers [OUT.json]  the plain and pipelined forwards at 232 and 240 registers per compute
 thread: B=4, T=8192, N=16, H = 128 and 256, bf16, causal and not.
+python tools/tune.py train [OUT.json]      the recorded model's training step (train.model.H200) with cuDNN's
+attention and ours, with and without biases, ten steps queued before each wait (train.dispatch; about 2 minutes).
 
 Without OUT.json a table goes where the package reads its tuning tables,
 attention_tutorial/results/data/tuning/<kernel>_<gpu>.json (say, pipe_nvidia-h200.json); an existing file is never
@@ -239,8 +241,31 @@ def default_out(kernel: str) -> str:
     return os.path.normpath(os.path.join(TUNING_DIR, f"{kernel}_{slug(gpu)}.json"))
 
 
+def training(out):
+    """The training step of the recorded model with and without biases, queued ahead: rows as they come."""
+    from attention_tutorial.train.dispatch import dispatch_records
+    from attention_tutorial.train.model import H200
+
+    rows = []
+    for bias in (True, False):
+        config = dataclasses.replace(H200, bias=bias)
+        for r in dispatch_records(("cudnn", "mosaic"), config=config, steps=10, rounds=3):
+            if r["waiting"] != "ahead":
+                continue
+            rows.append({"kernel": "train", "B": config.batch, "T": config.seq_len, "N": config.heads,
+                         "H": config.head_dim, "causal": True, "config": f"{r['impl']}, bias={bias}",
+                         "tflops": r["tflops"], "step_ms": r["median_ms"], "mfu_datasheet_pct": r.get("mfu_datasheet_pct"),
+                         "status": r["status"], "reason": r.get("reason")})  # fmt: skip
+            print(
+                f"{r['impl']:7} bias={bias!s:5} {r['status']:5} {r['median_ms'] or 0:7.2f} ms/step "
+                f"MFU {r.get('mfu_datasheet_pct') or 0:.1f} %",
+                flush=True,
+            )
+            save(rows, out)
+
+
 if __name__ == "__main__":
-    kernels = ("pallas", "mosaic", "pipe", "fp8", "registers", "bwd", "bwd_tiles", "bwd_dq")
+    kernels = ("pallas", "mosaic", "pipe", "fp8", "registers", "bwd", "bwd_tiles", "bwd_dq", "train")
     if len(sys.argv) not in (2, 3) or sys.argv[1] not in kernels:
         raise SystemExit(f"usage: python tools/tune.py {{{'|'.join(kernels)}}} [OUT.json]")
     out = fresh(sys.argv[2] if len(sys.argv) == 3 else default_out(sys.argv[1]))
@@ -250,5 +275,7 @@ if __name__ == "__main__":
         backward(out)
     elif sys.argv[1] in ("bwd_tiles", "bwd_dq"):
         backward_tiles(out, sys.argv[1])
+    elif sys.argv[1] == "train":
+        training(out)
     else:
         main(sys.argv[1], out)

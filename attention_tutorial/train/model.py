@@ -44,6 +44,7 @@ class Config:
     weight_decay: float = 0.1
     vocab: int = VOCAB
     embedding: str = "onehot"  # the token embedding's gradient: a one-hot matmul ("onehot") or a scatter ("gather")
+    bias: bool = True  # biases in the projections, the MLP and the layer norms (GPT-2's); False: none (as nanoGPT's)
 
     def __post_init__(self):
         for name in ("layers", "d_model", "heads", "head_dim", "seq_len", "batch", "vocab"):
@@ -59,6 +60,8 @@ class Config:
             raise ValueError(
                 f"Config.dtype must name a floating type, e.g. 'bfloat16' or 'float32'; got {self.dtype!r}."
             )
+        if not isinstance(self.bias, bool):
+            raise ValueError(f"Config.bias must be True or False; got {self.bias!r}.")
         if self.embedding not in EMBEDDINGS:
             raise ValueError(f"Config.embedding must be one of {EMBEDDINGS}; got {self.embedding!r}.")
         if self.embedding == "onehot" and self.vocab > ONEHOT_MAX_VOCAB:
@@ -162,13 +165,16 @@ class Block(nn.Module):
         c, dt = self.config, jnp.dtype(self.config.dtype)
         init = nn.initializers.normal(0.02)
         proj_init = nn.initializers.normal(0.02 / (2 * c.layers) ** 0.5)  # residual projections, GPT-2 style
-        h = nn.LayerNorm(dtype=dt, name="ln_attn")(x)
-        qkv = nn.DenseGeneral((3, c.heads, c.head_dim), dtype=dt, kernel_init=init, name="qkv")(h)  # (B,T,3,N,H)
+        b = c.bias
+        h = nn.LayerNorm(dtype=dt, use_bias=b, name="ln_attn")(x)
+        qkv = nn.DenseGeneral((3, c.heads, c.head_dim), use_bias=b, dtype=dt, kernel_init=init, name="qkv")(
+            h
+        )  # (B,T,3,N,H)
         out = self.attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], is_causal=True)  # (B, T, N, H)
-        x = x + nn.DenseGeneral(c.d_model, axis=(-2, -1), dtype=dt, kernel_init=proj_init, name="out")(out)
-        h = nn.LayerNorm(dtype=dt, name="ln_mlp")(x)
-        h = nn.gelu(nn.Dense(4 * c.d_model, dtype=dt, kernel_init=init, name="up")(h))
-        return x + nn.Dense(c.d_model, dtype=dt, kernel_init=proj_init, name="down")(h)
+        x = x + nn.DenseGeneral(c.d_model, axis=(-2, -1), use_bias=b, dtype=dt, kernel_init=proj_init, name="out")(out)
+        h = nn.LayerNorm(dtype=dt, use_bias=b, name="ln_mlp")(x)
+        h = nn.gelu(nn.Dense(4 * c.d_model, use_bias=b, dtype=dt, kernel_init=init, name="up")(h))
+        return x + nn.Dense(c.d_model, use_bias=b, dtype=dt, kernel_init=proj_init, name="down")(h)
 
 
 class GPT(nn.Module):
@@ -193,7 +199,7 @@ class GPT(nn.Module):
         fn = attention_fn(self.attention)
         for i in range(c.layers):
             x = Block(c, fn, name=f"block{i}")(x)
-        x = nn.LayerNorm(dtype=dt, name="ln_out")(x)
+        x = nn.LayerNorm(dtype=dt, use_bias=c.bias, name="ln_out")(x)
         head = nn.Dense(c.vocab, use_bias=False, dtype=dt, kernel_init=nn.initializers.normal(0.02), name="head")
         return head(x).astype(jnp.float32)
 

@@ -52,6 +52,19 @@ def test_gradients_flow_through_the_attention(params, tokens):
     assert _qk_grad_norm(lambda q, k, v, is_causal: v, params, tokens) == 0.0
 
 
+def test_without_bias_the_model_has_only_weights_and_computes_the_same_flops(params, tokens):
+    plain = dataclasses.replace(TINY, bias=False)
+    nobias = init_params(plain, 0)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(nobias)]
+    assert not any("bias" in p for p in paths) and any("bias" in jax.tree_util.keystr(p)
+                                                        for p, _ in jax.tree_util.tree_leaves_with_path(params))  # fmt: skip
+    dropped = sum(x.size for p, x in jax.tree_util.tree_leaves_with_path(params) if "bias" in jax.tree_util.keystr(p))
+    assert sum(x.size for x in jax.tree.leaves(params)) - sum(x.size for x in jax.tree.leaves(nobias)) == dropped
+    assert matmul_flops_per_token(plain) == matmul_flops_per_token(TINY)  # biases are adds, not matmul FLOPs
+    loss = float(loss_fn(GPT(plain, "xla"), nobias, tokens))
+    assert abs(loss - math.log(256)) < 0.05, loss
+
+
 def test_matmul_flops_count_the_weights_used(params):
     kernels = [x for path, x in jax.tree_util.tree_leaves_with_path(params) if "kernel" in jax.tree_util.keystr(path)]
     assert matmul_flops_per_token(TINY) == 2 * sum(x.size for x in kernels)
@@ -89,6 +102,7 @@ def test_named_configs_are_valid_and_small_one_fits_our_kernels():
         ("dtype", "no_such_type", "dtype must name a floating type"),
         ("embedding", "scatter", "embedding must be one of"),
         ("vocab", 50_000, "use embedding='gather'"),
+        ("bias", 0, "bias must be True or False"),
     ],
 )
 def test_bad_config_values_name_the_field(field, value, match):
