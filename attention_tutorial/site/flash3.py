@@ -170,6 +170,18 @@ def standing_rows(results, goals=GOALS) -> list[dict]:
     return rows
 
 
+def goal_verdicts(rows) -> dict:
+    """{goal: the worse verdict of its two masks} over :func:`standing_rows` (a goal is met only if both are)."""
+    out = {}
+    for r in rows:
+        now = out.get(r["goal"])
+        out[r["goal"]] = r["met"] if now is None else max(now, r["met"], key=MET.index)
+    return out
+
+
+#: Which of a goal's kernels a line of :func:`standing_figure` shows, in a few words.
+VARIANTS = {"mosaic": "default config", "mosaic_pipe": "pipelined", "mosaic_fp8_regs": "p in registers",
+            "mosaic_fp8": "p through shared memory", "mosaic_atomic": "dQ by atomic adds"}  # fmt: skip
 STANDING_COLOURS = {"yes": PALETTE[2], "not in every run": PALETTE[1], "not judged": GREY, "no": PALETTE[0]}
 
 
@@ -178,14 +190,17 @@ def standing_figure(rows, *, title: str = ""):
     T, a thin line for the range over runs, a black tick at the goal, 100 % dashed; coloured by the verdict."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.6, 0.42 * len(rows) + 1.5), layout="constrained", facecolor="white")
+    fig, ax = plt.subplots(figsize=(7.6, 0.55 * len(rows) + 1.5), layout="constrained", facecolor="white")
     for i, r in enumerate(rows):
         colour = STANDING_COLOURS[r["met"]]
         ax.plot([100 * x for x in r["spread"]], [i, i], color=colour, linewidth=1.2, solid_capstyle="butt")
         ax.plot([100 * r["low"], 100 * r["high"]], [i, i], color=colour, linewidth=7, solid_capstyle="butt")
         ax.plot([100 * r["target"]] * 2, [i - 0.32, i + 0.32], color="black", linewidth=2)
     ax.axvline(100, color=GREY, linestyle=(0, (6, 3)), linewidth=1.1)
-    names = [f"{r['goal'].what.rsplit(', T', 1)[0]}, {'causal' if r['causal'] else 'no mask'}" for r in rows]
+    ax.annotate("cuDNN", (100, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -10), textcoords="offset points",
+                fontsize=8, color=GREY)  # fmt: skip
+    names = [f"{r['goal'].what.rsplit(', T', 1)[0]}, {'causal' if r['causal'] else 'no mask'}\n"
+             f"({VARIANTS.get(r['impl'], r['impl'])})" for r in rows]  # fmt: skip
     ax.set_yticks(range(len(rows)), names, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("% of cuDNN's speed (FP8: of cuDNN FP8's)")
@@ -193,7 +208,7 @@ def standing_figure(rows, *, title: str = ""):
     met = dict.fromkeys(r["met"] for r in rows)
     handles = [plt.Line2D([], [], color=STANDING_COLOURS[m], linewidth=7, label=f"medians over T (goal met: {m})")
                for m in met]  # fmt: skip
-    handles.append(plt.Line2D([], [], color=GREY, linewidth=1.2, label="range over runs"))
+    handles.append(plt.Line2D([], [], color=STANDING_COLOURS[next(iter(met))], linewidth=1.2, label="range over runs"))
     handles.append(plt.Line2D([], [], color="black", linewidth=2, label="goal"))
     fig.legend(handles=handles, fontsize=8, loc="outside lower center", ncol=min(len(handles), 3), frameon=False)
     if title:

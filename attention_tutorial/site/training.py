@@ -194,6 +194,7 @@ def dispatch_rows(records) -> list[dict]:
         rows.append({"attention": label(impl), "command buffers": cb, "waiting after each step (ms)": ms(every),
                      f"{ahead['steps_per_wait'] if ahead else 'n'} steps queued, then one wait (ms)": ms(ahead),
                      "host time to queue a step (ms)": f"{ahead['queue_ms']:.1f}" if ahead else "–",
-                     "MFU queued (% of datasheet)": f"{ahead['mfu_datasheet_pct']:.1f}"
-                     if ahead and ahead.get("mfu_datasheet_pct") else "–"})  # fmt: skip
+                     "MFU waiting / queued (% of datasheet)": " / ".join(
+                         f"{r['mfu_datasheet_pct']:.1f}" if r and r.get("mfu_datasheet_pct") else "–"
+                         for r in (every, ahead))})  # fmt: skip
     return rows

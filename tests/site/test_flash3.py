@@ -111,7 +111,10 @@ def test_standing_rows_take_the_closest_kernel_per_goal_and_mask_and_draw_one_li
     assert rows[1]["low"] == rows[1]["high"] == pytest.approx(0.85) and rows[1]["target"] == 0.90
     fig = page.standing_figure(rows)
     ax = fig.axes[0]
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["FP8, no mask", "FP8, causal"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "FP8, no mask\n(p in registers)",
+        "FP8, causal\n(p through shared memory)",
+    ]
     assert len(ax.lines) == 3 * len(rows) + 1  # range over runs, medians over T, the goal's tick; 100 % dashed
 
 
@@ -343,6 +346,14 @@ def test_the_tuning_tables_ship_as_package_data():
     }
     tables = set(page.TUNING_DIR.glob("*.json"))
     assert len(tables) == len(page.TUNED) and tables <= shipped
+
+
+def test_a_goal_is_met_only_when_both_masks_are():
+    g1, g2 = object(), object()
+    rows = [{"goal": g1, "met": "yes"}, {"goal": g1, "met": "not in every run"}, {"goal": g2, "met": "yes"},
+            {"goal": g2, "met": "yes"}]  # fmt: skip
+    assert page.goal_verdicts(rows) == {g1: "not in every run", g2: "yes"}
+    assert page.goal_verdicts([*rows, {"goal": g2, "met": "no"}])[g2] == "no"
 
 
 def test_dq_table_speeds_and_the_240_register_gain_read_their_labels():

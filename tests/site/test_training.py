@@ -134,4 +134,4 @@ def test_dispatch_rows_set_waiting_after_each_step_beside_queuing_ahead_per_sett
         ("XLA's default", "15.5 (15.4–15.7)", "13.2 (13.1–13.4)", "2.2"),
         ("off", "16.5 (16.4–16.7)", "13.6 (13.5–13.8)", "13.2"),
     ]  # fmt: skip
-    assert rows[0]["MFU queued (% of datasheet)"] == f"{530 / 13.2:.1f}"
+    assert rows[0]["MFU waiting / queued (% of datasheet)"] == f"{530 / 15.5:.1f} / {530 / 13.2:.1f}"
