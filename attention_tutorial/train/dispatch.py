@@ -31,7 +31,7 @@ from ..measure.sweep import failure_fields
 from ..measure.timing import summarize
 from .data import batch_at, load_corpus
 from .grid import CONFIGS
-from .loop import check_corpus, flops_per_token, init_params, make_step, optimizer
+from .loop import check_corpus, flops_per_token, init_params, make_step, optimizer, step_fields
 from .model import GPT, H200, Config
 
 WAYS = ("every step", "ahead")  # the host waits after each step / after queuing a group of steps
@@ -129,10 +129,7 @@ def _timed_ways(impl, base, c: Config, steps, rounds, seed, peak_tflops, corpus)
 
 
 def _base(impl: str, c: Config, steps: int, rounds: int) -> dict:
-    return {"impl": impl, "batch": c.batch, "seq_q": c.seq_len, "seq_kv": c.seq_len, "heads": c.heads,
-            "kv_heads": c.heads, "head_dim": c.head_dim, "dtype": c.dtype, "causal": True, "pass": "fwd+bwd",
-            "command_buffers": command_buffers(), "rounds": rounds, "steps": steps,
-            **{f"cfg_{k}": v for k, v in c.fields().items()}}  # fmt: skip
+    return {"impl": impl, **step_fields(c), "command_buffers": command_buffers(), "rounds": rounds, "steps": steps}
 
 
 def _untimed(base: dict, way: str, fields: dict) -> dict:

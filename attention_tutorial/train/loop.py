@@ -187,12 +187,18 @@ def check_corpus(corpus: Corpus, config: Config) -> None:
             )
 
 
-def _base(impl: str, config: Config, seed: int, steps: int, perturb: float = 0.0) -> dict:
+def step_fields(config: Config) -> dict:
+    """The record fields every record of a training step carries: the attention problem each layer solves (B, T = S,
+    N = K, H, dtype, causal, fwd+bwd) and the whole config as ``cfg_*``."""
     c = config
+    return {"batch": c.batch, "seq_q": c.seq_len, "seq_kv": c.seq_len, "heads": c.heads, "kv_heads": c.heads,
+            "head_dim": c.head_dim, "dtype": c.dtype, "causal": True, "pass": "fwd+bwd",
+            **{f"cfg_{k}": v for k, v in c.fields().items()}}  # fmt: skip
+
+
+def _base(impl: str, config: Config, seed: int, steps: int, perturb: float = 0.0) -> dict:
     twin = {"impl": impl + TWIN, "perturb": perturb} if perturb else {"impl": impl}
-    return {**twin, "batch": c.batch, "seq_q": c.seq_len, "seq_kv": c.seq_len, "heads": c.heads,
-            "kv_heads": c.heads, "head_dim": c.head_dim, "dtype": c.dtype, "causal": True, "pass": "fwd+bwd",
-            "seed": seed, "steps": steps, **{f"cfg_{k}": v for k, v in c.fields().items()}}  # fmt: skip
+    return {**twin, **step_fields(config), "seed": seed, "steps": steps}
 
 
 def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0, log_every: int = 1,

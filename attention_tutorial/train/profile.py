@@ -14,7 +14,7 @@ import re
 from .. import registry
 from ..inputs import check_int
 from ..measure.profile import DEVICE_KINDS
-from .loop import profile_step, step_flops
+from .loop import profile_step, step_fields, step_flops
 from .model import H200, Config
 
 # Groups of a step's kernels, by name, first match wins. Attention: the fused kernels of every implementation
@@ -55,9 +55,7 @@ def step_profile(impl: str, *, config: Config = H200, embedding: str | None = No
     """
     c = config if embedding is None else dataclasses.replace(config, embedding=embedding)
     repeats = check_int("repeats", repeats, minimum=1, example="5")
-    base = {"impl": impl, "embedding": c.embedding, "batch": c.batch, "seq_q": c.seq_len, "seq_kv": c.seq_len,
-            "heads": c.heads, "kv_heads": c.heads, "head_dim": c.head_dim, "dtype": c.dtype, "causal": True,
-            "pass": "fwd+bwd", **{f"cfg_{k}": v for k, v in c.fields().items()}}  # fmt: skip
+    base = {"impl": impl, "embedding": c.embedding, **step_fields(c)}
     reason = registry.why_not(impl, c.attention_shape(), c.dtype, causal=True)
     if reason:
         return {**base, "status": "unsupported", "reason": reason, "median_ms": None, "p10_ms": None, "p90_ms": None}
