@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What the project runs on the lent GPU machine (no network; see tools/te-device.md and README).
-#   bash tools/gpu.sh tests            GPU-marked tests (and TE ones, when TE is installed)
+#   bash tools/gpu.sh tests            GPU-marked tests (and TE ones, when TE is installed; carry .whl with cramjam)
 #   bash tools/gpu.sh tune KERNEL      tile sizes of our kernels against cuDNN (tools/tune.py: pallas, mosaic, pipe, fp8,
 #                                        registers, bwd, bwd_tiles, bwd_dq), or the training step with and without
 #                                        biases (train)
@@ -108,18 +108,13 @@ PY
     python3 -m attention_tutorial record "${args[@]}" 2>&1 | grep -v "it/s\]\|s/pt\]" | tail -30
     cp "$RES" /tmp/results/ && cp "$RES" "$OUT/" ;;
   notebook)
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/docsite .whl/*.whl
-    export PYTHONPATH=/tmp/docsite${PYTHONPATH:+:$PYTHONPATH}
     python3 tools/run_notebook.py "$OUT" "$@" 2>&1 | tail -300 ;;
   docs)
     # The whole site, strict, every page executed (DOCS_CLEAN=1: from an empty build folder, as a new builder
     # would). ATTENTION_TUTORIAL_NB_MODE=cache DOCS_CLEAN=0 instead keeps pages executed on this machine, so a build cut off by the
     # time limit (DOCS_TIMEOUT seconds) goes on where it stopped when the same warm machine runs this step again.
     # Prints each page's execution time from the build log, slowest first.
-    if ls .whl/*.whl >/dev/null 2>&1; then
-      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/docsite .whl/*.whl
-    fi
-    export PYTHONPATH=/tmp/docsite${PYTHONPATH:+:$PYTHONPATH} ATTENTION_TUTORIAL_NB_MODE=${ATTENTION_TUTORIAL_NB_MODE:-force}
+    export ATTENTION_TUTORIAL_NB_MODE=${ATTENTION_TUTORIAL_NB_MODE:-force}
     [ "${DOCS_CLEAN:-1}" = 1 ] && rm -rf docs/_build
     # how fast this host compiles (the build is mostly compilation): set this build's times against another host's
     python3 tools/compile_probe.py 2>&1 | tail -1 | tee "$OUT/host.txt"
