@@ -254,8 +254,10 @@ def training(out):
                 continue
             rows.append({"kernel": "train", "B": config.batch, "T": config.seq_len, "N": config.heads,
                          "H": config.head_dim, "causal": True, "config": f"{r['impl']}, bias={bias}",
-                         "tflops": r["tflops"], "step_ms": r["median_ms"], "mfu_datasheet_pct": r.get("mfu_datasheet_pct"),
-                         "status": r["status"], "reason": r.get("reason")})  # fmt: skip
+                         "impl": r["impl"], "bias": bias, "tflops": r["tflops"], "step_ms": r["median_ms"],
+                         "p10_ms": r["p10_ms"], "p90_ms": r["p90_ms"], "rounds": r["rounds"],
+                         "mfu_datasheet_pct": r.get("mfu_datasheet_pct"), "status": r["status"],
+                         "reason": r.get("reason")})  # fmt: skip
             print(
                 f"{r['impl']:7} bias={bias!s:5} {r['status']:5} {r['median_ms'] or 0:7.2f} ms/step "
                 f"MFU {r.get('mfu_datasheet_pct') or 0:.1f} %",

@@ -349,7 +349,7 @@ def fp8_errors(records, rounding: float, *, ours: str = "mosaic_fp8_regs", their
 # --- the tuning tables ---------------------------------------------------------------------------------------------
 
 TUNING_DIR = Path(store.__file__).resolve().parent / "data" / "tuning"  # package data, whatever the results dir
-TUNED = ("pallas", "mosaic", "pipe", "fp8", "bwd_tiles", "bwd_dq", "registers")
+TUNED = ("pallas", "mosaic", "pipe", "fp8", "bwd_tiles", "bwd_dq", "registers", "train")
 
 
 def tuning_table(kernel: str, gpu: str = store.REFERENCE_GPU, directory=None) -> list[dict]:

@@ -198,3 +198,23 @@ def dispatch_rows(records) -> list[dict]:
                          f"{r['mfu_datasheet_pct']:.1f}" if r and r.get("mfu_datasheet_pct") else "–"
                          for r in (every, ahead))})  # fmt: skip
     return rows
+
+
+def bias_times(rows) -> dict[tuple[str, bool], dict]:
+    """{(impl, bias): row} of the ok rows of the training step's tuning table (``tools/tune.py train``: the recorded
+    model with and without biases, steps queued ahead; each row's ``step_ms`` with ``p10_ms`` and ``p90_ms``)."""
+    return {(r["impl"], r["bias"]): r for r in rows or [] if r.get("status") == "ok" and "bias" in r}
+
+
+def bias_rows(rows) -> list[dict]:
+    """One row per implementation of :func:`bias_times`: the step (ms, p10–p90) and its MFU with and without biases."""
+    times = bias_times(rows)
+    out = []
+    for impl in dict.fromkeys(i for i, _ in times):
+        row = {"attention": label(impl)}
+        for bias, name in ((True, "with biases"), (False, "without")):
+            r = times.get((impl, bias))
+            row[f"step {name} (ms)"] = f"{r['step_ms']:.2f} ({r['p10_ms']:.2f}–{r['p90_ms']:.2f})" if r else "–"
+            row[f"MFU {name} (%)"] = f"{r['mfu_datasheet_pct']:.1f}" if r and r.get("mfu_datasheet_pct") else "–"
+        out.append(row)
+    return out

@@ -135,3 +135,20 @@ def test_dispatch_rows_set_waiting_after_each_step_beside_queuing_ahead_per_sett
         ("off", "16.5 (16.4–16.7)", "13.6 (13.5–13.8)", "13.2"),
     ]  # fmt: skip
     assert rows[0]["MFU waiting / queued (% of datasheet)"] == f"{530 / 15.5:.1f} / {530 / 13.2:.1f}"
+
+
+def _bias_row(impl, bias, ms, status="ok"):
+    return {"kernel": "train", "impl": impl, "bias": bias, "config": f"{impl}, bias={bias}", "status": status,
+            "step_ms": ms, "p10_ms": ms and ms - 0.1, "p90_ms": ms and ms + 0.2,
+            "mfu_datasheet_pct": 530.0 / ms if ms else None}
+
+
+def test_bias_rows_set_the_step_with_and_without_biases_side_by_side():
+    rows = [_bias_row("cudnn", True, 13.0), _bias_row("cudnn", False, 12.5), _bias_row("mosaic", True, 13.1),
+            _bias_row("mosaic", False, None, status="error")]  # fmt: skip
+    assert set(page.bias_times(rows)) == {("cudnn", True), ("cudnn", False), ("mosaic", True)}
+    got = page.bias_rows(rows)
+    assert [r["step with biases (ms)"] for r in got] == ["13.00 (12.90–13.20)", "13.10 (13.00–13.30)"]
+    assert [r["step without (ms)"] for r in got] == ["12.50 (12.40–12.70)", "–"]
+    assert got[0]["MFU without (%)"] == f"{530 / 12.5:.1f}" and got[1]["MFU without (%)"] == "–"
+    assert page.bias_rows([]) == []
