@@ -138,9 +138,17 @@ def test_dispatch_rows_set_waiting_after_each_step_beside_queuing_ahead_per_sett
 
 
 def _bias_row(impl, bias, ms, status="ok"):
-    return {"kernel": "train", "impl": impl, "bias": bias, "config": f"{impl}, bias={bias}", "status": status,
-            "step_ms": ms, "p10_ms": ms and ms - 0.1, "p90_ms": ms and ms + 0.2,
-            "mfu_datasheet_pct": 530.0 / ms if ms else None}
+    return {
+        "kernel": "train",
+        "impl": impl,
+        "bias": bias,
+        "config": f"{impl}, bias={bias}",
+        "status": status,
+        "step_ms": ms,
+        "p10_ms": ms and ms - 0.1,
+        "p90_ms": ms and ms + 0.2,
+        "mfu_datasheet_pct": 530.0 / ms if ms else None,
+    }
 
 
 def test_bias_rows_set_the_step_with_and_without_biases_side_by_side():
