@@ -187,12 +187,10 @@ def dispatch_rows(records) -> list[dict]:
     rows = []
     for impl, cb in dict.fromkeys((i, c) for i, c, _ in times):
         every, ahead = times.get((impl, cb, "every step")), times.get((impl, cb, "ahead"))
-
-        def ms(r):
-            return f"{r['median_ms']:.1f} ({r['p10_ms']:.1f}–{r['p90_ms']:.1f})" if r else "–"
-
-        rows.append({"attention": label(impl), "command buffers": cb, "waiting after each step (ms)": ms(every),
-                     f"{ahead['steps_per_wait'] if ahead else 'n'} steps queued, then one wait (ms)": ms(ahead),
+        rows.append({"attention": label(impl), "command buffers": cb,
+                     "waiting after each step (ms)": _spread(every, "median_ms", 1),
+                     f"{ahead['steps_per_wait'] if ahead else 'n'} steps queued, then one wait (ms)":
+                         _spread(ahead, "median_ms", 1),
                      "host time to queue a step (ms)": f"{ahead['queue_ms']:.1f}" if ahead else "–",
                      "MFU waiting / queued (% of datasheet)": " / ".join(
                          f"{r['mfu_datasheet_pct']:.1f}" if r and r.get("mfu_datasheet_pct") else "–"
@@ -214,7 +212,14 @@ def bias_rows(rows) -> list[dict]:
         row = {"attention": label(impl)}
         for bias, name in ((True, "with biases"), (False, "without")):
             r = times.get((impl, bias))
-            row[f"step {name} (ms)"] = f"{r['step_ms']:.2f} ({r['p10_ms']:.2f}–{r['p90_ms']:.2f})" if r else "–"
+            row[f"step {name} (ms)"] = _spread(r, "step_ms", 2)
             row[f"MFU {name} (%)"] = f"{r['mfu_datasheet_pct']:.1f}" if r and r.get("mfu_datasheet_pct") else "–"
         out.append(row)
     return out
+
+
+def _spread(r: dict | None, key: str, digits: int) -> str:
+    """``r[key]`` with its p10–p90 in brackets, in ms to ``digits`` decimals; "–" without a row."""
+    if not r:
+        return "–"
+    return f"{r[key]:.{digits}f} ({r['p10_ms']:.{digits}f}–{r['p90_ms']:.{digits}f})"
