@@ -91,13 +91,13 @@ def wgmma_columns(left: tuple[int, int], right: tuple[int, int]):
     if joined.shape != tuple(expected):  # the layout's register axes are not what this counts on
         raise NotImplementedError(f"wgmma's register layout {expected} does not join {left} and {right} on axis 1.")
 
-    @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA, plgpu.Layout.WGMMA),
-                       return_type=plgpu.ShapeDtypeStruct(shape, jnp.float32, layout=plgpu.Layout.WGMMA))  # fmt: skip
     def join(ctx, a, b):
         regs = np.concatenate([a.registers, b.registers], axis=axis)
         return mgpu.FragmentedArray(_registers=regs, _layout=layout, _is_signed=None)
 
-    return join
+    join.logical = lambda a, b: jnp.concatenate([a, b], axis=1)  # the same on plain arrays (the CPU interpreter)
+    return plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA, plgpu.Layout.WGMMA),
+                             return_type=plgpu.ShapeDtypeStruct(shape, jnp.float32, layout=plgpu.Layout.WGMMA))(join)
 
 
 def softmax_exp2(cfg):

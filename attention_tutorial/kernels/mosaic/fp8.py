@@ -102,8 +102,6 @@ def _to_operand(shape):
     import jax.experimental.mosaic.gpu as mgpu
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
-    @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA,),
-                       return_type=plgpu.ShapeDtypeStruct(shape, F8, layout=plgpu.Layout.WGMMA_8BIT))  # fmt: skip
     def to_operand(ctx, p):
         regs = p.astype(mgpu.utils.dtype_to_ir_type(F8)).registers  # (…, keys / 8, …): two scores each
         out = np.empty(mgpu.WGMMA_LAYOUT_8BIT.registers_shape(shape), dtype=object)
@@ -111,7 +109,10 @@ def _to_operand(shape):
             out[idx] = mgpu.utils.vector_concat([regs[i] for i in pair])
         return mgpu.FragmentedArray(_registers=out, _layout=mgpu.WGMMA_LAYOUT_8BIT, _is_signed=None)
 
-    return to_operand
+    # The same on a plain array (the CPU interpreter): operand column c holds key operand_key_order(c).
+    to_operand.logical = lambda p: p[:, operand_key_order(shape[1])].astype(F8)
+    return plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA,),
+                             return_type=plgpu.ShapeDtypeStruct(shape, F8, layout=plgpu.Layout.WGMMA_8BIT))(to_operand)
 
 
 def mosaic_fp8_attention(
