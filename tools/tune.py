@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from attention_tutorial import dot_product_attention, make_qkv, time_fn
-from attention_tutorial.kernels.mosaic_flash import MosaicConfig, default_config, mosaic_flash_attention
+from attention_tutorial.kernels.mosaic import MosaicConfig, default_config, mosaic_flash_attention
 from attention_tutorial.kernels.pallas_flash import flash_attention
 from attention_tutorial.measure.flops import attention_flops
 from attention_tutorial.measure.fp8 import WRONG_ABOVE, rel_error
@@ -83,7 +83,7 @@ def candidates(kernel, causal, head_dim=128):
                 ),
             )
     elif kernel == "fp8":
-        from attention_tutorial.kernels.mosaic_fp8 import mosaic_fp8_attention
+        from attention_tutorial.kernels.mosaic.fp8 import mosaic_fp8_attention
 
         for p_via, fields in FP8:
             cfg = MosaicConfig(**fields)

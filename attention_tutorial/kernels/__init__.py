@@ -4,7 +4,7 @@ Modules: :mod:`~attention_tutorial.kernels.reference` (naive attention and the f
 :mod:`~attention_tutorial.kernels.fused` (``jax.nn.dot_product_attention``, forced cuDNN),
 :mod:`~attention_tutorial.kernels.masks` (the mask kinds as arguments), :mod:`~attention_tutorial.kernels.blockwise`
 (online softmax in pure JAX), :mod:`~attention_tutorial.kernels.pallas_flash` (Pallas, Triton lowering),
-:mod:`~attention_tutorial.kernels.mosaic_flash` (Pallas, Mosaic GPU lowering) and
+:mod:`~attention_tutorial.kernels.mosaic` (Pallas, Mosaic GPU lowering) and
 :mod:`~attention_tutorial.kernels.te` (TransformerEngine, optional). This layer imports only
 :mod:`attention_tutorial.inputs`: never ``measure`` or ``results`` (``tests/test_layout.py`` checks).
 The GPU kernels and TE are imported where used, so an optional backend stays optional.

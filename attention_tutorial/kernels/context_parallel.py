@@ -319,14 +319,14 @@ def blockwise_local_bwd(q, k, v, out, lse, d_out, *, is_causal: bool, scale: flo
 
 def mosaic_local(q, k, v, *, is_causal: bool, scale: float):
     """Our Mosaic GPU kernel as the local step (Hopper; bf16/f16, H 64 or 128): (out, lse)."""
-    from .mosaic_flash import mosaic_flash_attention
+    from .mosaic import mosaic_flash_attention
 
     return mosaic_flash_attention(q, k, v, is_causal=is_causal, scale=scale, return_lse=True)
 
 
 def mosaic_local_bwd(q, k, v, out, lse, d_out, *, is_causal: bool, scale: float):
     """Its backward from a (merged) output and log-sum-exp: our Mosaic GPU backward kernels."""
-    from .mosaic_flash import mosaic_flash_backward
+    from .mosaic import mosaic_flash_backward
 
     return mosaic_flash_backward(q, k, v, out, lse, d_out, is_causal=is_causal, scale=scale)
 

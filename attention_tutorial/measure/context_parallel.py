@@ -100,7 +100,7 @@ def what_ran(rec: dict) -> dict:
 def best_local(shape, dtype, causal: bool = True) -> str:
     """The local step to time here: our Mosaic GPU kernel where it runs (Hopper; bf16/f16; H 64 or 128; it
     returns the log-sum-exp the merges need), else blockwise JAX."""
-    from ..kernels.mosaic_flash import why_not
+    from ..kernels.mosaic import why_not
 
     return "mosaic" if why_not(shape, dtype, causal) is None else "blockwise"
 

@@ -23,9 +23,9 @@ import numpy as np
 from flax.core import meta
 
 from ..inputs import AttentionShape, make_qkv
-from ..kernels import mosaic_flash, mosaic_fp8
-from ..kernels.mosaic_flash import mosaic_flash_attention
-from ..kernels.mosaic_fp8 import E4M3_MAX, mosaic_fp8_attention, quantize_e4m3
+from ..kernels import mosaic
+from ..kernels.mosaic import fp8, mosaic_flash_attention
+from ..kernels.mosaic.fp8 import E4M3_MAX, mosaic_fp8_attention, quantize_e4m3
 from .compiled import compile_stats
 from .flops import attention_flops, gemm_flops
 from .kernel_code import FP8_PATHS
@@ -34,7 +34,7 @@ from .timing import time_fn
 
 REF_MAX_T = 4096  # the float32 reference (its T × T scores) is computed up to this length
 WRONG_ABOVE = {"bfloat16": 0.02, "float8_e4m3fn": 0.1}  # relative errors past E4M3's (~0.06) or bf16's own rounding
-OURS_WHY_NOT = {"mosaic": mosaic_flash.why_not, "mosaic_fp8": mosaic_fp8.why_not, "mosaic_fp8_regs": mosaic_fp8.why_not}
+OURS_WHY_NOT = {"mosaic": mosaic.why_not, "mosaic_fp8": fp8.why_not, "mosaic_fp8_regs": fp8.why_not}
 FP8_SHAPES = ((8, 4096), (4, 8192), (2, 16384), (1, 32768), (1, 65536))  # (B, T), N=16, H=128: 32k tokens, 64k last
 DENSE_SHAPE = (8, 4096, 4096, 4096)  # TE DenseGeneral: x (8, 4096 tokens, 4096 in) -> 4096 out
 

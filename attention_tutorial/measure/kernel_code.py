@@ -203,7 +203,7 @@ def _child(spec: dict, folder: str) -> None:
 
     q, k, v = make_qkv(spec["batch"], spec["seq_q"], spec["heads"], spec["head_dim"], dtype=spec["dtype"])
     if spec["impl"] in FP8_PATHS:  # our FP8 forward, not a registry entry: bf16 in, quantised inside, bf16 out
-        from ..kernels.mosaic_fp8 import mosaic_fp8_attention
+        from ..kernels.mosaic.fp8 import mosaic_fp8_attention
 
         fn = functools.partial(mosaic_fp8_attention, p_via=FP8_PATHS[spec["impl"]])
     else:

@@ -214,7 +214,7 @@ def test_gpu_mosaic_local_step_in_the_ring(causal):
     # our Mosaic kernel as the local step: 4 emulated ring steps (values), and the ring on a one-device mesh with
     # the Mosaic backward from the merged out and lse (gradients), against float64 NumPy
     from attention_tutorial.inputs import AttentionShape
-    from attention_tutorial.kernels.mosaic_flash import why_not
+    from attention_tutorial.kernels.mosaic import why_not
     from tests.kernels.test_pallas_flash import assert_grads_match
 
     if reason := why_not(AttentionShape(1, 1024, 1024, 4, 2, 128), jnp.bfloat16, causal):

@@ -159,7 +159,7 @@ def test_inspected_fp8_kernels_are_our_fp8_forward_and_the_rest_registry_entries
     for impl, dtype, causal, head_dim in kc.INSPECTED:
         assert impl in kc.FP8_PATHS or impl in IMPLEMENTATIONS, impl
         assert head_dim in (128, 256) and isinstance(causal, bool) and dtype in ("bfloat16", "float16")
-    from attention_tutorial.kernels.mosaic_fp8 import P_VIA
+    from attention_tutorial.kernels.mosaic.fp8 import P_VIA
     from attention_tutorial.results.plotting import label
 
     assert sorted(kc.FP8_PATHS.values()) == sorted(P_VIA)
@@ -175,7 +175,7 @@ def test_the_code_child_compiles_our_fp8_forward_with_its_path_and_mask_and_no_x
 ):
     import jax.experimental.serialize_executable as se
 
-    import attention_tutorial.kernels.mosaic_fp8 as mf
+    import attention_tutorial.kernels.mosaic.fp8 as mf
 
     for name in ("MOSAIC_GPU_DUMP_TO", "MOSAIC_GPU_DUMP_PTX", "MOSAIC_GPU_DUMP_SASS", "MOSAIC_GPU_DUMP_PTXAS", "PATH"):
         monkeypatch.setenv(name, os.environ.get(name, ""))  # _child sets them: put back after the test

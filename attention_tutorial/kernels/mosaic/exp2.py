@@ -96,8 +96,10 @@ def wgmma_columns(left: tuple[int, int], right: tuple[int, int]):
         return mgpu.FragmentedArray(_registers=regs, _layout=layout, _is_signed=None)
 
     join.logical = lambda a, b: jnp.concatenate([a, b], axis=1)  # the same on plain arrays (the CPU interpreter)
-    return plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA, plgpu.Layout.WGMMA),
-                             return_type=plgpu.ShapeDtypeStruct(shape, jnp.float32, layout=plgpu.Layout.WGMMA))(join)
+    return plgpu.inline_mgpu(
+        arg_types=(plgpu.Layout.WGMMA, plgpu.Layout.WGMMA),
+        return_type=plgpu.ShapeDtypeStruct(shape, jnp.float32, layout=plgpu.Layout.WGMMA),
+    )(join)
 
 
 def softmax_exp2(cfg):

@@ -111,8 +111,9 @@ def _to_operand(shape):
 
     # The same on a plain array (the CPU interpreter): operand column c holds key operand_key_order(c).
     to_operand.logical = lambda p: p[:, operand_key_order(shape[1])].astype(F8)
-    return plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA,),
-                             return_type=plgpu.ShapeDtypeStruct(shape, F8, layout=plgpu.Layout.WGMMA_8BIT))(to_operand)
+    return plgpu.inline_mgpu(
+        arg_types=(plgpu.Layout.WGMMA,), return_type=plgpu.ShapeDtypeStruct(shape, F8, layout=plgpu.Layout.WGMMA_8BIT)
+    )(to_operand)
 
 
 def mosaic_fp8_attention(

@@ -86,7 +86,12 @@ def _private():
         getattr(gpu_callbacks, name)
     jaxpr_interpret.JaxprInterpreter.interpret  # noqa: B018 - fail here, not mid-kernel
     shared_memory.Barrier.deallocate  # noqa: B018
-    return types.SimpleNamespace(**locals())
+    return types.SimpleNamespace(
+        jax_core=jax_core, source_info_util=source_info_util, mlir=mlir, interpret_utils=interpret_utils,
+        mgpu_core=mgpu_core, mgpu_primitives=mgpu_primitives, gpu_callbacks=gpu_callbacks,
+        interpret_pallas_call=interpret_pallas_call, jaxpr_interpret=jaxpr_interpret, params=params,
+        shared_memory=shared_memory, state_discharge=state_discharge, state_types=state_types,
+    )  # fmt: skip
 
 
 def _patch():
