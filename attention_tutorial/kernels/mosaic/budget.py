@@ -29,6 +29,7 @@ MIN_COPY_REGISTERS = 24  # the fewest set_max_registers gives a thread
 TILE_REGISTERS = 192  # of the default 232, for tiles; the other 40: indices, max, sum, addresses, ...
 PROFILE_BYTES_PER_REGION = 16  # the in-kernel profiler: two events (start, end) of two 32-bit words each
 BWD_DQ = ("pass", "atomic", "atomic_shared")  # how the backward makes dQ (MosaicConfig.bwd_dq)
+SCHEDULES = ("rendezvous", "turns")  # how the two compute warpgroups share the tensor cores (MosaicConfig.schedule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +71,7 @@ class MosaicConfig:
     registers: int = REGISTERS
     bwd_registers: int = REGISTERS
     pipeline: bool = False
+    schedule: str = "rendezvous"
     no_exp: bool = False
     exp_poly: float = 0.0
     profile_space: int = 0
@@ -77,6 +79,8 @@ class MosaicConfig:
 
     def __post_init__(self):
         check_flag("MosaicConfig.pipeline", self.pipeline)
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"MosaicConfig.schedule must be one of {SCHEDULES}; got {self.schedule!r}.")
         if self.bwd_dq not in BWD_DQ:
             raise ValueError(f"MosaicConfig.bwd_dq must be one of {BWD_DQ}; got {self.bwd_dq!r}.")
         check_flag("MosaicConfig.no_exp", self.no_exp)

@@ -2,174 +2,382 @@
 
 One CTA owns ``2 * block_q`` query rows of one (batch, head) and runs three warpgroups: two compute ``block_q`` rows
 each (s = q kᵀ, the online softmax in registers, acc += p v), one copies k and v tiles by TMA into a ring of
-``stages`` shared-memory slots. A two-party *schedule* barrier makes the compute warpgroups take turns on the tensor
-cores: while one runs its softmax, the other's matmuls run (the "ping-pong").
+``stages`` shared-memory slots. The compute warpgroups take turns on the tensor cores (:class:`~._common.Schedule`):
+while one runs its softmax, the other's matmuls run (the "ping-pong").
+
+Masks (:mod:`~.masks`): each warpgroup computes the key tiles it keeps in full (no mask built), builds the element
+mask of the tiles it keeps in part, and skips the rest (no matmul, no exponential; it still releases the slot and
+takes its turns). A band (causal, a sliding window) is classified by arithmetic in the kernel; masks with per-row
+arrays (documents, prefix, lengths) walk a per-CTA list of tiles made outside. Any T and S: TMA fills the rows and
+keys past the arrays' ends with zeros, the last tile masks its keys past S, and stores drop the rows past T.
+
+The FP8 forward (:mod:`~.fp8`) is this kernel with other operands: :class:`Operands` says what differs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from . import masks as M
 from ._common import (
     LOG2E,
+    Schedule,
     call,
-    causal_block_mask,
-    causal_steps,
-    copy_kv_ring,
-    drain,
+    i32,
+    load_vector,
     regions,
+    schedule_barriers,
     shared_lowering,
-    swizzled_tiles,
+    skip_steps,
+    slot_of,
 )
+from ._common import copy_ring as _copy_ring
+from ._common import swizzled_tiles as _tiles
 from .budget import MosaicConfig, copy_registers
 from .exp2 import softmax_exp2
-from .pipelined import pipelined_steps
 
 
-def forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, causal, cfg, stages, seq_kv, groups, scale):
-    """One CTA: warpgroups 0 and 1 compute, warpgroup 2 copies. q (B, T, N, H), k and v (B, S, K, H) in HBM."""
+class Scratch(NamedTuple):
+    """The forward's shared memory and barriers (fields None where a call does not need them)."""
+
+    q: Any  # (2, block_q, H): each compute warpgroup's q tile (16-bit: its output goes out through it too)
+    k: Any  # (stages, block_kv, H): the k ring
+    v: Any  # (stages, block_kv, H): the v ring (FP8: vᵀ, (stages, H, block_kv))
+    lse: Any  # (2, block_q) float32: each warpgroup's log-sum-exp on its way out
+    q_ready: Any  # (2,): q (and its segment ids) landed
+    k_ready: Any  # (stages,): k (and its segment ids) landed in a slot
+    v_ready: Any  # (stages,)
+    k_free: Any  # (stages,), two arrivals: both compute warpgroups are done with a slot's k
+    v_free: Any  # (stages,)
+    turns: Any  # the schedule's barrier(s)
+    tiles: Any = None  # (HEADER + 3 · padded,) int32: this CTA's tile list (masks with per-row arrays)
+    tiles_ready: Any = None
+    q_segment: Any = None  # (2, block_q) int32: each warpgroup's rows' segment ids
+    kv_segment: Any = None  # (stages, block_kv) int32: each slot's keys' segment ids
+    extra: Any = None  # what the operands add (FP8: the output tile, p, the logit factors)
+
+
+class Operands(NamedTuple):
+    """What the kernel's step does with its operands: the 16-bit defaults, or FP8's (:mod:`~.fp8`).
+
+    ``setup(refs, scratch, wg)`` -> (c, out_factor): base-2 logits per unit of q·kᵀ and the output's factor per unit of
+    acc/l (called once, before the loop); ``to_operand(p, scratch, wg)``: p (float32) as the p·v matmul's left
+    operand (a value in registers, or a shared-memory ref written here); ``v_operand(v_slot)``: the v tile as its
+    right operand; ``out_tile(scratch, wg)``: the shared-memory tile the output leaves through; ``v_tile(batch,
+    kv_head, block, block_kv)``: the index of key tile ``block`` in the v array."""
+
+    setup: Callable
+    to_operand: Callable
+    v_operand: Callable
+    out_tile: Callable
+    v_tile: Callable
+
+
+def _setup16(scale):
+    return lambda refs, scratch, wg: (scale * LOG2E, 1.0)  # base-2 logits: exp(scale·s) = 2^(scale·log2e·s)
+
+
+def sixteen_bit(scale: float) -> Operands:
+    """The 16-bit kernel's operands: p cast to q's dtype in registers, v as it lies, the output through q's tile."""
+    import jax.experimental.pallas as pl
+
+    return Operands(
+        setup=_setup16(scale),
+        to_operand=lambda p, scratch, wg: p.astype(scratch.q.dtype),
+        v_operand=lambda v: v,
+        out_tile=lambda scratch, wg: scratch.q.at[wg],
+        v_tile=lambda batch, kv_head, block, bkv: (batch, pl.ds(block * bkv, bkv), kv_head),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything static about one forward call."""
+
+    cfg: MosaicConfig
+    mask: M.Mask
+    stages: int
+    groups: int  # query heads per kv head
+    operands: Operands
+    padded: int = 0  # tile-list length (masks with per-row arrays)
+
+    @property
+    def lists(self) -> bool:
+        return self.mask.has_arrays
+
+    @property
+    def plain(self) -> bool:
+        return self.mask.plain(self.cfg.block_q, self.cfg.block_kv)
+
+
+def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
+    """One CTA: warpgroups 0 and 1 compute, warpgroup 2 copies. q (B, T, N, H), k and v (B, S, K, H) in HBM;
+    ``refs``: the tile lists (B, CTAs, ·) and segment ids (B, T), (B, S) when the mask has them, the FP8 factors,
+    then the outputs (out, lse) and the scratch."""
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
-    (qo_smem2, k_smem, v_smem, lse_smem2), (k_ready, v_ready, q_ready), (k_free, v_free), schedule = scoped
-    bq, bkv, dtype, head_dim = cfg.block_q, cfg.block_kv, q_ref.dtype, q_ref.shape[-1]
+    cfg, mask, stages = plan.cfg, plan.mask, plan.stages
+    *ins, o_ref, lse_ref, scratch = refs
+    ins = iter(ins)
+    tiles_ref = next(ins) if plan.lists else None
+    q_seg_ref, kv_seg_ref = (next(ins), next(ins)) if mask.segments else (None, None)
+    extra_refs = tuple(ins)  # the operands' own inputs (FP8: the factors)
+    bq, bkv, head_dim = cfg.block_q, cfg.block_kv, q_ref.shape[-1]
     batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
-    cta_rows = lax.axis_index("q_seq") * (2 * bq)  # first query row of this CTA
-    n_kv = seq_kv // bkv
-    if causal:  # the CTA needs keys up to its last row (top-left alignment), never past S
-        cta_steps = jnp.minimum(pl.cdiv(cta_rows + 2 * bq, jnp.array(bkv, jnp.int32)), n_kv)
-    else:
-        cta_steps = n_kv
-    exp2, exp2_tile = softmax_exp2(cfg)  # of alpha, of p (cfg.exp_poly: part of p's on the FMA units)
+    cta = lax.axis_index("q_seq")
+    cta_rows = cta * (2 * bq)  # first query row of this CTA
     region = regions(cfg.profiling)  # named regions for the in-kernel profiler (nothing when it is off)
+    exp2, exp2_tile = softmax_exp2(cfg)  # of alpha, of p
 
-    def take_turn():  # the two compute warpgroups alternate on the tensor cores
-        plgpu.barrier_arrive(schedule)
-        plgpu.barrier_wait(schedule)
+    if plan.lists:  # this CTA's tile list, copied in by the copy warpgroup, read by all three
+        tiles = scratch.tiles
+
+        def block_of(t):
+            return tiles[M.HEADER + t]
+
+        def state_of(t, w):
+            return tiles[M.HEADER + (1 + w) * plan.padded + t]
+
+        cta_lo = i32(0)
+    else:
+        band = [M.band_steps(mask, cta_rows + w * bq, bq, bkv) for w in (0, 1)]
+        cta_lo, cta_hi = band[0].lo, jnp.maximum(band[1].hi, band[0].hi)
+
+        def block_of(t):
+            return cta_lo + t
 
     @pl.when(wg < 2)
     def _compute():
         plgpu.set_max_registers(cfg.registers, action="increase")  # from the copy warpgroup's
-        qo_smem = qo_smem2.at[wg]  # q tile in, output tile out: (block_q, H)
+        q_smem = scratch.q.at[wg]
         row0 = cta_rows + wg * bq
-        steps = causal_steps(row0, bq, bkv, n_kv) if causal else n_kv
-        plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0, bq), head], qo_smem, q_ready.at[wg])
-        c = scale * LOG2E  # base-2 logits: exp(scale·s) = 2^(scale·log2e·s), one FMA each
+        schedule = Schedule(cfg.schedule, scratch.turns, wg)
+        plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0, bq), head], q_smem, scratch.q_ready.at[wg])
+        if mask.segments:
+            plgpu.copy_gmem_to_smem(q_seg_ref.at[batch, pl.ds(row0, bq)], scratch.q_segment.at[wg],
+                                    scratch.q_ready.at[wg])  # fmt: skip
+        c, out_factor = plan.operands.setup(extra_refs, scratch, wg)
         with region("wait"):
-            plgpu.barrier_wait(q_ready.at[wg])
+            plgpu.barrier_wait(scratch.q_ready.at[wg])
+        q_segment = None
+        if mask.segments:
+            q_segment = load_vector(scratch.q_segment.at[wg], plgpu.Layout.WGMMA.reduce(1))
         # Running max (in base-2 logits), running sum, accumulator: registers, in wgmma's layout.
         m = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))  # (block_q,)
         l = plgpu.layout_cast(jnp.full((bq,), 0.0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))  # (block_q,)
         acc = plgpu.layout_cast(jnp.full((bq, head_dim), 0.0, jnp.float32), plgpu.Layout.WGMMA)  # (block_q, H)
-
-        @pl.when(steps > 0)
-        def _():
+        scalars = None
+        if plan.lists:
             with region("wait"):
-                plgpu.barrier_wait(k_ready.at[0])
+                plgpu.barrier_wait(scratch.tiles_ready)
+            scalars = (tiles[2], tiles[3], tiles[4])  # prefix, q_len, kv_len of this batch row
+        guard = mask.rows_can_be_empty
 
-        pl.when(wg == 1)(take_turn)  # warpgroup 1 starts half a turn later
+        def wait_k(t):
+            with region("wait"):
+                plgpu.barrier_wait(scratch.k_ready.at[slot_of(t, stages)])
 
-        def step(j, carry, masked=False):
+        def step(t, carry, masked=False, look_ahead=None):
+            """Pipeline step t (key tile ``block_of(t)``): s = q kᵀ, the online softmax, acc += p v. The step's k
+            has been waited for; ``look_ahead``: wait for step t + 1's k while p·v runs, if t + 1 < look_ahead."""
             acc, m, l = carry
-            slot = lax.rem(j, jnp.array(stages, j.dtype))
+            slot = slot_of(t, stages)
 
             def qk(s_ref):  # s = q kᵀ, float32, issued asynchronously; then hand the tensor cores over
-                plgpu.wgmma(s_ref, qo_smem, k_smem.at[slot].transpose((1, 0)))
+                schedule.before_qk()
+                plgpu.wgmma(s_ref, q_smem, scratch.k.at[slot].transpose((1, 0)))
                 with region("wait"):
-                    take_turn()
+                    schedule.after_qk()
                 return s_ref[...]
 
             with region("qk"):
                 s = pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32))  # (block_q, block_kv)
-            plgpu.barrier_arrive(k_free.at[slot])
+            plgpu.barrier_arrive(scratch.k_free.at[slot])
             with region("softmax"):
-                if masked:  # only blocks that straddle the diagonal build a mask
-                    s = causal_block_mask(s, row0, j * bkv)
-                # Online softmax in base 2 with the scale folded in (c above).
-                m_new = jnp.maximum(m, s.max(axis=1) * c)  # (block_q,)
-                alpha = exp2(m - m_new)  # rescales what was summed relative to the old max
-                p = exp2_tile(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))  # (block_q, block_kv)
+                s, cs = capped(s, c, mask.softcap)
+                if masked:  # only tiles the mask cuts build the element mask
+                    kv_segment = None
+                    if mask.segments:
+                        kv_segment = load_vector(scratch.kv_segment.at[slot], plgpu.Layout.WGMMA.reduce(0))
+                    keep = M.tile_kept(mask, s.shape, row0, block_of(t) * bkv, q_segment=q_segment,
+                                       kv_segment=kv_segment, scalars=scalars,
+                                       ends=mask.seq_kv % bkv != 0)  # fmt: skip
+                    s = jnp.where(keep, s, -jnp.inf)
+                # Online softmax in base 2 with the scale folded in (cs).
+                m_new = jnp.maximum(m, s.max(axis=1) * cs)  # (block_q,)
+                m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked and guard else m_new  # a row with no key
+                alpha = exp2(m - m_use)  # rescales what was summed relative to the old max
+                p = exp2_tile(s * cs - lax.broadcast_in_dim(m_use, s.shape, [0]))  # (block_q, block_kv)
                 acc *= lax.broadcast_in_dim(alpha, acc.shape, [0])
                 l = l * alpha + p.sum(axis=1)
-                p16 = p.astype(dtype)
+                p_op = plan.operands.to_operand(p, scratch, wg)
                 # Keep the compiler from sinking the softmax past the barriers below (it would serialise the turns).
-                acc, l, m_new, p16 = lax.optimization_barrier((acc, l, m_new, p16))
-            plgpu.barrier_arrive(schedule)  # softmax done
+                if isinstance(p_op, jax.Array):
+                    acc, l, m_new, p_op = lax.optimization_barrier((acc, l, m_new, p_op))
+                else:
+                    acc, l, m_new = lax.optimization_barrier((acc, l, m_new))
+            schedule.softmax_done()
             with region("wait"):
-                plgpu.barrier_wait(v_ready.at[slot])
-                plgpu.barrier_wait(schedule)  # the other warpgroup has issued its matmul: our turn
+                plgpu.barrier_wait(scratch.v_ready.at[slot])
+                schedule.before_pv()
 
-            def pv(acc_ref):  # acc += p v, p from registers; meanwhile wait for the next k
-                plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
-
-                @pl.when(j + 1 < steps)
-                def _():
-                    with region("wait"):
-                        plgpu.barrier_wait(k_ready.at[lax.rem(j + 1, jnp.array(stages, j.dtype))])
+            def pv(acc_ref):  # acc += p v; meanwhile wait for the next k
+                plgpu.wgmma(acc_ref, p_op, plan.operands.v_operand(scratch.v.at[slot]))
+                if look_ahead is not None:
+                    pl.when(t + 1 < look_ahead)(functools.partial(wait_k, t + 1))
 
             with region("pv"):
                 acc = pl.run_state(pv)(plgpu.ACC.init(acc))
-            plgpu.barrier_arrive(v_free.at[slot])
+            plgpu.barrier_arrive(scratch.v_free.at[slot])
             return acc, m_new, l
 
-        if cfg.pipeline:  # FlashAttention-3's intra-warpgroup overlap on top of the ping-pong
-            acc, m, l = pipelined_steps(
-                (acc, m, l), qo_smem, k_smem, v_smem, (k_ready, v_ready, k_free, v_free), schedule, take_turn,
-                row0=row0, steps=steps, cta_steps=cta_steps, n_kv=n_kv, causal=causal, stages=stages, scale=scale,
-                exp2=exp2, exp2_tile=exp2_tile, region=region,
-            )  # fmt: skip
-        elif not causal:
-            acc, m, l = lax.fori_loop(0, n_kv, step, (acc, m, l))
-        else:  # blocks wholly at or below the diagonal need no mask; those that straddle it do; the rest are skipped
-            unmasked = jnp.minimum(lax.div(row0, jnp.array(bkv, jnp.int32)), steps)
-            carry = lax.fori_loop(0, unmasked, step, (acc, m, l))
-            acc, m, l = lax.fori_loop(unmasked, steps, functools.partial(step, masked=True), carry)
-            drain(steps, cta_steps, stages, (k_free, v_free), take_turn)  # warpgroup 0 ends early
+        frees = (scratch.k_free, scratch.v_free)
+        readies = (scratch.k_ready, scratch.v_ready)
+        schedule.start()
+        carry = (acc, m, l)
+        if plan.lists:
+            n_full, n_total = tiles[0], tiles[1]
+            pl.when(n_full > 0)(functools.partial(wait_k, 0))
+            carry = lax.fori_loop(0, n_full, functools.partial(step, look_ahead=n_full), carry)
 
-        pl.when(wg == 0)(take_turn)  # balance warpgroup 1's extra half turn
-        qo_smem[...] = (acc / lax.broadcast_in_dim(l, acc.shape, [0])).astype(dtype)  # the output over q's tile
-        lse_smem2.at[wg][...] = m + jnp.log(l) * LOG2E  # base-2 log-sum-exp: the backward's residual
+            def partial_step(t, carry):  # masked, or skipped by this warpgroup
+                def compute(carry):
+                    wait_k(t)
+                    return step(t, carry, masked=True)
+
+                def skip(carry):
+                    skip_steps(t, t + 1, stages, frees, schedule, readies)
+                    return carry
+
+                return lax.cond(state_of(t, wg) == M.EMPTY, skip, compute, carry)
+
+            carry = lax.fori_loop(n_full, n_total, partial_step, carry)
+        else:
+            n_steps = cta_hi - cta_lo
+            # this warpgroup's tiles as pipeline steps from the CTA's first tile
+            lo, full_lo, full_hi, hi = (jnp.clip(x - cta_lo, 0, n_steps) for x in M.band_steps(mask, row0, bq, bkv))
+            if mask.left is not None:  # tiles before this warpgroup's band
+                skip_steps(0, lo, stages, frees, schedule, readies)
+            pl.when(lo < hi)(functools.partial(wait_k, lo))
+            masked = functools.partial(step, masked=True, look_ahead=hi)
+            if mask.left is not None:
+                carry = lax.fori_loop(lo, full_lo, masked, carry)
+            carry = lax.fori_loop(full_lo, full_hi, functools.partial(step, look_ahead=hi), carry)
+            if mask.right is not None or mask.seq_kv % bkv:
+                carry = lax.fori_loop(full_hi, hi, masked, carry)
+            if mask.right is not None or mask.seq_q % (2 * bq):  # tiles past it (warpgroup 0 ends early)
+                skip_steps(hi, n_steps, stages, frees, schedule)
+        acc, m, l = carry
+        schedule.finish()
+        inv_l = out_factor / l
+        if guard:  # a row that kept no key: output 0, log-sum-exp -inf
+            inv_l = jnp.where(l == 0.0, 0.0, inv_l)
+        out_smem = plan.operands.out_tile(scratch, wg)
+        out_smem[...] = (acc * lax.broadcast_in_dim(inv_l, acc.shape, [0])).astype(out_smem.dtype)
+        scratch.lse.at[wg][...] = m + jnp.log(l) * LOG2E  # base-2 log-sum-exp: the backward's residual
         plgpu.commit_smem()  # make the stores visible to the TMA engine
-        plgpu.copy_smem_to_gmem(qo_smem, o_ref.at[batch, pl.ds(row0, bq), head])
-        plgpu.copy_smem_to_gmem(lse_smem2.at[wg], lse_ref.at[batch, head, pl.ds(row0, bq)])
+        plgpu.copy_smem_to_gmem(out_smem, o_ref.at[batch, pl.ds(row0, bq), head])
+        plgpu.copy_smem_to_gmem(scratch.lse.at[wg], lse_ref.at[batch, head, pl.ds(row0, bq)])
         plgpu.wait_smem_to_gmem(0)
 
     @pl.when(wg == 2)
     def _copy():
         plgpu.set_max_registers(copy_registers(cfg.registers), action="decrease")
-        kv_head = lax.div(head, jnp.array(groups, head.dtype))  # GQA: query head n reads kv head n // (N/K)
-        tile = lambda j: (batch, pl.ds(j * bkv, bkv), kv_head)  # noqa: E731  key block j: (block_kv, H)
-        copy_kv_ring(k_ref, v_ref, k_smem, v_smem, (k_ready, v_ready, k_free, v_free), k_tile=tile, v_tile=tile,
-                     stages=stages, steps=cta_steps, region=region)  # fmt: skip
+        kv_head = lax.div(head, jnp.array(plan.groups, head.dtype))  # GQA: query head n reads kv head n // (N/K)
+        if plan.lists:
+            plgpu.copy_gmem_to_smem(tiles_ref.at[batch, cta], scratch.tiles, scratch.tiles_ready)
+            plgpu.barrier_wait(scratch.tiles_ready)
+            steps = tiles[1]
+        else:
+            steps = cta_hi - cta_lo
+
+        def copy_k(t, slot):
+            block = block_of(t)
+            plgpu.copy_gmem_to_smem(k_ref.at[batch, pl.ds(block * bkv, bkv), kv_head], scratch.k.at[slot],
+                                    scratch.k_ready.at[slot])  # fmt: skip
+            if mask.segments:
+                plgpu.copy_gmem_to_smem(kv_seg_ref.at[batch, pl.ds(block * bkv, bkv)], scratch.kv_segment.at[slot],
+                                        scratch.k_ready.at[slot])  # fmt: skip
+
+        def copy_v(t, slot):
+            index = plan.operands.v_tile(batch, kv_head, block_of(t), bkv)
+            plgpu.copy_gmem_to_smem(v_ref.at[index], scratch.v.at[slot], scratch.v_ready.at[slot])
+
+        _copy_ring(((scratch.k_free, copy_k), (scratch.v_free, copy_v)), stages=stages, steps=steps, region=region,
+                   guard=not plan.plain)  # fmt: skip
 
 
-@shared_lowering("causal", "scale", "cfg")
-def forward(q, k, v, *, causal: bool, scale: float, cfg: MosaicConfig):
-    """The forward kernel on q (B, T, N, H), k and v (B, S, K, H), checked by the caller: (out (B, T, N, H), lse2
-    (B, N, T)), lse2 the base-2 log-sum-exp of the scaled scores."""
+def capped(s, c, softcap):
+    """Scores and their base-2 factor after the softcap: ``softcap · tanh(scale · s / softcap)`` in base 2 is
+    ``tanh(s · scale/softcap) · (softcap · log2e)``; without it, ``(s, c)`` as they are."""
+    if softcap is None:
+        return s, c
+    return jnp.tanh(s * (c / (LOG2E * softcap))), softcap * LOG2E
+
+
+def scratch_types(plan: Plan, head_dim: int, dtype, *, v_shape=None, extra=None) -> Scratch:
+    """The :class:`Scratch` a forward call allocates (``v_shape``: the v ring's (rows, cols) when not (block_kv,
+    H); ``extra``: the operands' own buffers)."""
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
+    cfg, stages = plan.cfg, plan.stages
+    bq, bkv = cfg.block_q, cfg.block_kv
+    kv_copies = 2 if plan.mask.segments else 1  # k and its segment ids land on one barrier
+    return Scratch(
+        q=plgpu.SMEM((2, bq, head_dim), dtype, transforms=_tiles()),
+        k=plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=_tiles()),
+        v=plgpu.SMEM((stages, *(v_shape or (bkv, head_dim))), dtype, transforms=_tiles()),
+        lse=plgpu.SMEM((2, bq), jnp.float32),
+        q_ready=plgpu.Barrier(num_arrivals=kv_copies, num_barriers=2),
+        k_ready=plgpu.Barrier(num_arrivals=kv_copies, num_barriers=stages),
+        v_ready=plgpu.Barrier(num_barriers=stages),
+        k_free=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+        v_free=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+        turns=schedule_barriers(cfg.schedule),
+        tiles=plgpu.SMEM((M.HEADER + 3 * plan.padded,), jnp.int32) if plan.lists else None,
+        tiles_ready=plgpu.Barrier() if plan.lists else None,
+        q_segment=plgpu.SMEM((2, bq), jnp.int32) if plan.mask.segments else None,
+        kv_segment=plgpu.SMEM((stages, bkv), jnp.int32) if plan.mask.segments else None,
+        extra=extra,
+    )
+
+
+def mask_inputs(plan: Plan, arrays: M.MaskArrays) -> tuple:
+    """The kernel's mask inputs for ``arrays``: the per-CTA tile lists, then the segment ids (when the mask has
+    them)."""
+    if not plan.lists:
+        return ()
+    grid = M.tile_grid(plan.mask, arrays, block_q=plan.cfg.block_q, block_kv=plan.cfg.block_kv)
+    out = (M.tile_lists(M.by_cta(grid), arrays, padded=plan.padded),)
+    if plan.mask.segments:
+        out += (arrays.q_segment, arrays.kv_segment)
+    return out
+
+
+def make_plan(cfg: MosaicConfig, mask: M.Mask, seq_kv: int, groups: int, operands: Operands) -> Plan:
+    n_kv = -(-seq_kv // cfg.block_kv)
+    return Plan(cfg, mask, stages=min(cfg.stages, n_kv), groups=groups, operands=operands,
+                padded=M.padded_tiles(n_kv) if mask.has_arrays else 0)  # fmt: skip
+
+
+@shared_lowering("scale", "cfg", "mask")
+def forward(q, k, v, arrays: M.MaskArrays, *, scale: float, cfg: MosaicConfig, mask: M.Mask):
+    """The forward kernel on q (B, T, N, H), k and v (B, S, K, H), checked by the caller: (out (B, T, N, H), lse2
+    (B, N, T)), lse2 the base-2 log-sum-exp of the scaled scores (−inf for a row that keeps no key)."""
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
-    stages = min(cfg.stages, S // cfg.block_kv)
-    smem = (
-        plgpu.SMEM((2, cfg.block_q, H), q.dtype, transforms=swizzled_tiles()),  # q / output, one per compute wg
-        plgpu.SMEM((stages, cfg.block_kv, H), q.dtype, transforms=swizzled_tiles()),  # k ring
-        plgpu.SMEM((stages, cfg.block_kv, H), q.dtype, transforms=swizzled_tiles()),  # v ring
-        plgpu.SMEM((2, cfg.block_q), jnp.float32),  # log-sum-exp out, one per compute warpgroup
-    )
-    barriers = (
-        (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=2)),
-        (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2,  # k_free, v_free: both compute warpgroups
-        plgpu.Barrier(num_arrivals=2),  # the schedule barrier
-    )
-    kernel = functools.partial(forward_kernel, causal=causal, cfg=cfg, stages=stages, seq_kv=S, groups=N // K,
-                               scale=scale)  # fmt: skip
+    plan = make_plan(cfg, mask, S, N // K, sixteen_bit(scale))
+    kernel = functools.partial(forward_kernel, plan=plan)
     out_type = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, N, T), jnp.float32)]
-    grid = (N, T // (2 * cfg.block_q), B)
-    return tuple(call(kernel, out_type, (smem, *barriers), grid, ("heads", "q_seq", "batch"), q, k, v,
-                      profile_space=cfg.profile_space, profile_dir=cfg.profile_dir))  # fmt: skip
+    grid = (N, -(-T // (2 * cfg.block_q)), B)
+    return tuple(call(kernel, out_type, scratch_types(plan, H, q.dtype), grid, ("heads", "q_seq", "batch"),
+                      q, k, v, *mask_inputs(plan, arrays), profile_space=cfg.profile_space,
+                      profile_dir=cfg.profile_dir))  # fmt: skip

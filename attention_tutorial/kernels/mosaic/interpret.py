@@ -3,13 +3,14 @@
 Pallas ships an interpreter for Mosaic GPU kernels (``InterpretGPUParams``): every warpgroup of every CTA runs as a
 host thread over simulated global and shared memory, with real barriers, so a kernel's indexing, masking, step counts
 and barrier protocol run exactly as written — slowly, and with each asynchronous operation completing at once (it
-checks what a kernel computes, not its timing or every race). It is young, and four things our kernels do are not in
+checks what a kernel computes, not its timing or every race). It is young, and some things our kernels do are not in
 it yet; :func:`interpret` adds them, each in terms of what the GPU does:
 
 * ``pl.run_state`` (an accumulator carried in registers across steps): its refs are allocated, run, read back;
 * ``wgmma`` with a transposed shared-memory operand (``k_smem.T``) or its left operand in registers (p);
 * ``plgpu.load`` (a vector from shared memory in a register layout) and ``plgpu.layout_cast`` (no-ops on values);
-* a TMA store with ``reduction_op="add"`` (dQ by atomic adds), under a lock;
+* TMA's edges: a load that reaches past the array's end gets zeros there, a store drops what lies past it, and a
+  store with ``reduction_op="add"`` (dQ by atomic adds) adds, under a lock;
 * ``plgpu.inline_mgpu`` (registers rearranged by hand): its function's ``logical`` attribute, the same rearrangement
   on a plain array, stands in.
 
@@ -33,6 +34,7 @@ from jax.experimental import io_callback
 _PATCHED = False
 DEADLOCK_SECONDS = 20.0  # a barrier wait that sees no arrival this long: the warpgroups wait on each other
 _WAITING = threading.local()  # where this thread waits (for the deadlock's message)
+_TMA = threading.local()  # whether this thread is inside a TMA load (whose reads past the array give zeros)
 _LOCK = threading.Lock()  # the reduce-add's read and write, atomic as on the GPU
 
 
@@ -104,13 +106,26 @@ def _patch():
         original = cls.interpret
         cls.interpret = lambda self, jaxpr, token, *args: _interpret(self, original, jaxpr, token, *args)
         cls._interpret_wgmma_ref_p = _wgmma_eqn
-        reduce_free = p.gpu_callbacks.copy_smem_to_gmem
+        p.gpu_callbacks.copy_smem_to_gmem = _tma_store
+        transfer = p.gpu_callbacks.DeviceLocalMemoryTransfer
+        execute, out_of_bounds = transfer.execute, p.gpu_callbacks._handle_out_of_bounds_read
 
-        @functools.wraps(reduce_free)
-        def copy_smem_to_gmem(*, reduction_op, **kw):
-            return reduce_free(reduction_op=None, **kw) if reduction_op is None else _reduce_add(reduction_op, **kw)
+        def tma_load(self, token):
+            _TMA.loading = True
+            try:
+                return execute(self, token)
+            finally:
+                _TMA.loading = False
 
-        p.gpu_callbacks.copy_smem_to_gmem = copy_smem_to_gmem
+        def zero_fill(ret, full_read_shape, shape, dtype, *args, **kw):
+            if not getattr(_TMA, "loading", False):
+                return out_of_bounds(ret, full_read_shape, shape, dtype, *args, **kw)
+            out = np.zeros(full_read_shape, dtype)  # TMA fills what lies past the array with zeros
+            if ret is not None:
+                out[tuple(slice(n) for n in ret.shape)] = ret
+            return out
+
+        transfer.execute, p.gpu_callbacks._handle_out_of_bounds_read = tma_load, zero_fill
         is_gmem = p.gpu_callbacks.is_gmem_memory_space  # a kernel's ref argument (jax.new_ref) has no memory space
 
         p.gpu_callbacks.is_gmem_memory_space = lambda space: space is None or is_gmem(space)
@@ -351,23 +366,49 @@ def _wgmma(token, acc, acc_t, a, a_t, b, b_t, *, device_id, grid_point_coords, t
     return token
 
 
-def _reduce_add(op, *, token, device_id, grid_point_coords, thread_id, src_allocation_key_as_array, src_transforms,
-                dst_allocation_key_as_array, dst_transforms, predicate, source_info, commit_group):  # fmt: skip
-    """A TMA store that adds into global memory (``reduction_op="add"``), atomically."""
+def _tma_store(*, token, device_id, grid_point_coords, thread_id, src_allocation_key_as_array, src_transforms,
+               dst_allocation_key_as_array, dst_transforms, predicate, source_info, commit_group, reduction_op):  # fmt: skip
+    """A TMA store from shared to global memory: what lies past the array's end is dropped (as the copy engine
+    does), and ``reduction_op="add"`` adds into global memory, atomically."""
     p = _private()
     gc = p.gpu_callbacks
-    if str(op) != "add" or predicate is not None:
-        raise NotImplementedError(f"TMA store with reduction_op={op!r}, predicate={predicate!r}")
+    if predicate is not None or reduction_op not in (None, "add"):
+        raise NotImplementedError(f"TMA store with reduction_op={reduction_op!r}, predicate={predicate!r}")
     memory = gc._get_shared_memory()
     thread = memory.get_global_thread_id(int(device_id), int(thread_id))
     info = p.interpret_utils.GPULoggingInfo(device_id=int(device_id), thread_id=int(thread_id),
                                             grid_point_coords=tuple(int(x) for x in grid_point_coords),
                                             source_info=source_info)  # fmt: skip
     value = _read(memory, src_allocation_key_as_array, src_transforms, thread, info)
-    dst_t = jax.tree.map(int, gc._remove_noop_transforms(dst_transforms))
-    dst_range = p.interpret_utils.to_range(dst_t)
     key = gc.HostAllocationKey.from_array(dst_allocation_key_as_array)
+    dst_range = p.interpret_utils.to_range(jax.tree.map(int, gc._remove_noop_transforms(dst_transforms)))
     with _LOCK:
-        old, _, _ = memory.get_buffer_content(key, dst_range, thread, logging_info=info)
-        memory.store_buffer_content(key, dst_range, old + value, thread, logging_info=info)
+        whole, _, _ = memory.get_buffer_content(key, (), thread, logging_info=info)
+        clipped, kept = _clip(dst_range, whole.shape)
+        if clipped is None:  # wholly past the end
+            return token
+        value = value[kept]
+        if reduction_op == "add":
+            old, _, _ = memory.get_buffer_content(key, clipped, thread, logging_info=info)
+            value = old + value
+        memory.store_buffer_content(key, clipped, value, thread, logging_info=info)
     return token
+
+
+def _clip(index, shape):
+    """An index (ints and slices over ``shape``'s leading axes) cut to the array: (the cut index, the slice of the
+    stored value that lands inside), or (None, None) when nothing does."""
+    cut, kept = [], []
+    for i, n in zip(index, shape):
+        if isinstance(i, int):
+            if not 0 <= i < n:
+                return None, None
+            cut.append(i)
+            continue
+        start, stop = i.start or 0, min(i.stop if i.stop is not None else n, n)
+        if start >= stop:
+            return None, None
+        cut.append(slice(start, stop))
+        kept.append(slice(0, stop - start))
+    kept += [slice(None)] * (len(shape) - len(index))
+    return tuple(cut), tuple(kept)
