@@ -12,7 +12,7 @@ B·T = 16k, T = 4096 and 8192, N=16, H=128, bf16, causal and not; each row is sa
 python tools/tune.py bwd_tiles [OUT.json]  forward+backward of our Mosaic GPU kernel with other backward tiles
 (bwd_block_q × bwd_block_kv, stages) and with dQ added by atomics, against cuDNN's: B=4, T=8192, N=16, H = 64 and 128, bf16, causal and not.
 python tools/tune.py bwd_dq [OUT.json]     the same shapes, the default tiles, each way of making dQ (a pass, atomic
-adds, atomic adds shared between the warpgroups) at the backward's default 232 registers and at 240.
+adds) at the backward's default 232 registers and at 240.
 python tools/tune.py registers [OUT.json]  the plain and pipelined forwards at 232 and 240 registers per compute
 thread: B=4, T=8192, N=16, H = 128 and 256, bf16, causal and not.
 python tools/tune.py train [OUT.json]      the recorded model's training step (train.model.H200) with cuDNN's
@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from attention_tutorial import dot_product_attention, make_qkv, time_fn
-from attention_tutorial.kernels.mosaic import MosaicConfig, default_config, mosaic_flash_attention
+from attention_tutorial.kernels.mosaic import MosaicConfig, Probe, default_config, mosaic_flash_attention
 from attention_tutorial.kernels.pallas_flash import flash_attention
 from attention_tutorial.measure.flops import attention_flops
 from attention_tutorial.measure.fp8 import WRONG_ABOVE, rel_error
@@ -44,11 +44,10 @@ PALLAS = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (1
 MOSAIC = [(128, 2), (128, 3), (64, 2), (64, 4)]
 # (bwd_block_q, bwd_block_kv, bwd_stages, bwd_dq): the default first; 128 query rows per warpgroup fit the registers at
 # H = 64 only (dQ's accumulator is 128 × H float32), 128 keys neither (dK and dV together: 2 × 128 × H); dQ by
-# atomics takes 3 stages at H = 64 only (shared memory), and shares dS between the warpgroups at H = 128 only
+# atomics takes 3 stages at H = 64 only (shared memory)
 BWD_TILES = [
     (64, 64, 2, "pass"),
     (64, 64, 2, "atomic"),
-    (64, 64, 2, "atomic_shared"),
     (64, 64, 3, "atomic"),
     (64, 64, 3, "pass"),
     (128, 64, 2, "pass"),
@@ -58,11 +57,12 @@ BWD_TILES = [
 # (label, MosaicConfig fields) of each way of making dQ, at the default registers and at 240; the default first
 BWD_DQ_CONFIGS = [(f"dQ {dq.replace('_', ' ')}" + (", 240 registers" if regs == 240 else ""),
                    {"bwd_dq": dq, "bwd_registers": regs})
-                  for dq in ("pass", "atomic", "atomic_shared") for regs in (232, 240)]  # fmt: skip
+                  for dq in ("pass", "atomic") for regs in (232, 240)]  # fmt: skip
 PIPE = [(128, 2, False), (128, 2, True), (64, 2, True), (64, 3, True), (64, 4, True)]  # 128 × 3 stages: no room
-# (p_via, MosaicConfig fields other than the default's); block_kv = 256 needs more registers than the kernel budgets
-FP8 = [("registers", {}), ("registers", {"stages": 3}), ("registers", {"stages": 4}), ("smem", {}),
-       ("registers", {"registers": 240}), ("registers", {"exp_poly": 0.25}), ("registers", {"exp_poly": 0.5})]  # fmt: skip
+# (p_via, MosaicConfig fields other than the default's, the fraction of p's exponentials on the FMA units);
+# block_kv = 256 needs more registers than the kernel budgets
+FP8 = [("registers", {}, 0), ("registers", {"stages": 3}, 0), ("registers", {"stages": 4}, 0), ("smem", {}, 0),
+       ("registers", {"registers": 240}, 0), ("registers", {}, 0.25), ("registers", {}, 0.5)]  # fmt: skip
 
 
 def candidates(kernel, causal, head_dim=128):
@@ -85,12 +85,12 @@ def candidates(kernel, causal, head_dim=128):
     elif kernel == "fp8":
         from attention_tutorial.kernels.mosaic.fp8 import mosaic_fp8_attention
 
-        for p_via, fields in FP8:
-            cfg = MosaicConfig(**fields)
-            fn = functools.partial(mosaic_fp8_attention, is_causal=causal, config=cfg, p_via=p_via)
-            extra = {"registers": f", {cfg.registers} registers", "exp_poly": f", exp_poly {cfg.exp_poly}"}
+        for p_via, fields, poly in FP8:
+            cfg, probe = MosaicConfig(**fields), Probe(exp_poly=poly)
+            fn = functools.partial(mosaic_fp8_attention, is_causal=causal, config=cfg, p_via=p_via, probe=probe)
             label = f"FP8 64x{cfg.block_kv} stages {cfg.stages} p via {p_via}"
-            yield label + "".join(extra[k] for k in fields if k in extra), fn
+            label += f", {cfg.registers} registers" if "registers" in fields else ""
+            yield label + (f", exp_poly {poly}" if poly else ""), fn
     elif kernel == "pipe":
         for bkv, stages, pipeline in PIPE:
             cfg = MosaicConfig(block_kv=bkv, stages=stages, pipeline=pipeline)
@@ -187,8 +187,7 @@ def backward_configs(kernel, head_dim):
             yield label, MosaicConfig(bwd_block_q=bq, bwd_block_kv=bkv, bwd_stages=st, bwd_dq=dq)
     else:
         for label, fields in BWD_DQ_CONFIGS:
-            if fields["bwd_dq"] != "atomic_shared" or head_dim == 128:  # shared: H = 128 only
-                yield label, MosaicConfig(**fields)
+            yield label, MosaicConfig(**fields)
 
 
 def backward_tiles(out, kernel="bwd_tiles"):

@@ -1,7 +1,7 @@
 """The kernels' ablations: each of our Mosaic GPU forwards as it is, with its exponentials removed, and with part of
 them moved to the FMA units, timed beside cuDNN in the same process.
 
-Without ``exp2`` (``MosaicConfig(no_exp=True)``: each exp2 of the softmax becomes the identity, so the numbers are
+Without ``exp2`` (``Probe(no_exp=True)``: each exp2 of the softmax becomes the identity, so the numbers are
 wrong) a kernel keeps every matmul, copy, barrier and the rest of its softmax: how fast it runs then bounds what
 hiding its exponentials better could gain. With ``exp_poly`` (:data:`EXP_POLY`; right numbers) the plain and
 pipelined bf16 forwards at H = 128 try one lever towards that bound: 25 % or 50 % of each score tile's columns go
@@ -92,20 +92,19 @@ def kernel_fn(kernel: AblationKernel, variant: str):
     with part of them on the FMA units (``"exp_poly_25"``, ``"exp_poly_50"``)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}.")
-    from ..kernels.mosaic.budget import MosaicConfig, default_config
+    from ..kernels.mosaic.budget import Probe, default_config
 
-    switches = {"no_exp": variant == "no_exp", "exp_poly": EXP_POLY.get(variant, 0.0)}
+    probe = Probe(no_exp=variant == "no_exp", exp_poly=EXP_POLY.get(variant, 0.0))
     if kernel.impl == "mosaic_fp8_regs":
         from ..kernels.mosaic.fp8 import mosaic_fp8_attention
 
-        return functools.partial(mosaic_fp8_attention, is_causal=kernel.causal, p_via="registers",
-                                 config=MosaicConfig(**switches))  # fmt: skip
+        return functools.partial(mosaic_fp8_attention, is_causal=kernel.causal, p_via="registers", probe=probe)
     if kernel.impl not in ("mosaic", "mosaic_pipe"):
         raise ValueError(f"kernel.impl must be 'mosaic', 'mosaic_pipe' or 'mosaic_fp8_regs'; got {kernel.impl!r}.")
     from ..kernels.mosaic.attention import mosaic_flash_attention
 
-    config = dataclasses.replace(default_config(kernel.head_dim, pipeline=kernel.impl == "mosaic_pipe"), **switches)
-    return functools.partial(mosaic_flash_attention, is_causal=kernel.causal, config=config)
+    config = default_config(kernel.head_dim, pipeline=kernel.impl == "mosaic_pipe")
+    return functools.partial(mosaic_flash_attention, is_causal=kernel.causal, config=config, probe=probe)
 
 
 def baseline_fn(kernel: AblationKernel):

@@ -1,6 +1,6 @@
 """A measured timeline of our Mosaic GPU kernels' warpgroups, from Pallas Mosaic GPU's in-kernel profiler.
 
-With ``MosaicConfig(profile_space=..., profile_dir=...)`` the forward names its regions (``jax.named_scope``) and
+With ``Probe(profile_space=..., profile_dir=...)`` the forward names its regions (``jax.named_scope``) and
 Pallas stamps the SM clock where each starts and ends, per warpgroup, in a buffer in shared memory; after the call
 a host callback writes the buffer as a Chrome trace (JSON) into ``profile_dir``. :func:`profile_forward` runs one
 profiled call; :func:`parse_trace` turns its trace into compact tracks; :func:`timeline_records` does both for the
@@ -45,9 +45,10 @@ import jax
 import jax.numpy as jnp
 
 from ..inputs import AttentionShape, make_qkv
+from ..kernels.mosaic.budget import Probe
 
 SHAPE = AttentionShape(1, 2048, 2048, 8, 8, 128)  # 8 heads × 16 CTAs of 128 rows: one wave on an H200's 132 SMs
-KERNELS = {"mosaic": False, "mosaic_pipe": True}  # impl: pipeline
+KERNELS = {"mosaic": {}, "mosaic_turns": {"schedule": "turns"}, "mosaic_pipe": {"pipeline": True}}  # impl: config
 CTAS = 2  # CTAs kept per kernel: the first to start
 WARPGROUPS = 3  # per CTA: two compute, one copy
 REGIONS_PER_STEP = 8  # the pipelined step's regions (the plain one has 6), for sizing the event buffer
@@ -90,32 +91,37 @@ def profile_backward(dq: str, folder, *, shape: AttentionShape = BACKWARD_SHAPE,
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     plain = dataclasses.replace(default_config(shape.head_dim), bwd_dq=dq)
-    config = dataclasses.replace(plain, profile_space=backward_profile_space(shape, plain), profile_dir=str(folder))
+    probe = Probe(profile_space=backward_profile_space(shape, plain), profile_dir=str(folder))
     q, k, v = make_qkv(shape.batch, shape.seq_q, shape.heads, shape.head_dim, seq_kv=shape.seq_kv,
                        kv_heads=shape.kv_heads, dtype=jnp.bfloat16, seed=0)  # fmt: skip
     out, lse = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, config=plain, return_lse=True))(
         q, k, v)  # fmt: skip
     d_out = jax.random.normal(jax.random.key(1), q.shape, jnp.float32).astype(q.dtype)
     before = set(folder.glob("*.json"))
-    fn = jax.jit(functools.partial(mosaic_flash_backward, is_causal=causal, config=config))
+    fn = jax.jit(functools.partial(mosaic_flash_backward, is_causal=causal, config=plain, probe=probe))
     jax.block_until_ready(fn(q, k, v, out, lse, d_out))
     return _written(folder, before, 2 if dq == "pass" else 1, "backward")
 
 
-def profile_forward(pipeline: bool, folder, *, shape: AttentionShape = SHAPE, causal: bool = False) -> Path:
-    """Run our forward (pipelined or not) once with the in-kernel profiler on and return the trace it wrote into
-    ``folder``. Needs a Hopper GPU."""
-    from ..kernels.mosaic.attention import mosaic_flash_attention
+def kernel_config(impl: str, head_dim: int):
+    """The MosaicConfig of :data:`KERNELS`' ``impl`` at ``head_dim``."""
     from ..kernels.mosaic.budget import default_config
+
+    return dataclasses.replace(default_config(head_dim), **KERNELS[impl])
+
+
+def profile_forward(config, folder, *, shape: AttentionShape = SHAPE, causal: bool = False) -> Path:
+    """Run our forward with ``config`` (a MosaicConfig) once with the in-kernel profiler on and return the trace it
+    wrote into ``folder``. Needs a Hopper GPU."""
+    from ..kernels.mosaic.attention import mosaic_flash_attention
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     before = set(folder.glob("*.json"))
-    config = default_config(shape.head_dim, pipeline=pipeline)
-    config = dataclasses.replace(config, profile_space=profile_space(shape, config.block_kv), profile_dir=str(folder))
+    probe = Probe(profile_space=profile_space(shape, config.block_kv), profile_dir=str(folder))
     q, k, v = make_qkv(shape.batch, shape.seq_q, shape.heads, shape.head_dim, seq_kv=shape.seq_kv,
                        kv_heads=shape.kv_heads, dtype=jnp.bfloat16, seed=0)  # fmt: skip
-    fn = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, config=config))
+    fn = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, config=config, probe=probe))
     jax.block_until_ready(fn(q, k, v))
     return _written(folder, before, 1, "forward")[0]
 
@@ -163,22 +169,23 @@ def parse_trace(trace: dict, *, ctas: int = CTAS, warpgroups: int = WARPGROUPS) 
 def timeline_records(*, shape: AttentionShape = SHAPE, ctas: int = CTAS, causal: bool = False) -> dict[str, dict]:
     """For each of :data:`KERNELS`: one profiled call at ``shape``, its first ``ctas`` CTAs as tracks (the format of
     the module docstring), or its status and reason where it could not run."""
-    from ..kernels.mosaic.attention import pipelined_why_not, why_not
-    from ..kernels.mosaic.budget import default_config
+    from ..kernels.mosaic._common import on_hopper
+    from ..kernels.mosaic.budget import problem
 
     out = {}
-    for impl, pipeline in KERNELS.items():
-        config = default_config(shape.head_dim, pipeline=pipeline)
+    for impl in KERNELS:
+        config = kernel_config(impl, shape.head_dim)
         meta = {"shape": shape._asdict(), "causal": causal, "dtype": "bfloat16",
                 "tiles": {f: getattr(config, f) for f in ("block_q", "block_kv", "stages")},
+                "schedule": config.schedule, "pipeline": config.pipeline,
                 "profile_space": profile_space(shape, config.block_kv), "unit": "ns"}  # fmt: skip
-        reason = (pipelined_why_not if pipeline else why_not)(shape, jnp.bfloat16, causal)
+        reason = on_hopper() or problem(shape, jnp.bfloat16, config)
         if reason:
             out[impl] = {"status": "unsupported", "reason": reason, **meta}
             continue
         try:
             with tempfile.TemporaryDirectory() as folder:
-                trace = json.loads(profile_forward(pipeline, folder, shape=shape, causal=causal).read_text())
+                trace = json.loads(profile_forward(config, folder, shape=shape, causal=causal).read_text())
             n_ctas = len({(e["tid"] - 1) // WARPGROUPS for e in trace["traceEvents"]})
             out[impl] = {"status": "ok", **meta, "ctas": n_ctas, "tracks": parse_trace(trace, ctas=ctas)}
         except Exception as err:  # one kernel failing leaves the other's timeline

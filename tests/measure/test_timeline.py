@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from attention_tutorial.inputs import AttentionShape
-from attention_tutorial.kernels.mosaic.budget import default_config, problem
+from attention_tutorial.kernels.mosaic.budget import NO_PROBE, Probe, default_config, problem
 from attention_tutorial.measure import timeline as tl
 
 
@@ -82,15 +82,14 @@ def test_the_event_buffer_holds_every_step_and_fits_beside_the_tiles():
         cfg = default_config(shape.head_dim, pipeline=pipeline)
         space = tl.profile_space(shape, cfg.block_kv)
         assert space >= tl.REGIONS_PER_STEP * shape.seq_kv // cfg.block_kv
-        profiled = dataclasses.replace(cfg, profile_space=space, profile_dir="/t")
-        assert problem(shape, jnp.bfloat16, profiled) is None
+        assert problem(shape, jnp.bfloat16, cfg, Probe(profile_space=space, profile_dir="/t")) is None
     assert shape.batch * shape.heads * shape.seq_q // 128 <= 132  # one wave of CTAs on an H200
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the CPU answer")
 def test_off_hopper_each_kernel_says_why_with_what_it_would_have_run():
     got = tl.timeline_records(shape=AttentionShape(1, 256, 256, 2, 2, 128))
-    assert set(got) == {"mosaic", "mosaic_pipe"}
+    assert set(got) == set(tl.KERNELS) == {"mosaic", "mosaic_turns", "mosaic_pipe"}
     for entry in got.values():
         assert entry["status"] == "unsupported" and "Hopper" in entry["reason"]
         assert entry["shape"]["seq_kv"] == 256 and entry["tiles"]["block_kv"] == 128 and entry["unit"] == "ns"
@@ -120,11 +119,11 @@ def test_the_backward_event_buffer_holds_every_step_and_fits_beside_the_tiles():
         cfg = dataclasses.replace(default_config(shape.head_dim), bwd_dq=dq)
         space = tl.backward_profile_space(shape, cfg)
         assert space >= tl.BACKWARD_REGIONS_PER_STEP * shape.seq_q // cfg.bwd_block_q
-        assert problem(shape, jnp.bfloat16, dataclasses.replace(cfg, profile_space=space, profile_dir="/t")) is None
+        assert problem(shape, jnp.bfloat16, cfg, Probe(profile_space=space, profile_dir="/t")) is None
     # 24 KiB of events fit beside the forward's 160.5 KiB of tiles, not beside the atomic dK/dV kernel's 209 (+ 4)
-    big = dataclasses.replace(default_config(128), bwd_dq="atomic", profile_space=512, profile_dir="/t")
+    big = dataclasses.replace(default_config(128), bwd_dq="atomic")
     assert "to the dK/dV kernel's tiles (237.0 KiB" in problem(
-        AttentionShape(1, 256, 256, 2, 2, 128), jnp.bfloat16, big
+        AttentionShape(1, 256, 256, 2, 2, 128), jnp.bfloat16, big, Probe(profile_space=512, profile_dir="/t")
     )
 
 
@@ -137,12 +136,12 @@ def test_traces_are_taken_in_the_order_their_kernels_ran(tmp_path):
         tl._written(tmp_path, before, 1, "backward")
 
 
-def _backward_jaxpr(cfg, causal):
+def _backward_jaxpr(cfg, causal, probe=NO_PROBE):
     from attention_tutorial.kernels.mosaic.attention import mosaic_flash_backward
 
     q = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16)
     lse = jax.ShapeDtypeStruct((1, 2, 256), jnp.float32)
-    fn = functools.partial(mosaic_flash_backward, is_causal=causal, config=cfg)
+    fn = functools.partial(mosaic_flash_backward, is_causal=causal, config=cfg, probe=probe)
     return jax.make_jaxpr(fn)(q, q, q, q, lse, q)
 
 
@@ -152,11 +151,12 @@ def test_backward_regions_exist_only_when_profiling_and_add_no_operation(dq, cau
     from tests.kernels.mosaic.test_forward import _scope_names
 
     plain = dataclasses.replace(default_config(64), bwd_dq=dq)
-    profiled = dataclasses.replace(plain, profile_space=64, profile_dir="/tmp/trace")
+    profiled = Probe(profile_space=64, profile_dir="/tmp/trace")
     base = _scope_names(_backward_jaxpr(plain, causal).jaxpr)  # the kernels' entry, the einsum of rowsum(dO ∘ O)
     regions = {"qk", "softmax", "grads", "wait", "copy"} | ({"dq_add"} if dq == "atomic" else set())
-    assert not base & regions and _scope_names(_backward_jaxpr(profiled, causal).jaxpr) == base | regions
-    a, b = str(_backward_jaxpr(plain, causal)).splitlines(), str(_backward_jaxpr(profiled, causal)).splitlines()
+    assert not base & regions and _scope_names(_backward_jaxpr(plain, causal, profiled).jaxpr) == base | regions
+    a = str(_backward_jaxpr(plain, causal)).splitlines()
+    b = str(_backward_jaxpr(plain, causal, profiled)).splitlines()
     differ = [(x, y) for x, y in zip(a, b) if x != y]
     assert len(a) == len(b) and len(differ) == (2 if dq == "pass" else 1)  # each kernel's compiler parameters
     assert all("profile_space=64" in y for _, y in differ)

@@ -1,6 +1,6 @@
-"""What the Mosaic GPU kernels share: the causal block mask and step counts, the loop that lets a finished warpgroup
-keep the others going, the k/v copy ring, the call that launches one warp-specialised kernel, and the named regions
-the in-kernel profiler records.
+"""What the Mosaic GPU kernels share: how the two compute warpgroups take turns (:class:`Schedule`), the steps a
+warpgroup skips, the copy warpgroup's ring of shared-memory slots, the call that launches one warp-specialised
+kernel, and the named regions the in-kernel profiler records.
 
 Every kernel here is one CTA of three warpgroups: two compute, one copies tiles by TMA. Legend: B batch, T query
 length, S key length, N heads, K kv heads, H head dim.
@@ -143,7 +143,7 @@ def i32(x):
 
 def slot_of(t, stages: int):
     """The ring slot of pipeline step ``t``."""
-    return lax.rem(t, jnp.array(stages, jnp.int32))
+    return lax.rem(i32(t), i32(stages))
 
 
 def skip_steps(start, stop, stages: int, frees, schedule: Schedule | None = None, readies=()):
@@ -162,6 +162,114 @@ def skip_steps(start, stop, stages: int, frees, schedule: Schedule | None = None
             plgpu.barrier_arrive(free.at[slot])
         if schedule is not None:
             schedule.skip()
+
+
+class Walk:
+    """The tiles one CTA walks, and each compute warpgroup's steps over them: by a band's arithmetic
+    (:func:`~.masks.band_steps`, pipeline step t is tile ``cta_lo + t``) or by the CTA's tile list
+    (:func:`~.masks.tile_lists`, copied into ``scratch.tiles``). ``own``: rows per compute warpgroup (queries, or
+    keys in the dK/dV kernel); ``visit``: rows per tile walked; ``mask``: as the kernel walks (a band is
+    transposed for the dK/dV kernel)."""
+
+    def __init__(self, mask, scratch, cta_rows, *, own: int, visit: int, stages: int, padded: int):
+        from . import masks as M
+
+        self.M, self.mask, self.scratch = M, mask, scratch
+        self.own, self.visit, self.stages, self.padded = own, visit, stages, padded
+        self.lists = mask.has_arrays
+        if self.lists:
+            self.cta_lo = i32(0)
+        else:
+            band = [M.band_steps(mask, cta_rows + w * own, own, visit) for w in (0, 1)]
+            self.cta_lo, self.cta_hi = band[0].lo, jnp.maximum(band[1].hi, band[0].hi)
+
+    @property
+    def n_steps(self):
+        """The CTA's pipeline steps (tiles walked)."""
+        return self.scratch.tiles[1] if self.lists else self.cta_hi - self.cta_lo
+
+    def block_of(self, t):
+        """The tile (its index in the array) of pipeline step ``t``."""
+        return self.scratch.tiles[self.M.HEADER + t] if self.lists else self.cta_lo + t
+
+    def state_of(self, t, w):
+        return self.scratch.tiles[self.M.HEADER + (1 + w) * self.padded + t]
+
+    def scalars(self):
+        """(prefix, q_len, kv_len) of this batch row from the tile list (waiting for it), or None."""
+        import jax.experimental.pallas.mosaic_gpu as plgpu
+
+        if not self.lists:
+            return None
+        plgpu.barrier_wait(self.scratch.tiles_ready)
+        tiles = self.scratch.tiles
+        return tiles[2], tiles[3], tiles[4]
+
+    def copy_steps(self, tiles_ref, batch, cta):
+        """The copy warpgroup: copy the CTA's tile list in (lists); the number of tiles to walk."""
+        import jax.experimental.pallas.mosaic_gpu as plgpu
+
+        if self.lists:
+            plgpu.copy_gmem_to_smem(tiles_ref.at[batch, cta], self.scratch.tiles, self.scratch.tiles_ready)
+            plgpu.barrier_wait(self.scratch.tiles_ready)
+        return self.n_steps
+
+    def loops(self, step, carry, row0, *, frees, readies, trailing_readies=(), schedule=None, wait_own=None,
+              offset=0, ragged_owner=False):  # fmt: skip
+        """One compute warpgroup's steps (pipeline steps ``offset + t``): ``step(t, carry, masked=…,
+        look_ahead=…)`` over the tiles it keeps wholly (unmasked) or in part (masked); the tiles it keeps nothing of
+        are skipped (slots released, ``schedule``'s turns taken; ``readies`` waited where the warpgroup waits on
+        them again, ``trailing_readies`` after its last tile). ``wait_own(t)``: the steps wait for each other's
+        data (a step waits for step t + 1's while it finishes, ``look_ahead`` bounding it), so the first step of
+        each run waits through it; without it every step waits for its own. ``ragged_owner``: the warpgroup
+        holding the last, partly filled own tile masks every step."""
+        import jax.experimental.pallas as pl
+
+        M, mask, stages = self.M, self.mask, self.stages
+        wg = lax.axis_index("wg")
+
+        def skip(lo, hi, waits):
+            skip_steps(offset + lo, offset + hi, stages, frees, schedule, waits)
+
+        if self.lists:
+            tiles = self.scratch.tiles
+            n_full, n_total = tiles[0], tiles[1]
+            if wait_own is not None:
+                pl.when(n_full > 0)(functools.partial(wait_own, offset))
+            carry = lax.fori_loop(0, n_full, functools.partial(step, look_ahead=n_full), carry)
+
+            def partial_step(t, carry):  # masked, or skipped by this warpgroup
+                def compute(carry):
+                    if wait_own is not None:
+                        wait_own(offset + t)
+                    return step(t, carry, masked=True)
+
+                def nothing(carry):
+                    skip(t, t + 1, readies)
+                    return carry
+
+                return lax.cond(self.state_of(t, wg) == M.EMPTY, nothing, compute, carry)
+
+            return lax.fori_loop(n_full, n_total, partial_step, carry)
+        n = self.n_steps
+        band = M.band_steps(mask, row0, self.own, self.visit)
+        lo, full_lo, full_hi, hi = (jnp.clip(x - self.cta_lo, 0, n) for x in band)
+        if ragged_owner:  # the last own tile's rows past the end: every step masks
+            whole = row0 + self.own <= mask.seq_q
+            full_lo, full_hi = jnp.where(whole, full_lo, lo), jnp.where(whole, full_hi, lo)
+        if mask.left is not None:  # tiles before this warpgroup's band
+            skip(0, lo, readies)
+        if wait_own is not None:
+            pl.when(lo < hi)(functools.partial(wait_own, offset + lo))
+        masked = functools.partial(step, masked=True, look_ahead=hi)
+        if mask.left is not None:
+            carry = lax.fori_loop(lo, full_lo, masked, carry)
+        carry = lax.fori_loop(full_lo, full_hi, functools.partial(step, look_ahead=hi), carry)
+        if mask.right is not None or mask.seq_kv % self.visit or ragged_owner:
+            carry = lax.fori_loop(full_hi, hi, masked, carry)
+        if mask.right is not None or mask.seq_q % (2 * self.own):  # tiles past it (warpgroup 0 ends early)
+            skip(hi, n, trailing_readies)
+        return carry
 
 
 def copy_ring(parts, *, stages: int, steps, region, guard: bool = False):
@@ -268,66 +376,3 @@ def _entry(body, scratch):
         pl.run_scoped(lambda scoped: body(*refs, scoped), scratch, collective_axes="wg")
 
     return entry
-def causal_steps(row0, block_q: int, block_kv: int, n_kv: int):
-    """How many key blocks a warpgroup whose ``block_q`` rows start at ``row0`` sees under a top-left causal mask:
-    those holding a key at or below its last row, ``cdiv(row0 + block_q, block_kv)``, at most the ``n_kv`` there are.
-    """
-    return jnp.minimum(lax.div(jnp.asarray(row0, jnp.int32) + (block_q + block_kv - 1), jnp.int32(block_kv)), n_kv)
-
-
-def causal_block_mask(s, row0, key0, *, keys_axis: int = 1):
-    """A score tile in wgmma's layout with -inf wherever a key lies past its query row (top-left causal): query rows
-    count from ``row0`` and keys from ``key0`` along ``keys_axis`` (1: s is (rows, keys); 0: sᵀ, (keys, rows))."""
-    import jax.experimental.pallas.mosaic_gpu as plgpu
-
-    first = (row0, key0) if keys_axis == 1 else (key0, row0)
-    a = plgpu.broadcasted_iota(jnp.int32, s.shape, 0, layout=plgpu.Layout.WGMMA) + first[0]
-    b = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA) + first[1]
-    rows, keys = (a, b) if keys_axis == 1 else (b, a)
-    return jnp.where(keys <= rows, s, -jnp.inf)
-
-
-def drain(start, stop, stages: int, frees, take_turn=None):
-    """Steps ``[start, stop)`` of a warpgroup that has run out of key blocks before its partner (under a causal mask
-    warpgroup 0's rows end first): keep releasing each slot (``frees``: the barriers the copy warpgroup waits on) and,
-    with ``take_turn``, keep taking both turns of each step, so that the copy warpgroup and the other compute
-    warpgroup go on."""
-    import jax.experimental.pallas as pl
-    import jax.experimental.pallas.mosaic_gpu as plgpu
-
-    @pl.loop(start, stop)
-    def _(j):
-        slot = lax.rem(j, jnp.array(stages, j.dtype))
-        for free in frees:
-            plgpu.barrier_arrive(free.at[slot])
-        if take_turn is not None:
-            take_turn()
-            take_turn()
-
-
-def copy_kv_ring(k_ref, v_ref, k_smem, v_smem, barriers, *, k_tile, v_tile, stages: int, steps, region):
-    """The copy warpgroup of a forward: fill the ring of ``stages`` k/v slots by TMA, then refill each slot as soon
-    as both compute warpgroups have released it, for ``steps`` key blocks. ``k_tile(j)``/``v_tile(j)`` index block j
-    of ``k_ref``/``v_ref``; ``barriers`` are (k_ready, v_ready, k_free, v_free)."""
-    import jax.experimental.pallas as pl
-    import jax.experimental.pallas.mosaic_gpu as plgpu
-
-    k_ready, v_ready, k_free, v_free = barriers
-    with region("copy"):
-        for i in range(stages):  # fill the ring
-            plgpu.copy_gmem_to_smem(k_ref.at[k_tile(i)], k_smem.at[i], k_ready.at[i])
-            plgpu.copy_gmem_to_smem(v_ref.at[v_tile(i)], v_smem.at[i], v_ready.at[i])
-
-    @pl.loop(0, steps - stages)
-    def _(j):  # refill each slot once both compute warpgroups are done with it
-        slot = lax.rem(j, jnp.array(stages, j.dtype))
-        with region("wait"):
-            plgpu.barrier_wait(k_free.at[slot])
-        with region("copy"):
-            plgpu.copy_gmem_to_smem(k_ref.at[k_tile(j + stages)], k_smem.at[slot], k_ready.at[slot])
-        with region("wait"):
-            plgpu.barrier_wait(v_free.at[slot])
-        with region("copy"):
-            plgpu.copy_gmem_to_smem(v_ref.at[v_tile(j + stages)], v_smem.at[slot], v_ready.at[slot])
-
-

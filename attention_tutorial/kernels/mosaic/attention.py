@@ -13,11 +13,12 @@ import math
 import jax
 import jax.numpy as jnp
 
-from ...inputs import AttentionShape, attention_shape, check_flag
+from ...inputs import AttentionShape, attention_shape
 from ._common import LOG2E, on_hopper, positive_scale
 from .backward import backward
-from .budget import MosaicConfig, default_config, problem
+from .budget import NO_PROBE, MosaicConfig, Probe, default_config, problem
 from .forward import forward
+from .masks import Mask, make_mask
 
 
 def mosaic_flash_attention(
@@ -26,73 +27,121 @@ def mosaic_flash_attention(
     v,
     *,
     is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    local_window_size: int | tuple[int, int] | None = None,
+    segment_ids=None,
+    prefix_length=None,
+    query_seq_lengths=None,
+    key_value_seq_lengths=None,
+    softcap: float | None = None,
     scale: float | None = None,
     config: MosaicConfig | None = None,
+    probe: Probe | None = None,
     return_lse: bool = False,
 ):
-    """Our Mosaic GPU FlashAttention: q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H), differentiable. Hopper only.
+    """Our Mosaic GPU FlashAttention: q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H), differentiable. Hopper only
+    (on a CPU it runs inside :func:`~attention_tutorial.kernels.mosaic.interpret.interpret`).
 
-    float16 or bfloat16; H = 64 or 128 (or 256, forward only: :func:`default_config` then takes block_kv = 64); T a
-    multiple of 2·block_q (128), S a multiple of block_kv (128; 64 at H = 256). Causal
-    masks align top-left, as everywhere on this site. ``return_lse=True`` returns ``(out, lse)`` with lse
-    (B, N, T) float32, each row's natural log-sum-exp of the scaled scores (for context parallelism; differentiable).
+    float16 or bfloat16; H = 64 or 128 (or 256, forward only: :func:`default_config` then takes block_kv = 64); any
+    T and S. The mask, every part optional and combined (a score is kept when all parts keep it):
+
+    * ``is_causal``: query i sees keys j <= i + d, with d = 0 for ``causal_alignment="top_left"`` and S − T for
+      ``"bottom_right"`` (the last query sees the last key: decoding, chunked prefill);
+    * ``local_window_size``: w or (left, right): keys j with i + d − left <= j <= i + d + right (a sliding window;
+      with ``is_causal`` its right side is 0);
+    * ``segment_ids``: (B, T) integers (or a pair (B, T), (B, S)): a query sees only keys of its own segment —
+      documents packed into one row;
+    * ``prefix_length``: an int or (B,) integers p: every query also sees keys j < p (prefix-LM; with
+      ``is_causal``);
+    * ``query_seq_lengths`` / ``key_value_seq_lengths``: (B,) integers: rows and keys past them are padding;
+    * ``softcap``: scores s (after the scale) become ``softcap · tanh(s / softcap)``.
+
+    A row that keeps no key gets output 0 (and log-sum-exp −inf). Tiles the mask keeps wholly run without a mask,
+    tiles it removes wholly are skipped (:mod:`~attention_tutorial.kernels.mosaic.masks`). ``return_lse=True``
+    returns ``(out, lse)`` with lse (B, N, T) float32, each row's natural log-sum-exp of the (capped) scaled scores
+    (for context parallelism; differentiable).
 
     The backward (``jax.custom_vjp``; :mod:`~attention_tutorial.kernels.mosaic.backward`) recomputes the weights from
-    the saved log-sum-exp in two warp-specialised kernels, one for dK and dV, one for dQ.
+    the saved log-sum-exp in warp-specialised kernels (``config.bwd_dq``: dQ by a pass of its own or by atomic adds).
+    ``probe`` (:class:`~attention_tutorial.kernels.mosaic.budget.Probe`): ways to measure the kernels, never for use.
     """
     B, T, S, N, K, H = attention_shape(q, k, v)
     cfg = config or default_config(H)
-    if reason := problem(AttentionShape(B, T, S, N, K, H), q.dtype, cfg):
+    probe = probe or NO_PROBE
+    if reason := problem(AttentionShape(B, T, S, N, K, H), q.dtype, cfg, probe):
         raise ValueError(f"mosaic_flash_attention: {reason}")
-    plan = _Plan(check_flag("is_causal", is_causal), positive_scale(scale, H), cfg)
-    out, lse2 = _attention(q, k, v, plan)
+    mask, arrays = make_mask(B, T, S, is_causal=is_causal, causal_alignment=causal_alignment,
+                             local_window_size=local_window_size, segment_ids=segment_ids,
+                             prefix_length=prefix_length, query_seq_lengths=query_seq_lengths,
+                             key_value_seq_lengths=key_value_seq_lengths, softcap=softcap)  # fmt: skip
+    if cfg.pipeline and not mask.plain(cfg.block_q, cfg.block_kv):
+        raise ValueError("mosaic_flash_attention: the pipelined forward (config.pipeline=True) takes no mask but the "
+                         "top-left causal one, on T a multiple of 2·block_q and S of block_kv; pass pipeline=False "
+                         "(the default) for this mask.")  # fmt: skip
+    plan = _Plan(mask, positive_scale(scale, H), cfg, probe)
+    out, lse2 = _attention(q, k, v, arrays, plan)
     return (out, lse2 * (1.0 / LOG2E)) if return_lse else out
 
 
-def mosaic_flash_backward(q, k, v, out, lse, d_out, *, is_causal: bool = False, scale: float | None = None,
-                          config: MosaicConfig | None = None):  # fmt: skip
-    """(dq, dk, dv) from a given output and natural log-sum-exp (B, N, T): the backward kernels on their own.
+def mosaic_flash_backward(q, k, v, out, lse, d_out, *, is_causal: bool = False, causal_alignment: str = "top_left",
+                          local_window_size=None, segment_ids=None, prefix_length=None, query_seq_lengths=None,
+                          key_value_seq_lengths=None, softcap=None, scale: float | None = None,
+                          config: MosaicConfig | None = None, probe: Probe | None = None):  # fmt: skip
+    """(dq, dk, dv) from a given output and natural log-sum-exp (B, N, T): the backward kernels on their own, with
+    the mask arguments of :func:`mosaic_flash_attention`.
 
     What a context-parallel ring needs: its merged ``out`` and ``lse`` over all keys, and this kernel's share of
     the gradient for one block of keys (P rebuilt from the merged lse is the block's slice of the full softmax).
     """
     B, T, S, N, K, H = attention_shape(q, k, v)
     cfg = config or default_config(H)
-    if reason := problem(AttentionShape(B, T, S, N, K, H), q.dtype, cfg):
+    probe = probe or NO_PROBE
+    if reason := problem(AttentionShape(B, T, S, N, K, H), q.dtype, cfg, probe):
         raise ValueError(f"mosaic_flash_backward: {reason}")
     if out.shape != q.shape or d_out.shape != q.shape or lse.shape != (B, N, T):
         raise ValueError(f"out and d_out must have q's shape {q.shape} and lse (B, N, T) = {(B, N, T)}; got out "
                          f"{out.shape}, d_out {d_out.shape}, lse {lse.shape}.")  # fmt: skip
-    plan = _Plan(check_flag("is_causal", is_causal), positive_scale(scale, H), cfg)
+    mask, arrays = make_mask(B, T, S, is_causal=is_causal, causal_alignment=causal_alignment,
+                             local_window_size=local_window_size, segment_ids=segment_ids,
+                             prefix_length=prefix_length, query_seq_lengths=query_seq_lengths,
+                             key_value_seq_lengths=key_value_seq_lengths, softcap=softcap)  # fmt: skip
     delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), d_out.astype(jnp.float32))
     lse2 = lse.astype(jnp.float32) * LOG2E
-    return backward(q, k, v, d_out.astype(q.dtype), lse2, delta, causal=plan.causal, scale=plan.scale, cfg=plan.cfg)
+    return backward(q, k, v, d_out.astype(q.dtype), lse2, delta, arrays, scale=positive_scale(scale, H), cfg=cfg,
+                    mask=mask, probe=probe)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
 class _Plan:
-    causal: bool
+    mask: Mask
     scale: float
     cfg: MosaicConfig
+    probe: Probe = NO_PROBE
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _attention(q, k, v, plan):
-    return forward(q, k, v, causal=plan.causal, scale=plan.scale, cfg=plan.cfg)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _attention(q, k, v, arrays, plan):
+    return _forward(q, k, v, arrays, plan)
 
 
-def _attention_fwd(q, k, v, plan):
-    out, lse2 = forward(q, k, v, causal=plan.causal, scale=plan.scale, cfg=plan.cfg)
-    return (out, lse2), (q, k, v, out, lse2)
+def _forward(q, k, v, arrays, plan):
+    return forward(q, k, v, arrays, scale=plan.scale, cfg=plan.cfg, mask=plan.mask, probe=plan.probe)
+
+
+def _attention_fwd(q, k, v, arrays, plan):
+    out, lse2 = _forward(q, k, v, arrays, plan)
+    return (out, lse2), (q, k, v, arrays, out, lse2)
 
 
 def _attention_bwd(plan: _Plan, residuals, cotangents):
-    q, k, v, out, lse2 = residuals
+    q, k, v, arrays, out, lse2 = residuals
     d_out, d_lse2 = cotangents
     # D = rowsum(dO ∘ O); a cotangent on the log-sum-exp adds P·d_lse to dS, i.e. shifts D (base 2 -> natural).
     delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), d_out.astype(jnp.float32))
     delta = delta - LOG2E * d_lse2.astype(jnp.float32)
-    return backward(q, k, v, d_out.astype(q.dtype), lse2, delta, causal=plan.causal, scale=plan.scale, cfg=plan.cfg)
+    grads = backward(q, k, v, d_out.astype(q.dtype), lse2, delta, arrays, scale=plan.scale, cfg=plan.cfg,
+                     mask=plan.mask, probe=plan.probe)  # fmt: skip
+    return (*grads, jax.tree.map(lambda x: None, arrays))
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -123,7 +172,7 @@ def _atomic_dq_config(head_dim: int) -> MosaicConfig:
 
 def mosaic_atomic_dq_attention(q, k, v, *, is_causal: bool = False, scale: float | None = None):
     """:func:`mosaic_flash_attention` whose backward makes dQ by atomic float32 adds from the dK/dV kernel
-    (``bwd_dq="atomic"``, FlashAttention-3's way) instead of a pass of its own; the same forward."""
+    (``bwd_dq="atomic"``, FlashAttention-2's way, which FlashAttention-3 keeps) instead of a pass of its own; the same forward."""
     config = _atomic_dq_config(attention_shape(q, k, v).head_dim)
     return mosaic_flash_attention(q, k, v, is_causal=is_causal, scale=scale, config=config)
 

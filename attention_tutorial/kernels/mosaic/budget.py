@@ -28,7 +28,7 @@ REGISTERS = 232  # a compute thread's by default (MosaicConfig.registers), leavi
 MIN_COPY_REGISTERS = 24  # the fewest set_max_registers gives a thread
 TILE_REGISTERS = 192  # of the default 232, for tiles; the other 40: indices, max, sum, addresses, ...
 PROFILE_BYTES_PER_REGION = 16  # the in-kernel profiler: two events (start, end) of two 32-bit words each
-BWD_DQ = ("pass", "atomic", "atomic_shared")  # how the backward makes dQ (MosaicConfig.bwd_dq)
+BWD_DQ = ("pass", "atomic")  # how the backward makes dQ (MosaicConfig.bwd_dq)
 SCHEDULES = ("rendezvous", "turns")  # how the two compute warpgroups share the tensor cores (MosaicConfig.schedule)
 
 
@@ -39,10 +39,10 @@ class MosaicConfig:
     warpgroup there holds two float32 accumulators, dK and dV or dQ, plus two score-sized tiles).
     ``bwd_dq`` says how the backward makes dQ (:data:`BWD_DQ`): ``"pass"``, a kernel of its own that recomputes
     q·kᵀ and dO·vᵀ (seven matrix products per tile pair in all, deterministic); ``"atomic"``, the dK/dV kernel adds
-    each step's share dS·k into a float32 dQ in global memory (TMA reduce-add, FlashAttention-3's choice: five
-    products, float32 traffic, a summation order that varies from run to run, so dQ is not the same bits twice);
-    ``"atomic_shared"``, the same with the two warpgroups' dS met in shared memory, each adding half of H's columns
-    (half the registers and traffic; H = 128 only).
+    each step's share dS·k into a float32 dQ in global memory (TMA reduce-add, FlashAttention-2's way, which
+    FlashAttention-3 keeps: five products, float32 traffic, a summation order that varies from run to run, so dQ is
+    not the same bits twice). ``schedule`` says how the two compute warpgroups share the tensor cores
+    (:data:`SCHEDULES`, :class:`~attention_tutorial.kernels.mosaic._common.Schedule`).
     ``registers`` and ``bwd_registers``: 32-bit registers per compute thread in the forward and in the backward
     kernels (``set_max_registers``; a multiple of 8 from 168 to 240). The copy warpgroup gets what the two compute
     ones leave of the CTA's pool (:func:`copy_registers`): 40 at 232, 24 at 240 (FlashAttention-3's split).
@@ -50,16 +50,8 @@ class MosaicConfig:
     (:func:`~attention_tutorial.kernels.mosaic.pipelined.pipelined_steps`). H = 256 needs ``block_kv=64`` (see
     :func:`smem_bytes`).
 
-    ``exp_poly``: the fraction of each score tile's columns whose exponentials the forward computes with a
-    polynomial on the FMA units instead of ``exp2`` on the multi-function unit
-    (:func:`~attention_tutorial.kernels.mosaic.exp2.exp2_split`); 0 to 1 in steps of 8 columns of ``block_kv``
-    (1/16 at block_kv = 128). The numbers stay right (within bfloat16's rounding of p).
-
-    Two switches measure the kernels: ``no_exp=True`` replaces every exp2 of the forward's softmax by the identity
-    (wrong numbers: a timing bound with the exponentials' cost removed), and ``profile_space`` regions per warpgroup
-    with ``profile_dir`` switch Pallas's in-kernel profiler on in every kernel the config runs, forward and backward
-    (each kernel's trace goes to ``profile_dir``; the event buffer takes ``profile_space`` × 16 B of shared memory
-    per warpgroup)."""
+    Ways to look inside the kernels (no exponentials, exponentials on the FMA units, the in-kernel profiler) are
+    not part of the config: see :class:`Probe`."""
 
     block_q: int = 64
     block_kv: int = 128
@@ -72,10 +64,6 @@ class MosaicConfig:
     bwd_registers: int = REGISTERS
     pipeline: bool = False
     schedule: str = "rendezvous"
-    no_exp: bool = False
-    exp_poly: float = 0.0
-    profile_space: int = 0
-    profile_dir: str = ""
 
     def __post_init__(self):
         check_flag("MosaicConfig.pipeline", self.pipeline)
@@ -83,7 +71,6 @@ class MosaicConfig:
             raise ValueError(f"MosaicConfig.schedule must be one of {SCHEDULES}; got {self.schedule!r}.")
         if self.bwd_dq not in BWD_DQ:
             raise ValueError(f"MosaicConfig.bwd_dq must be one of {BWD_DQ}; got {self.bwd_dq!r}.")
-        check_flag("MosaicConfig.no_exp", self.no_exp)
         for name in ("block_q", "block_kv", "stages", "bwd_block_q", "bwd_block_kv", "bwd_stages"):
             check_block_size(f"MosaicConfig.{name}", getattr(self, name))
         for name in ("block_q", "block_kv", "bwd_block_q", "bwd_block_kv"):
@@ -93,35 +80,6 @@ class MosaicConfig:
                 )
         for name in ("registers", "bwd_registers"):
             check_registers(f"MosaicConfig.{name}", getattr(self, name))
-        self._check_exp_poly()
-        if not isinstance(self.profile_dir, str):
-            raise TypeError(f"MosaicConfig.profile_dir must be a str (a folder); got {self.profile_dir!r}.")
-        if self.profile_space:
-            check_block_size("MosaicConfig.profile_space", self.profile_space)
-        if bool(self.profile_space) != bool(self.profile_dir):
-            raise ValueError(
-                f"MosaicConfig.profile_space and profile_dir go together (both set to profile, neither otherwise); "
-                f"got profile_space={self.profile_space!r}, profile_dir={self.profile_dir!r}."
-            )
-
-    def _check_exp_poly(self):
-        f = self.exp_poly
-        if isinstance(f, bool) or not isinstance(f, numbers.Real):
-            raise TypeError(
-                f"MosaicConfig.exp_poly must be a real number (a fraction of the score columns); got {f!r}."
-            )
-        if not 0 <= f <= 1:
-            raise ValueError(f"MosaicConfig.exp_poly must be a fraction of the score columns in [0, 1]; got {f!r}.")
-        groups, step = f * self.block_kv / COLUMN_GROUP, COLUMN_GROUP / self.block_kv
-        if abs(groups - round(groups)) > 1e-9:
-            raise ValueError(
-                f"MosaicConfig.exp_poly must be a whole number of {COLUMN_GROUP}-column groups of block_kv = "
-                f"{self.block_kv} (wgmma's register layout), a multiple of {step:g}; got {f!r}: try "
-                f"{math.floor(groups) * step:g} or {math.ceil(groups) * step:g}."
-            )
-        if f and self.no_exp:
-            raise ValueError(f"MosaicConfig.exp_poly={f!r} and no_exp=True exclude each other: no_exp removes the "
-                             "exponentials exp_poly would compute. Set one of them.")  # fmt: skip
 
     @property
     def tile_budget(self) -> int:
@@ -129,15 +87,67 @@ class MosaicConfig:
         indices, maxima and sums take (:data:`TILE_REGISTERS` at the default)."""
         return self.registers - (REGISTERS - TILE_REGISTERS)
 
-    @property
-    def exp_poly_columns(self) -> int:
-        """How many of a score tile's ``block_kv`` columns go through the polynomial (``exp_poly``)."""
-        return round(self.exp_poly * self.block_kv)
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """Ways to look inside the kernels, for measuring them (never for training).
+
+    ``no_exp=True`` replaces every exp2 of the forward's softmax by the identity (wrong numbers: a timing bound with
+    the exponentials' cost removed). ``exp_poly``: the fraction of each score tile's columns whose exponentials the
+    forward computes with a polynomial on the FMA units instead of ``exp2`` on the multi-function unit
+    (:func:`~attention_tutorial.kernels.mosaic.exp2.exp2_split`; the numbers stay right, within bfloat16's rounding
+    of p); 0 to 1 in steps of 8 columns of the key tile. ``profile_space`` regions per warpgroup with
+    ``profile_dir`` switch Pallas's in-kernel profiler on in every kernel of the call, forward and backward (each
+    kernel's trace goes to ``profile_dir``; the event buffer takes ``profile_space`` × 16 B of shared memory per
+    warpgroup)."""
+
+    no_exp: bool = False
+    exp_poly: float = 0.0
+    profile_space: int = 0
+    profile_dir: str = ""
+
+    def __post_init__(self):
+        check_flag("Probe.no_exp", self.no_exp)
+        f = self.exp_poly
+        if isinstance(f, bool) or not isinstance(f, numbers.Real):
+            raise TypeError(f"Probe.exp_poly must be a real number (a fraction of the score columns); got {f!r}.")
+        if not 0 <= f <= 1:
+            raise ValueError(f"Probe.exp_poly must be a fraction of the score columns in [0, 1]; got {f!r}.")
+        if f and self.no_exp:
+            raise ValueError(f"Probe.exp_poly={f!r} and no_exp=True exclude each other: no_exp removes the "
+                             "exponentials exp_poly would compute. Set one of them.")  # fmt: skip
+        if not isinstance(self.profile_dir, str):
+            raise TypeError(f"Probe.profile_dir must be a str (a folder); got {self.profile_dir!r}.")
+        if self.profile_space:
+            check_block_size("Probe.profile_space", self.profile_space)
+        if bool(self.profile_space) != bool(self.profile_dir):
+            raise ValueError(
+                f"Probe.profile_space and profile_dir go together (both set to profile, neither otherwise); "
+                f"got profile_space={self.profile_space!r}, profile_dir={self.profile_dir!r}."
+            )
 
     @property
     def profiling(self) -> bool:
         """Whether the in-kernel profiler is on."""
         return bool(self.profile_space)
+
+    def poly_columns(self, block_kv: int) -> int:
+        """How many of a score tile's ``block_kv`` columns go through the polynomial: a whole number of
+        :data:`~attention_tutorial.kernels.mosaic.exp2.COLUMN_GROUP`-column groups, or a ValueError naming the
+        nearest fractions."""
+        f = self.exp_poly
+        groups, step = f * block_kv / COLUMN_GROUP, COLUMN_GROUP / block_kv
+        if abs(groups - round(groups)) > 1e-9:
+            raise ValueError(
+                f"Probe.exp_poly must be a whole number of {COLUMN_GROUP}-column groups of block_kv = {block_kv} "
+                f"(wgmma's register layout), a multiple of {step:g}; got {f!r}: try {math.floor(groups) * step:g} or "
+                f"{math.ceil(groups) * step:g}."
+            )
+        return round(f * block_kv)
+
+
+NO_PROBE = Probe()
 
 
 def check_registers(name: str, value) -> None:
@@ -177,8 +187,6 @@ def bwd_smem_bytes(cfg: MosaicConfig, head_dim: int, dtype) -> int:
     total = 2 * 2 * bkv * head_dim * item + cfg.bwd_stages * (2 * bq * head_dim * item + 2 * bq * 4)
     if cfg.bwd_dq == "atomic":
         total += 2 * (bkv * bq * item + bq * head_dim * 4)
-    elif cfg.bwd_dq == "atomic_shared":  # two steps' dS of both warpgroups, a float32 half of H each
-        total += 2 * (2 * bkv * bq * item + bq * head_dim // 2 * 4)
     return total
 
 
@@ -189,9 +197,9 @@ def smem_bytes_fp8(cfg: MosaicConfig, head_dim: int) -> int:
     return 2 * bq * head_dim * (1 + 2) + 2 * cfg.stages * bkv * head_dim + 2 * bq * bkv + 2 * bq * 4 + 2 * 128 * 4
 
 
-def profile_bytes(cfg: MosaicConfig) -> int:
+def profile_bytes(probe: Probe) -> int:
     """Shared memory the in-kernel profiler's event buffer takes (0 when it is off)."""
-    return WARPGROUPS * cfg.profile_space * PROFILE_BYTES_PER_REGION
+    return WARPGROUPS * probe.profile_space * PROFILE_BYTES_PER_REGION
 
 
 def tile_registers(cfg: MosaicConfig, head_dim: int) -> int:
@@ -207,7 +215,7 @@ def bwd_tile_registers(cfg: MosaicConfig, head_dim: int) -> int:
     warpgroup's 128 threads: dK and dV (bwd_block_kv × H each), the scores and dP (bwd_block_kv × bwd_block_q each),
     and with dQ by atomics the step's share of dQ (bwd_block_q × H). An upper bound: not all are live at once."""
     bq, bkv = cfg.bwd_block_q, cfg.bwd_block_kv
-    share = {"pass": 0, "atomic": bq * head_dim, "atomic_shared": bq * head_dim // 2}[cfg.bwd_dq]
+    share = {"pass": 0, "atomic": bq * head_dim}[cfg.bwd_dq]
     tiles = 2 * bkv * head_dim + 2 * bkv * bq + share
     return tiles // 128
 
@@ -224,8 +232,8 @@ def default_config(head_dim: int, *, pipeline: bool = False) -> MosaicConfig:
                         bwd_dq="atomic" if head_dim <= 64 else "pass")  # fmt: skip
 
 
-def problem(shape: AttentionShape, dtype, cfg: MosaicConfig) -> str | None:
-    """Why the 16-bit kernels cannot take this problem with these tiles (naming the fix), or None."""
+def problem(shape: AttentionShape, dtype, cfg: MosaicConfig, probe: Probe = NO_PROBE) -> str | None:
+    """Why the 16-bit kernels cannot take this problem with these tiles (and this probe), naming the fix, or None."""
     name = jnp.dtype(dtype).name
     if name not in ("bfloat16", "float16"):
         return f"it takes bfloat16 or float16 inputs, not {name}."
@@ -240,9 +248,14 @@ def problem(shape: AttentionShape, dtype, cfg: MosaicConfig) -> str | None:
             f"pick a smaller block_kv or "
             f"fewer stages (H=256 fits with config=MosaicConfig(block_kv=64, stages=2), or pass no config)."
         )
-    if cfg.profiling and (need := smem_bytes(cfg, H, dtype) + reserve + profile_bytes(cfg)) > SMEM_BYTES:
+    if probe.exp_poly:
+        try:
+            probe.poly_columns(cfg.block_kv)
+        except ValueError as e:
+            return str(e)
+    if probe.profiling and (need := smem_bytes(cfg, H, dtype) + reserve + profile_bytes(probe)) > SMEM_BYTES:
         return (
-            f"profile_space={cfg.profile_space} adds {profile_bytes(cfg) / 1024:.1f} KiB of shared memory to the "
+            f"profile_space={probe.profile_space} adds {profile_bytes(probe) / 1024:.1f} KiB of shared memory to the "
             f"forward's tiles ({need / 1024:.1f} KiB in all, more than {SMEM_BYTES // 1024} KiB): pick a smaller "
             "profile_space or a shorter S (fewer key blocks, fewer regions per warpgroup)."
         )
@@ -252,13 +265,9 @@ def problem(shape: AttentionShape, dtype, cfg: MosaicConfig) -> str | None:
             f"need {regs} registers per thread, more than the {cfg.tile_budget} this kernel budgets: pick "
             f"block_kv=64 (e.g. config=MosaicConfig(block_kv=64, stages=2{', pipeline=True' if cfg.pipeline else ''}))."
         )
-    if shape.seq_q % (2 * cfg.block_q):
-        return f"T must be a multiple of 2·block_q = {2 * cfg.block_q}; got T={shape.seq_q}. Pad the queries."
-    if shape.seq_kv % cfg.block_kv:
-        return f"S must be a multiple of block_kv = {cfg.block_kv}; got S={shape.seq_kv}. Pad the keys."
-    if cfg.bwd_dq == "atomic_shared" and H != 128:
-        return (f"bwd_dq='atomic_shared' splits H = 128 in two halves of 64 columns (wgmma's tile), one per warpgroup; "
-                f"got H={H}: use bwd_dq='atomic' or 'pass'.")  # fmt: skip
+    if cfg.pipeline and (shape.seq_q % (2 * cfg.block_q) or shape.seq_kv % cfg.block_kv):
+        return (f"the pipelined forward needs T a multiple of 2·block_q = {2 * cfg.block_q} and S of block_kv = "
+                f"{cfg.block_kv}; got T={shape.seq_q}, S={shape.seq_kv}: pass pipeline=False (any T and S).")  # fmt: skip
     if H <= 128 and (need := bwd_smem_bytes(cfg, H, dtype)) + SMEM_RESERVE > SMEM_BYTES:
         return (
             f"at H={H}, bwd_block_q={cfg.bwd_block_q}, bwd_block_kv={cfg.bwd_block_kv}, bwd_stages={cfg.bwd_stages}"
@@ -267,19 +276,14 @@ def problem(shape: AttentionShape, dtype, cfg: MosaicConfig) -> str | None:
             "tiles: pick bwd_stages=2 or smaller bwd blocks."
         )
     if (
-        cfg.profiling
+        probe.profiling
         and H <= 128
-        and (need := bwd_smem_bytes(cfg, H, dtype) + SMEM_RESERVE + profile_bytes(cfg)) > SMEM_BYTES
+        and (need := bwd_smem_bytes(cfg, H, dtype) + SMEM_RESERVE + profile_bytes(probe)) > SMEM_BYTES
     ):
         return (
-            f"profile_space={cfg.profile_space} adds {profile_bytes(cfg) / 1024:.1f} KiB of shared memory to the dK/dV "
+            f"profile_space={probe.profile_space} adds {profile_bytes(probe) / 1024:.1f} KiB of shared memory to the dK/dV "
             f"kernel's tiles ({need / 1024:.1f} KiB in all, more than {SMEM_BYTES // 1024} KiB): pick a smaller "
             "profile_space or a shorter T (fewer query blocks, fewer regions per warpgroup)."
-        )
-    if shape.seq_q % (2 * cfg.bwd_block_q) or shape.seq_kv % (2 * cfg.bwd_block_kv):
-        return (
-            f"the backward needs T a multiple of 2·bwd_block_q = {2 * cfg.bwd_block_q} and S of 2·bwd_block_kv = "
-            f"{2 * cfg.bwd_block_kv}; got T={shape.seq_q}, S={shape.seq_kv}. Pad, or pick smaller bwd blocks."
         )
     return None
 
@@ -287,12 +291,17 @@ def problem(shape: AttentionShape, dtype, cfg: MosaicConfig) -> str | None:
 FP8_HEAD_DIMS = (128,)  # 128-byte rows of E4M3: the 128-byte swizzle the tiles use
 
 
-def fp8_problem(shape: AttentionShape, cfg: MosaicConfig) -> str | None:
+def fp8_problem(shape: AttentionShape, cfg: MosaicConfig, probe: Probe = NO_PROBE) -> str | None:
     """Why the FP8 forward cannot take this problem with these tiles (naming the fix), or None."""
     if cfg.pipeline or cfg.block_q != 64 or cfg.block_kv % 128:
         return (f"the FP8 forward takes pipeline=False, block_q=64 and block_kv a multiple of 128 (128-byte rows of "
                 f"E4M3 p); got pipeline={cfg.pipeline}, block_q={cfg.block_q}, block_kv={cfg.block_kv}.")  # fmt: skip
-    if cfg.profiling:
+    if probe.exp_poly:
+        try:
+            probe.poly_columns(cfg.block_kv)
+        except ValueError as e:
+            return str(e)
+    if probe.profiling:
         return "the FP8 forward has no profiler regions: profile the 16-bit forward (profile_space=0 here)."
     if (regs := tile_registers(cfg, shape.head_dim)) > cfg.tile_budget:
         return (f"at block_kv={cfg.block_kv} the FP8 forward's float32 tiles need {regs} registers per thread, more "
@@ -303,9 +312,4 @@ def fp8_problem(shape: AttentionShape, cfg: MosaicConfig) -> str | None:
                 "barriers: use fewer stages.")  # fmt: skip
     if shape.head_dim not in FP8_HEAD_DIMS:
         return f"the FP8 forward takes H = 128 (128-byte rows of E4M3); got H={shape.head_dim}."
-    if shape.seq_q % (2 * cfg.block_q) or shape.seq_kv % cfg.block_kv:
-        return (
-            f"T must be a multiple of {2 * cfg.block_q} and S of {cfg.block_kv}; got T={shape.seq_q}, "
-            f"S={shape.seq_kv}. Pad them."
-        )
     return None

@@ -24,7 +24,7 @@ between −127 and −125.5 it lies in [0, 2^−125), not within the cubic's err
 about 0.
 
 :func:`exp2_split` runs the first columns of a score tile in wgmma's register layout through :func:`exp2_poly` and
-the rest through ``exp2``: ``MosaicConfig(exp_poly=f)`` chooses the fraction.
+the rest through ``exp2``: ``Probe(exp_poly=f)`` chooses the fraction.
 """
 
 from __future__ import annotations
@@ -102,11 +102,12 @@ def wgmma_columns(left: tuple[int, int], right: tuple[int, int]):
     )(join)
 
 
-def softmax_exp2(cfg):
-    """The forward's two exponentials for ``cfg`` (a MosaicConfig): ``(exp2, exp2_tile)``, of the row factors
-    (alpha) and of the score tile (p). ``no_exp``: both the identity (a timing bound, wrong numbers);
-    ``exp_poly``: the tile's with that fraction of its columns on the FMA units (:func:`exp2_split`)."""
-    if cfg.no_exp:
+def softmax_exp2(probe, block_kv: int):
+    """The forward's two exponentials under ``probe`` (a :class:`~attention_tutorial.kernels.mosaic.budget.Probe`):
+    ``(exp2, exp2_tile)``, of the row factors (alpha) and of the score tile (p). ``no_exp``: both the identity (a
+    timing bound, wrong numbers); ``exp_poly``: the tile's with that fraction of its columns on the FMA units
+    (:func:`exp2_split`)."""
+    if probe.no_exp:
         return (lambda x: x), (lambda x: x)
-    cols = cfg.exp_poly_columns
+    cols = probe.poly_columns(block_kv)
     return jnp.exp2, (functools.partial(exp2_split, poly_cols=cols) if cols else jnp.exp2)

@@ -29,19 +29,19 @@ from . import masks as M
 from ._common import (
     LOG2E,
     Schedule,
+    Walk,
     call,
-    i32,
     load_vector,
     regions,
     schedule_barriers,
     shared_lowering,
-    skip_steps,
     slot_of,
 )
 from ._common import copy_ring as _copy_ring
-from ._common import swizzled_tiles as _tiles
-from .budget import MosaicConfig, copy_registers
+from ._common import swizzled_tiles as _swizzled
+from .budget import NO_PROBE, MosaicConfig, Probe, copy_registers
 from .exp2 import softmax_exp2
+from .pipelined import pipelined_steps
 
 
 class Scratch(NamedTuple):
@@ -107,6 +107,7 @@ class Plan:
     groups: int  # query heads per kv head
     operands: Operands
     padded: int = 0  # tile-list length (masks with per-row arrays)
+    probe: Probe = NO_PROBE
 
     @property
     def lists(self) -> bool:
@@ -134,25 +135,10 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
     batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
     cta = lax.axis_index("q_seq")
     cta_rows = cta * (2 * bq)  # first query row of this CTA
-    region = regions(cfg.profiling)  # named regions for the in-kernel profiler (nothing when it is off)
-    exp2, exp2_tile = softmax_exp2(cfg)  # of alpha, of p
+    region = regions(plan.probe.profiling)  # named regions for the in-kernel profiler (nothing when it is off)
+    exp2, exp2_tile = softmax_exp2(plan.probe, bkv)  # of alpha, of p
 
-    if plan.lists:  # this CTA's tile list, copied in by the copy warpgroup, read by all three
-        tiles = scratch.tiles
-
-        def block_of(t):
-            return tiles[M.HEADER + t]
-
-        def state_of(t, w):
-            return tiles[M.HEADER + (1 + w) * plan.padded + t]
-
-        cta_lo = i32(0)
-    else:
-        band = [M.band_steps(mask, cta_rows + w * bq, bq, bkv) for w in (0, 1)]
-        cta_lo, cta_hi = band[0].lo, jnp.maximum(band[1].hi, band[0].hi)
-
-        def block_of(t):
-            return cta_lo + t
+    walk = Walk(mask, scratch, cta_rows, own=bq, visit=bkv, stages=stages, padded=plan.padded)
 
     @pl.when(wg < 2)
     def _compute():
@@ -174,11 +160,7 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
         m = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))  # (block_q,)
         l = plgpu.layout_cast(jnp.full((bq,), 0.0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))  # (block_q,)
         acc = plgpu.layout_cast(jnp.full((bq, head_dim), 0.0, jnp.float32), plgpu.Layout.WGMMA)  # (block_q, H)
-        scalars = None
-        if plan.lists:
-            with region("wait"):
-                plgpu.barrier_wait(scratch.tiles_ready)
-            scalars = (tiles[2], tiles[3], tiles[4])  # prefix, q_len, kv_len of this batch row
+        scalars = walk.scalars()
         guard = mask.rows_can_be_empty
 
         def wait_k(t):
@@ -207,7 +189,7 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
                     kv_segment = None
                     if mask.segments:
                         kv_segment = load_vector(scratch.kv_segment.at[slot], plgpu.Layout.WGMMA.reduce(0))
-                    keep = M.tile_kept(mask, s.shape, row0, block_of(t) * bkv, q_segment=q_segment,
+                    keep = M.tile_kept(mask, s.shape, row0, walk.block_of(t) * bkv, q_segment=q_segment,
                                        kv_segment=kv_segment, scalars=scalars,
                                        ends=mask.seq_kv % bkv != 0)  # fmt: skip
                     s = jnp.where(keep, s, -jnp.inf)
@@ -239,42 +221,17 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
             plgpu.barrier_arrive(scratch.v_free.at[slot])
             return acc, m_new, l
 
-        frees = (scratch.k_free, scratch.v_free)
-        readies = (scratch.k_ready, scratch.v_ready)
+        frees, readies = (scratch.k_free, scratch.v_free), (scratch.k_ready, scratch.v_ready)
         schedule.start()
         carry = (acc, m, l)
-        if plan.lists:
-            n_full, n_total = tiles[0], tiles[1]
-            pl.when(n_full > 0)(functools.partial(wait_k, 0))
-            carry = lax.fori_loop(0, n_full, functools.partial(step, look_ahead=n_full), carry)
-
-            def partial_step(t, carry):  # masked, or skipped by this warpgroup
-                def compute(carry):
-                    wait_k(t)
-                    return step(t, carry, masked=True)
-
-                def skip(carry):
-                    skip_steps(t, t + 1, stages, frees, schedule, readies)
-                    return carry
-
-                return lax.cond(state_of(t, wg) == M.EMPTY, skip, compute, carry)
-
-            carry = lax.fori_loop(n_full, n_total, partial_step, carry)
+        if cfg.pipeline:  # FlashAttention-3's intra-warpgroup overlap on top of the ping-pong (plain masks only)
+            steps = M.band_steps(mask, row0, bq, bkv).hi
+            pl.when(steps > 0)(functools.partial(wait_k, 0))
+            carry = pipelined_steps(carry, q_smem, scratch, schedule, row0=row0, steps=steps, cta_steps=walk.n_steps,
+                                    n_kv=mask.seq_kv // bkv, causal=mask.causal, stages=stages, c=c, exp2=exp2,
+                                    exp2_tile=exp2_tile, region=region)  # fmt: skip
         else:
-            n_steps = cta_hi - cta_lo
-            # this warpgroup's tiles as pipeline steps from the CTA's first tile
-            lo, full_lo, full_hi, hi = (jnp.clip(x - cta_lo, 0, n_steps) for x in M.band_steps(mask, row0, bq, bkv))
-            if mask.left is not None:  # tiles before this warpgroup's band
-                skip_steps(0, lo, stages, frees, schedule, readies)
-            pl.when(lo < hi)(functools.partial(wait_k, lo))
-            masked = functools.partial(step, masked=True, look_ahead=hi)
-            if mask.left is not None:
-                carry = lax.fori_loop(lo, full_lo, masked, carry)
-            carry = lax.fori_loop(full_lo, full_hi, functools.partial(step, look_ahead=hi), carry)
-            if mask.right is not None or mask.seq_kv % bkv:
-                carry = lax.fori_loop(full_hi, hi, masked, carry)
-            if mask.right is not None or mask.seq_q % (2 * bq):  # tiles past it (warpgroup 0 ends early)
-                skip_steps(hi, n_steps, stages, frees, schedule)
+            carry = walk.loops(step, carry, row0, frees=frees, readies=readies, schedule=schedule, wait_own=wait_k)
         acc, m, l = carry
         schedule.finish()
         inv_l = out_factor / l
@@ -291,28 +248,31 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
     @pl.when(wg == 2)
     def _copy():
         plgpu.set_max_registers(copy_registers(cfg.registers), action="decrease")
-        kv_head = lax.div(head, jnp.array(plan.groups, head.dtype))  # GQA: query head n reads kv head n // (N/K)
-        if plan.lists:
-            plgpu.copy_gmem_to_smem(tiles_ref.at[batch, cta], scratch.tiles, scratch.tiles_ready)
-            plgpu.barrier_wait(scratch.tiles_ready)
-            steps = tiles[1]
-        else:
-            steps = cta_hi - cta_lo
+        copy_warpgroup(plan, walk, scratch, k_ref, v_ref, tiles_ref, kv_seg_ref, batch, head, cta, region)
 
-        def copy_k(t, slot):
-            block = block_of(t)
-            plgpu.copy_gmem_to_smem(k_ref.at[batch, pl.ds(block * bkv, bkv), kv_head], scratch.k.at[slot],
-                                    scratch.k_ready.at[slot])  # fmt: skip
-            if mask.segments:
-                plgpu.copy_gmem_to_smem(kv_seg_ref.at[batch, pl.ds(block * bkv, bkv)], scratch.kv_segment.at[slot],
-                                        scratch.k_ready.at[slot])  # fmt: skip
 
-        def copy_v(t, slot):
-            index = plan.operands.v_tile(batch, kv_head, block_of(t), bkv)
-            plgpu.copy_gmem_to_smem(v_ref.at[index], scratch.v.at[slot], scratch.v_ready.at[slot])
+def copy_warpgroup(plan: Plan, walk: Walk, scratch: Scratch, k_ref, v_ref, tiles_ref, kv_seg_ref, batch, head, cta,
+                   region):  # fmt: skip
+    """The copy warpgroup: the CTA's k and v tiles (and their keys' segment ids) by TMA into the ring of slots."""
+    import jax.experimental.pallas as pl
+    import jax.experimental.pallas.mosaic_gpu as plgpu
 
-        _copy_ring(((scratch.k_free, copy_k), (scratch.v_free, copy_v)), stages=stages, steps=steps, region=region,
-                   guard=not plan.plain)  # fmt: skip
+    bkv = plan.cfg.block_kv
+    kv_head = lax.div(head, jnp.array(plan.groups, head.dtype))  # GQA: query head n reads kv head n // (N/K)
+    steps = walk.copy_steps(tiles_ref, batch, cta)
+
+    def copy_k(t, slot):
+        keys = pl.ds(walk.block_of(t) * bkv, bkv)
+        plgpu.copy_gmem_to_smem(k_ref.at[batch, keys, kv_head], scratch.k.at[slot], scratch.k_ready.at[slot])
+        if plan.mask.segments:
+            plgpu.copy_gmem_to_smem(kv_seg_ref.at[batch, keys], scratch.kv_segment.at[slot], scratch.k_ready.at[slot])
+
+    def copy_v(t, slot):
+        index = plan.operands.v_tile(batch, kv_head, walk.block_of(t), bkv)
+        plgpu.copy_gmem_to_smem(v_ref.at[index], scratch.v.at[slot], scratch.v_ready.at[slot])
+
+    _copy_ring(((scratch.k_free, copy_k), (scratch.v_free, copy_v)), stages=plan.stages, steps=steps, region=region,
+               guard=not plan.plain)  # fmt: skip
 
 
 def capped(s, c, softcap):
@@ -323,12 +283,14 @@ def capped(s, c, softcap):
     return jnp.tanh(s * (c / (LOG2E * softcap))), softcap * LOG2E
 
 
-def scratch_types(plan: Plan, head_dim: int, dtype, *, v_shape=None, extra=None) -> Scratch:
+def scratch_types(plan: Plan, head_dim: int, dtype, *, v_shape=None, transforms=None, extra=None) -> Scratch:
     """The :class:`Scratch` a forward call allocates (``v_shape``: the v ring's (rows, cols) when not (block_kv,
-    H); ``extra``: the operands' own buffers)."""
+    H); ``transforms``: the tiles' layout in shared memory when not the 16-bit one; ``extra``: the operands' own
+    buffers)."""
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
     cfg, stages = plan.cfg, plan.stages
+    _tiles = (lambda: transforms) if transforms is not None else _swizzled
     bq, bkv = cfg.block_q, cfg.block_kv
     kv_copies = 2 if plan.mask.segments else 1  # k and its segment ids land on one barrier
     return Scratch(
@@ -362,22 +324,24 @@ def mask_inputs(plan: Plan, arrays: M.MaskArrays) -> tuple:
     return out
 
 
-def make_plan(cfg: MosaicConfig, mask: M.Mask, seq_kv: int, groups: int, operands: Operands) -> Plan:
+def make_plan(cfg: MosaicConfig, mask: M.Mask, seq_kv: int, groups: int, operands: Operands,
+              probe: Probe = NO_PROBE) -> Plan:  # fmt: skip
     n_kv = -(-seq_kv // cfg.block_kv)
     return Plan(cfg, mask, stages=min(cfg.stages, n_kv), groups=groups, operands=operands,
-                padded=M.padded_tiles(n_kv) if mask.has_arrays else 0)  # fmt: skip
+                padded=M.padded_tiles(n_kv) if mask.has_arrays else 0, probe=probe)  # fmt: skip
 
 
-@shared_lowering("scale", "cfg", "mask")
-def forward(q, k, v, arrays: M.MaskArrays, *, scale: float, cfg: MosaicConfig, mask: M.Mask):
+@shared_lowering("scale", "cfg", "mask", "probe")
+def forward(q, k, v, arrays: M.MaskArrays, *, scale: float, cfg: MosaicConfig, mask: M.Mask,
+            probe: Probe = NO_PROBE):  # fmt: skip
     """The forward kernel on q (B, T, N, H), k and v (B, S, K, H), checked by the caller: (out (B, T, N, H), lse2
     (B, N, T)), lse2 the base-2 log-sum-exp of the scaled scores (−inf for a row that keeps no key)."""
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
-    plan = make_plan(cfg, mask, S, N // K, sixteen_bit(scale))
+    plan = make_plan(cfg, mask, S, N // K, sixteen_bit(scale), probe)
     kernel = functools.partial(forward_kernel, plan=plan)
     out_type = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, N, T), jnp.float32)]
     grid = (N, -(-T // (2 * cfg.block_q)), B)
     return tuple(call(kernel, out_type, scratch_types(plan, H, q.dtype), grid, ("heads", "q_seq", "batch"),
-                      q, k, v, *mask_inputs(plan, arrays), profile_space=cfg.profile_space,
-                      profile_dir=cfg.profile_dir))  # fmt: skip
+                      q, k, v, *mask_inputs(plan, arrays), profile_space=probe.profile_space,
+                      profile_dir=probe.profile_dir))  # fmt: skip

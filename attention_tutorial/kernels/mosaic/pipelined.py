@@ -8,11 +8,11 @@ import functools
 import jax.numpy as jnp
 from jax import lax
 
-from ._common import LOG2E, causal_block_mask, drain
+from ._common import skip_steps
 
 
-def pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take_turn, *, row0, steps, cta_steps,
-                    n_kv, causal, stages, scale, exp2, exp2_tile, region):  # fmt: skip
+def pipelined_steps(carry, qo_smem, scratch, schedule, *, row0, steps, cta_steps, n_kv, causal, stages, c, exp2,
+                    exp2_tile, region):  # fmt: skip
     """One compute warpgroup's loop over its key blocks: ``(acc, m, l)`` in, ``(acc, m, l)`` out.
 
     Step j issues s = q kᵀ of block j+1 and acc += p v of block j back to back, hands the tensor cores to the other
@@ -20,7 +20,8 @@ def pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take_
     p·v runs; then waits for p·v and rescales acc by block j+1's correction. A prologue computes block 0's s and
     softmax, an epilogue issues the last p·v. The ping-pong stays: each block still takes two turns of the schedule
     barrier (after the matmuls are issued and after the softmax), so the two warpgroups keep alternating on the
-    tensor cores. The price: block j's p (16-bit) stays in registers, read by the running p·v, while block j+1's s
+    tensor cores; with ``schedule="turns"`` a warpgroup issues both matmuls in its turn and passes it on
+    (FlashAttention-3's own arrangement). ``c``: base-2 logits per unit of q·kᵀ. The price: block j's p (16-bit) stays in registers, read by the running p·v, while block j+1's s
     and p are made. ``exp2`` exponentiates the row factors (alpha), ``exp2_tile`` the score tile (p)
     (:func:`~attention_tutorial.kernels.mosaic.exp2.softmax_exp2`).
 
@@ -31,10 +32,10 @@ def pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take_
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
-    k_ready, v_ready, k_free, v_free = kv_barriers
+    k_smem, v_smem = scratch.k, scratch.v
+    k_ready, v_ready, k_free, v_free = scratch.k_ready, scratch.v_ready, scratch.k_free, scratch.v_free
     acc, m, l = carry
     (bq, head_dim), bkv, dtype = acc.shape, k_smem.shape[1], qo_smem.dtype
-    c = scale * LOG2E
 
     def slot(j):
         return lax.rem(j, jnp.array(stages, jnp.int32))
@@ -42,7 +43,8 @@ def pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take_
     def softmax(s, m, l, j, masked):  # block j's online softmax in base 2: (p in 16 bits, new max, new sum, alpha)
         with region("softmax"):
             if masked:
-                s = causal_block_mask(s, row0, j * bkv)
+                rows, cols = _iotas(s.shape, row0, j * bkv)
+                s = jnp.where(cols <= rows, s, -jnp.inf)
             m_new = jnp.maximum(m, s.max(axis=1) * c)
             alpha = exp2(m - m_new)
             p = exp2_tile(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
@@ -50,7 +52,7 @@ def pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take_
             return lax.optimization_barrier((p.astype(dtype), m_new, l * alpha + p.sum(axis=1), alpha))
 
     def end_turn(j):  # block j's softmax is done: wait for block j+1's k and block j's v, then for our turn
-        plgpu.barrier_arrive(schedule)
+        schedule.softmax_done()
 
         @pl.when(j + 1 < steps)
         def _():
@@ -59,12 +61,13 @@ def pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take_
 
         with region("wait"):
             plgpu.barrier_wait(v_ready.at[slot(j)])
-            plgpu.barrier_wait(schedule)
+            schedule.before_pv()
 
     def qk(s_ref):  # prologue: block 0's s = q kᵀ
+        schedule.before_qk()
         plgpu.wgmma(s_ref, qo_smem, k_smem.at[0].transpose((1, 0)))
         with region("wait"):
-            take_turn()
+            schedule.after_qk()
         return s_ref[...]
 
     zero = jnp.array(0, jnp.int32)
@@ -79,12 +82,13 @@ def pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take_
 
         def both(s_ref, o_ref):
             o_ref[...] = acc
+            schedule.before_qk()
             with region("qk"):
                 plgpu.wgmma(s_ref, qo_smem, k_smem.at[slot(j + 1)].transpose((1, 0)))
             with region("pv"):
                 plgpu.wgmma(o_ref, p16, v_smem.at[slot(j)])
             with region("wait"):
-                take_turn()
+                schedule.after_qk()
             with region("qk"):  # q·kᵀ done; p·v may still run.
                 s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
             plgpu.barrier_arrive(k_free.at[slot(j + 1)])
@@ -122,8 +126,16 @@ def pipelined_steps(carry, qo_smem, k_smem, v_smem, kv_barriers, schedule, take_
         acc = pl.run_state(pv)(plgpu.ACC.init(acc))
     plgpu.barrier_arrive(v_free.at[slot(last)])
     if causal and bkv % (2 * bq):  # else both warpgroups end on the same key block: no loop to emit
-        drain(steps, cta_steps, stages, (k_free, v_free), take_turn)  # warpgroup 0 ends early
+        skip_steps(steps, cta_steps, stages, (k_free, v_free), schedule)  # warpgroup 0 ends early
     return acc, m, l
+
+
+def _iotas(shape, row0, key0):
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    rows = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA) + row0
+    cols = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA) + key0
+    return rows, cols
 
 
 def static_trip_loop(lo, hi, most, body, carry):

@@ -1,6 +1,7 @@
 """The public functions: validation before any kernel, what keeps them from running here, the pipelined entry point,
 and JAX's bundled Mosaic GPU kernel against float64 on a Hopper GPU."""
 
+import contextlib
 import dataclasses
 import functools
 from pathlib import Path
@@ -129,7 +130,28 @@ def test_registers_reach_each_kernel_and_leave_the_copy_warpgroup_the_rest(regis
     for c in (cfg, dataclasses.replace(cfg, pipeline=True)):
         assert _register_moves(functools.partial(mosaic_flash_attention, config=c), q, q, q) == fwd
     assert _register_moves(functools.partial(mosaic_fp8_attention, config=cfg), q, q, q) == fwd
-    for dq, kernels in (("pass", 2), ("atomic", 1), ("atomic_shared", 1)):
+    for dq, kernels in (("pass", 2), ("atomic", 1)):
         c = dataclasses.replace(cfg, bwd_dq=dq)
         grad = jax.grad(lambda q, c=c: mosaic_flash_attention(q, q, q, config=c).astype(jnp.float32).sum())
         assert _register_moves(grad, q) == sorted(fwd + bwd * kernels)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", ["rendezvous", "turns"])
+@pytest.mark.parametrize(("head_dim", "dq"), [(64, "atomic"), (64, "pass"), (128, "pass"), (128, "atomic")])
+def test_gpu_every_mask_forward_and_backward_matches_float64(head_dim, dq, schedule):
+    """Every mask of the interpreter's matrix, compiled: causal both ways, windows, prefix-LM, lengths (rows with no
+    key), softcap, packed documents with T != S; any T and S (320 × 384: partial tiles)."""
+    from tests.kernels.mosaic.test_interpret import MASKS, check_masked
+
+    if reason := why_not(AttentionShape(2, 320, 384, 2, 1, head_dim), jnp.bfloat16, True):
+        pytest.skip(reason)
+    cfg = dataclasses.replace(default_config(head_dim), bwd_dq=dq, schedule=schedule)
+    failed = {}
+    for name, (kwargs, kept) in MASKS.items():
+        try:
+            check_masked(kwargs, kept, B=2, T=320, S=384, H=head_dim, config=cfg, seed=len(name),
+                         run=contextlib.nullcontext)  # fmt: skip
+        except AssertionError as e:
+            failed[name] = str(e).splitlines()[:6]
+    assert not failed, failed

@@ -32,7 +32,7 @@ def test_gradient_lowers_to_forward_and_two_backward_kernels(causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize(("dq", "head_dim"), [("atomic", 64), ("atomic", 128), ("atomic_shared", 128)])
+@pytest.mark.parametrize(("dq", "head_dim"), [("atomic", 64), ("atomic", 128)])
 def test_dq_by_atomics_lowers_to_one_backward_kernel_adding_into_float32(causal, dq, head_dim):
     """dQ by atomics: the dK/dV kernel adds dQ into a float32 array aliased in and out; no dQ kernel (GQA, T < S)."""
     q = jax.ShapeDtypeStruct((1, 256, 8, head_dim), jnp.bfloat16)
@@ -71,13 +71,11 @@ def test_lowers_with_x64_enabled():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dq", ["pass", "atomic", "atomic_shared"])
+@pytest.mark.parametrize("dq", ["pass", "atomic"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_gpu_gradients_match_float64(causal, head_dim, dtype, dq):
-    if dq == "atomic_shared" and head_dim != 128:
-        pytest.skip("dQ shared between the warpgroups splits H = 128 only")
     if reason := why_not(AttentionShape(1, 512, 512, 4, 4, head_dim), dtype, causal):
         pytest.skip(reason)
     cfg = MosaicConfig(bwd_dq=dq)
@@ -89,7 +87,7 @@ def test_gpu_gradients_match_float64(causal, head_dim, dtype, dq):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize(("dq", "head_dim"), [("pass", 128), ("atomic", 64), ("atomic_shared", 128)])
+@pytest.mark.parametrize(("dq", "head_dim"), [("pass", 128), ("atomic", 64)])
 def test_gpu_gradients_with_240_registers_match_float64(causal, dq, head_dim):
     """The backward kernels' compute warpgroups at 240 registers, the copy warpgroup at 24."""
     if reason := why_not(AttentionShape(1, 512, 512, 4, 4, head_dim), jnp.bfloat16, causal):

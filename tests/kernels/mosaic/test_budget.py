@@ -1,6 +1,8 @@
 """The config and the budgets: bad sizes refused, shared memory and registers counted by hand, each misfit naming its
 fix."""
 
+import dataclasses
+import re
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -13,6 +15,7 @@ from attention_tutorial.kernels.mosaic.budget import (
     TILE_REGISTERS,
     WARPGROUPS,
     MosaicConfig,
+    Probe,
     bwd_smem_bytes,
     bwd_tile_registers,
     copy_registers,
@@ -33,14 +36,19 @@ ROOT = Path(__file__).resolve().parents[3]
         (AttentionShape(1, 256, 256, 4, 4, 128), jnp.float32, "bfloat16 or float16"),
         (AttentionShape(1, 256, 256, 4, 4, 96), jnp.bfloat16, "head_dim must be 64, 128 or 256; got 96"),
         (AttentionShape(1, 256, 256, 4, 4, 256), jnp.bfloat16, "320.5 KiB of shared memory"),
-        (AttentionShape(1, 200, 256, 4, 4, 64), jnp.bfloat16, "multiple of 2·block_q = 128; got T=200"),
-        (AttentionShape(1, 256, 200, 4, 4, 64), jnp.float16, "multiple of block_kv = 128; got S=200"),
+        (AttentionShape(1, 200, 256, 4, 4, 64), jnp.bfloat16, None),  # any T and S
+        (AttentionShape(1, 1, 200, 4, 4, 64), jnp.float16, None),
         (AttentionShape(1, 256, 384, 4, 2, 128), jnp.float16, None),
     ],
 )
 def test_problem_checks_name_the_fix(shape, dtype, expected):
     reason = problem(shape, dtype, MosaicConfig())
     assert reason is None if expected is None else expected in reason
+
+
+def test_only_the_pipelined_forward_needs_whole_tiles():
+    reason = problem(AttentionShape(1, 200, 256, 4, 4, 128), jnp.bfloat16, MosaicConfig(pipeline=True))
+    assert "multiple of 2·block_q = 128" in reason and "pipeline=False" in reason
 
 
 @pytest.mark.parametrize(
@@ -104,9 +112,7 @@ def test_backward_budget_by_hand_and_its_refusal():
     reason = problem(shape, jnp.bfloat16, MosaicConfig(bwd_dq="atomic", bwd_stages=3))
     assert "with bwd_dq='atomic' the dK/dV kernel needs 241.5 KiB" in reason and "bwd_stages=2" in reason
     assert problem(shape._replace(head_dim=64), jnp.bfloat16, MosaicConfig(bwd_dq="atomic", bwd_stages=3)) is None
-    with pytest.raises(
-        ValueError, match=r"MosaicConfig\.bwd_dq must be one of \('pass', 'atomic', 'atomic_shared'\); got 'atomics'"
-    ):
+    with pytest.raises(ValueError, match=r"MosaicConfig\.bwd_dq must be one of \('pass', 'atomic'\); got 'atomics'"):
         MosaicConfig(bwd_dq="atomics")
 
 
@@ -116,16 +122,6 @@ def test_backward_tile_registers_by_hand():
     assert bwd_tile_registers(MosaicConfig(), 128) == 64 + 64 + 32 + 32 == TILE_REGISTERS
     assert bwd_tile_registers(atomic, 128) == 192 + 64 > TILE_REGISTERS
     assert (bwd_tile_registers(MosaicConfig(), 64), bwd_tile_registers(atomic, 64)) == (128, 160)
-    assert bwd_tile_registers(MosaicConfig(bwd_dq="atomic_shared"), 128) == 192 + 32  # half of H's columns
-
-
-def test_shared_dq_budget_and_its_head_dim():
-    shared = MosaicConfig(bwd_dq="atomic_shared")
-    # two steps' dS of both warpgroups (4 × 64×64 × 2 B) and a float32 half of H per warpgroup (2 × 64×64 × 4 B)
-    assert bwd_smem_bytes(shared, 128, jnp.bfloat16) - bwd_smem_bytes(MosaicConfig(), 128, jnp.bfloat16) == 64 * 1024
-    shape = AttentionShape(1, 512, 512, 4, 4, 128)
-    assert problem(shape, jnp.bfloat16, shared) is None
-    assert "H = 128 in two halves" in problem(shape._replace(head_dim=64), jnp.bfloat16, shared)
 
 
 @pytest.mark.parametrize("bad", [0, -64, True, 128.0])
@@ -157,7 +153,7 @@ def test_h256_fits_only_with_half_the_key_block():
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"no_exp": 1}, ValueError, r"MosaicConfig\.no_exp must be True or False; got 1"),
+        ({"no_exp": 1}, ValueError, r"Probe\.no_exp must be True or False; got 1"),
         ({"profile_space": 64}, ValueError, r"profile_space and profile_dir go together .*profile_dir=''"),
         ({"profile_dir": "/tmp/t"}, ValueError, r"go together .*profile_space=0, profile_dir='/tmp/t'"),
         ({"profile_space": -8, "profile_dir": "/t"}, ValueError, "profile_space must be a positive integer"),
@@ -166,24 +162,30 @@ def test_h256_fits_only_with_half_the_key_block():
 )
 def test_the_measuring_switches_refuse_what_they_cannot_mean(kwargs, error, match):
     with pytest.raises(error, match=match):
-        MosaicConfig(**kwargs)
+        Probe(**kwargs)
+
+
+def test_the_tuning_config_holds_no_measuring_switch():
+    """A config is a shape of the kernel only: what a measurement switches on lives in a Probe."""
+    fields = {f.name for f in dataclasses.fields(MosaicConfig)}
+    assert not fields & {f.name for f in dataclasses.fields(Probe)}
 
 
 def test_the_profilers_buffer_counts_in_shared_memory():
     # three warpgroups, two events of two 32-bit words for each region
-    cfg = MosaicConfig(profile_space=128, profile_dir="/t")
-    assert profile_bytes(cfg) == 3 * 128 * 2 * 2 * 4 and profile_bytes(MosaicConfig()) == 0
+    probe = Probe(profile_space=128, profile_dir="/t")
+    assert profile_bytes(probe) == 3 * 128 * 2 * 2 * 4 and profile_bytes(Probe()) == 0
     shape = AttentionShape(1, 1024, 1024, 2, 2, 128)
-    assert problem(shape, jnp.bfloat16, cfg) is None  # 160.5 + 6 KiB
-    big = MosaicConfig(stages=3, profile_space=128, profile_dir="/t")  # 224.5 + 6 KiB
-    assert problem(shape, jnp.bfloat16, MosaicConfig(stages=3)) is None
-    assert "profile_space=128 adds 6.0 KiB" in problem(shape, jnp.bfloat16, big)
+    assert problem(shape, jnp.bfloat16, MosaicConfig(), probe) is None  # 160.5 + 6 KiB
+    big = MosaicConfig(stages=3)  # 224.5 + 6 KiB
+    assert problem(shape, jnp.bfloat16, big) is None
+    assert "profile_space=128 adds 6.0 KiB" in problem(shape, jnp.bfloat16, big, probe)
 
 
 def test_fp8_budget_refuses_profiling_and_takes_no_exp():
     shape = AttentionShape(1, 1024, 1024, 2, 2, 128)
-    assert fp8_problem(shape, MosaicConfig(no_exp=True)) is None
-    assert "no profiler regions" in fp8_problem(shape, MosaicConfig(profile_space=8, profile_dir="/t"))
+    assert fp8_problem(shape, MosaicConfig(), Probe(no_exp=True)) is None
+    assert "no profiler regions" in fp8_problem(shape, MosaicConfig(), Probe(profile_space=8, profile_dir="/t"))
 
 
 @pytest.mark.parametrize(
@@ -193,21 +195,30 @@ def test_fp8_budget_refuses_profiling_and_takes_no_exp():
         ({"exp_poly": -0.25}, ValueError, r"in \[0, 1\]; got -0\.25"),
         ({"exp_poly": True}, TypeError, r"exp_poly must be a real number .*; got True"),
         ({"exp_poly": "0.25"}, TypeError, r"exp_poly must be a real number .*; got '0\.25'"),
-        ({"exp_poly": 0.3}, ValueError, r"8-column groups of block_kv = 128 .*multiple of 0\.0625; got 0\.3: try 0\.25 "
-                                        r"or 0\.3125"),
-        ({"exp_poly": 0.0625, "block_kv": 64}, ValueError, r"multiple of 0\.125; got 0\.0625: try 0 or 0\.125"),
         ({"exp_poly": 0.25, "no_exp": True}, ValueError, r"exp_poly=0\.25 and no_exp=True exclude each other"),
     ],
 )  # fmt: skip
-def test_exp_poly_refuses_fractions_the_tile_layout_cannot_split(kwargs, error, match):
+def test_exp_poly_refuses_what_is_not_a_fraction(kwargs, error, match):
     with pytest.raises(error, match=match):
-        MosaicConfig(**kwargs)
+        Probe(**kwargs)
 
 
-@pytest.mark.parametrize(("kwargs", "columns"), [({}, 0), ({"exp_poly": 0.25}, 32), ({"exp_poly": 1}, 128),
-                                                 ({"exp_poly": 0.125, "block_kv": 64}, 8)])  # fmt: skip
-def test_exp_poly_counts_whole_groups_of_eight_columns(kwargs, columns):
-    assert MosaicConfig(**kwargs).exp_poly_columns == columns
+@pytest.mark.parametrize(
+    ("poly", "block_kv", "match"),
+    [(0.3, 128, r"8-column groups of block_kv = 128 .*multiple of 0\.0625; got 0\.3: try 0\.25 or 0\.3125"),
+     (0.0625, 64, r"multiple of 0\.125; got 0\.0625: try 0 or 0\.125")],
+)  # fmt: skip
+def test_exp_poly_refuses_fractions_the_tile_layout_cannot_split(poly, block_kv, match):
+    with pytest.raises(ValueError, match=match):
+        Probe(exp_poly=poly).poly_columns(block_kv)
+    shape = AttentionShape(1, 1024, 1024, 2, 2, 128)
+    assert re.search(match, problem(shape, jnp.bfloat16, MosaicConfig(block_kv=block_kv), Probe(exp_poly=poly)))
+
+
+@pytest.mark.parametrize(("poly", "block_kv", "columns"), [(0, 128, 0), (0.25, 128, 32), (1, 128, 128),
+                                                          (0.125, 64, 8)])  # fmt: skip
+def test_exp_poly_counts_whole_groups_of_eight_columns(poly, block_kv, columns):
+    assert Probe(exp_poly=poly).poly_columns(block_kv) == columns
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from attention_tutorial.kernels.mosaic._common import on_hopper
-from attention_tutorial.kernels.mosaic.budget import MosaicConfig
+from attention_tutorial.kernels.mosaic.budget import Probe
 from attention_tutorial.kernels.mosaic.exp2 import POLY, exp2_poly, exp2_split, softmax_exp2
 
 TINY = 2.0**-126  # float32's smallest normal number
@@ -79,15 +79,15 @@ def test_exp2_split_sends_the_first_columns_through_the_polynomial():
             exp2_split(x, bad)
 
 
-def test_softmax_exp2_follows_the_config():
+def test_softmax_exp2_follows_the_probe():
     x = jnp.linspace(-20, 0, 64 * 128, dtype=jnp.float32).reshape(64, 128)
-    rows, tile = softmax_exp2(MosaicConfig())
+    rows, tile = softmax_exp2(Probe(), 128)
     assert rows is jnp.exp2 and tile is jnp.exp2
-    rows, tile = softmax_exp2(MosaicConfig(no_exp=True))
+    rows, tile = softmax_exp2(Probe(no_exp=True), 128)
     assert rows(x) is x and tile(x) is x
-    rows, tile = softmax_exp2(MosaicConfig(exp_poly=0.25))
+    rows, tile = softmax_exp2(Probe(exp_poly=0.25), 128)
     assert rows is jnp.exp2 and tile.keywords == {"poly_cols": 32}
-    rows, tile = softmax_exp2(MosaicConfig(block_kv=64, exp_poly=0.5))
+    rows, tile = softmax_exp2(Probe(exp_poly=0.5), 64)
     assert tile.keywords == {"poly_cols": 32}
 
 

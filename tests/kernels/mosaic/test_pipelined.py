@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from attention_tutorial.inputs import AttentionShape, make_qkv
-from attention_tutorial.kernels.mosaic._common import causal_steps, on_hopper
+from attention_tutorial.kernels.mosaic import masks
+from attention_tutorial.kernels.mosaic._common import on_hopper
 from attention_tutorial.kernels.mosaic.attention import mosaic_flash_attention
 from attention_tutorial.kernels.mosaic.budget import MosaicConfig, problem
 from attention_tutorial.kernels.mosaic.pipelined import most_masked_steps, pipelined_causal_bounds, static_trip_loop
@@ -88,7 +89,7 @@ def test_pipelined_causal_bounds_fit_the_static_loops_and_mask_every_block_that_
             # row, and needs the mask if its last key lies beyond the first row
             seen = [b for b in range(n_kv) if b * block_kv <= row0 + block_q - 1]
             needs_mask = {b for b in seen if (b + 1) * block_kv - 1 > row0}
-            steps = int(causal_steps(row0, block_q, block_kv, n_kv))
+            steps = int(masks.band_steps(masks.Mask(seq_q, seq_kv, right=0), row0, block_q, block_kv).hi)
             assert steps == len(seen) and seen == list(range(steps))
             split, last = (int(x) for x in pipelined_causal_bounds(jnp.int32(row0), jnp.int32(steps), block_kv))
             unmasked = {j + 1 for j in range(split)}  # step j makes block j + 1
