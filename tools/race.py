@@ -80,7 +80,15 @@ def cases(groups):
                 race = {"cuDNN": cudnn(**m), "ours": ours(H, **m), "ours, turns": ours(H, schedule="turns", **m)}
                 if "schedule" in groups:
                     race["ours, pipelined"] = ours(H, pipeline=True, **m)
-                yield "forward", f"H={H} {'causal' if causal else 'no mask'}", (B, T, T, N, N, H), m, race, "fwd", "cuDNN"
+                yield (
+                    "forward",
+                    f"H={H} {'causal' if causal else 'no mask'}",
+                    (B, T, T, N, N, H),
+                    m,
+                    race,
+                    "fwd",
+                    "cuDNN",
+                )
     if "masks" in groups:
         H = 128
         ragged = 8000
@@ -94,15 +102,26 @@ def cases(groups):
         # four documents of 2048 packed in each row of 8192: ours skips the tiles between documents
         seg = jnp.repeat(jnp.arange(4, dtype=jnp.int32), T // 4)[None].repeat(B, 0)
         m = {"is_causal": True, "segment_ids": seg}
-        race = {"XLA": xla(is_causal=True, bias=None, mask=(seg[:, None, :, None] == seg[:, None, None, :])),
-                "ours": ours(H, **m), "ours, causal over the whole row": ours(H, is_causal=True)}
+        race = {
+            "XLA": xla(is_causal=True, bias=None, mask=(seg[:, None, :, None] == seg[:, None, None, :])),
+            "ours": ours(H, **m),
+            "ours, causal over the whole row": ours(H, is_causal=True),
+        }
         yield "masks", "4 packed documents of 2048, causal", (B, T, T, N, N, H), m, race, "fwd", "XLA"
     if "backward" in groups:
         for H in (64, 128):
             for causal in (False, True):
                 m = {"is_causal": causal}
                 race = {"cuDNN": with_grad(cudnn(**m)), "ours": with_grad(ours(H, **m))}
-                yield "backward", f"H={H} {'causal' if causal else 'no mask'}", (B, T, T, N, N, H), m, race, "fwd+bwd", "cuDNN"
+                yield (
+                    "backward",
+                    f"H={H} {'causal' if causal else 'no mask'}",
+                    (B, T, T, N, N, H),
+                    m,
+                    race,
+                    "fwd+bwd",
+                    "cuDNN",
+                )
 
 
 def save(path, data):
@@ -157,7 +176,9 @@ def main(out, groups):
             tf = f"{r['tflops']:7.1f}" if r["tflops"] else "      –"
             spread = f"{min(r['rounds_ms']):.3f}-{max(r['rounds_ms']):.3f} ms" if r["rounds_ms"] else ""
             err = r["error"] if isinstance(r["error"], str) else (f"err {r['error']:.1e}" if r["error"] else "")
-            print(f"  {r['contender']:34} {tf} TFLOP/s  {f'{ratio:.3f}' if ratio else '  –  '} of {checked}  {spread}  {err}")
+            print(
+                f"  {r['contender']:34} {tf} TFLOP/s  {f'{ratio:.3f}' if ratio else '  –  '} of {checked}  {spread}  {err}"
+            )
     print("clocks:", data["provenance"]["clocks_before"], "->", data["provenance"]["clocks_after"])
 
 

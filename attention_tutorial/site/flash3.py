@@ -386,8 +386,10 @@ def tile_rows(rows, base: str, *, causal: bool = False) -> list[dict]:
              "relative speed": f"{r['tflops'] / ref:.2f}" if r["tflops"] and ref else "–"} for r in mine]  # fmt: skip
 
 
-DQ_SCHEMES = {"pass": "a pass of its own", "atomic": "atomic adds",
-              "atomic_shared": "atomic adds, dS shared"}  # MosaicConfig.bwd_dq, in words  # fmt: skip
+DQ_SCHEMES = {"pass": "a pass of its own", "atomic": "atomic adds"}  # MosaicConfig.bwd_dq, in words
+#: The ways of making dQ the tuning tables hold: the two the kernel offers, and dS passed between the warpgroups
+#: through shared memory (each adding half of dQ's columns for both), timed and not kept.
+DQ_TIMED = {**DQ_SCHEMES, "atomic_shared": "atomic adds, dS shared"}
 
 
 #: The matrix products each pass of the backward computes for one pair of tiles (a query block, a key block), by the
@@ -451,10 +453,10 @@ def dq_figure(blocks: int = 4):
 
 
 def dq_speeds(rows, *, tiles: str = "bwd 64x64 stages 2") -> dict[tuple[int, bool, str], float | None]:
-    """{(H, causal, scheme): forward + backward speed over cuDNN's} for each way of making dQ (:data:`DQ_SCHEMES`)
+    """{(H, causal, scheme): forward + backward speed over cuDNN's} for each way of making dQ (:data:`DQ_TIMED`)
     at ``tiles`` in a ``bwd_tiles`` tuning table (``tools/tune.py`` labels "pass" by the tiles alone); None where the
     scheme did not run."""
-    configs = {(tiles if scheme == "pass" else f"{tiles} dQ {scheme}"): scheme for scheme in DQ_SCHEMES}
+    configs = {(tiles if scheme == "pass" else f"{tiles} dQ {scheme}"): scheme for scheme in DQ_TIMED}
     return {(h, c, configs[cfg]): v for (h, c, cfg), v in config_speed(rows, configs, "cuDNN").items()}
 
 
@@ -462,7 +464,7 @@ def dq_table_speeds(rows, *, registers: int = 232) -> dict[tuple[int, bool, str]
     """{(H, causal, scheme): forward + backward speed over cuDNN's} for each way of making dQ in a ``bwd_dq`` tuning
     table ("dQ pass", "dQ atomic", "dQ atomic shared"; with ", 240 registers" for ``registers=240``)."""
     suffix = "" if registers == 232 else f", {registers} registers"
-    configs = {f"dQ {scheme.replace('_', ' ')}{suffix}": scheme for scheme in DQ_SCHEMES}
+    configs = {f"dQ {scheme.replace('_', ' ')}{suffix}": scheme for scheme in DQ_TIMED}
     return {(h, c, configs[cfg]): v for (h, c, cfg), v in config_speed(rows, configs, "cuDNN").items()}
 
 
@@ -503,7 +505,7 @@ def dq_rows(speeds) -> list[dict]:
     ran = {sch for (_, _, sch), v in speeds.items() if v is not None}
     for h, c in sorted({(h, c) for h, c, _ in speeds}):
         row = {"H": h, "mask": "causal" if c else "none"}
-        for scheme, words in ((k, w) for k, w in DQ_SCHEMES.items() if k in ran):
+        for scheme, words in ((k, w) for k, w in DQ_TIMED.items() if k in ran):
             v = speeds.get((h, c, scheme))
             row[f"dQ by {words}"] = f"{100 * v:.0f} %" if v else "–"
         out.append(row)

@@ -8,8 +8,8 @@ and dO·vᵀ (seven matrix products per tile pair in all). ``"atomic"``: the dK/
 its keys and adds that share of dQ into a float32 dQ in global memory by TMA reduce-add (five products, float32
 traffic, a summation order that varies from run to run; FlashAttention-2's way, which FlashAttention-3 keeps).
 
-Masks as in the forward (:mod:`~.masks`): tiles a warpgroup keeps in full need no mask, tiles it keeps in part
-build the element mask, tiles it keeps nothing of are skipped. Rows past T and keys past S come in as zeros (TMA);
+Masks as in the forward (:mod:`~attention_tutorial.kernels.mosaic.masks`): tiles a warpgroup keeps in full need no
+mask, tiles it keeps in part build the element mask, tiles it keeps nothing of are skipped. Rows past T and keys past S come in as zeros (TMA);
 a ragged key tile is always masked, so that no zero key makes a weight that a dQ share would carry.
 """
 
@@ -50,7 +50,6 @@ class Plan:
     @property
     def lists(self) -> bool:
         return self.mask.has_arrays
-
 
 
 def recompute_p(s, lse, c, softcap, axis: int):
@@ -410,8 +409,9 @@ def backward(q, k, v, d_out, lse2, delta, arrays: M.MaskArrays, *, scale: float,
     segments = mask.segments
 
     if cfg.bwd_dq == "pass":
-        plan = _plan(cfg, mask, own=bq, visit=bkv, n_visit=n_k, groups=N // K, scale=scale, transposed=False,
-                     probe=probe)
+        plan = _plan(
+            cfg, mask, own=bq, visit=bkv, n_visit=n_k, groups=N // K, scale=scale, transposed=False, probe=probe
+        )
         stages = plan.stages
         scratch = DqScratch(
             q=plgpu.SMEM((2, bq, H), dt, transforms=_tiles()), do=plgpu.SMEM((2, bq, H), dt, transforms=_tiles()),
@@ -429,8 +429,7 @@ def backward(q, k, v, d_out, lse2, delta, arrays: M.MaskArrays, *, scale: float,
         dq = call(kernel, jax.ShapeDtypeStruct(q.shape, dt), scratch, (N, -(-T // (2 * bq)), B),
                   ("heads", "q_seq", "batch"), *args, *_lists(mask, arrays, plan, transposed=False), **profile)  # fmt: skip
 
-    plan = _plan(cfg, mask, own=bkv, visit=bq, n_visit=n_q, groups=N // K, scale=scale, transposed=True,
-                 probe=probe)
+    plan = _plan(cfg, mask, own=bkv, visit=bq, n_visit=n_q, groups=N // K, scale=scale, transposed=True, probe=probe)
     stages = plan.stages
     atomic = cfg.bwd_dq == "atomic"
     f32_tiles = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))

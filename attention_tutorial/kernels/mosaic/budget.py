@@ -88,7 +88,6 @@ class MosaicConfig:
         return self.registers - (REGISTERS - TILE_REGISTERS)
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Probe:
     """Ways to look inside the kernels, for measuring them (never for training).

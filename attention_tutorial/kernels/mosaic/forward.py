@@ -5,13 +5,14 @@ each (s = q kᵀ, the online softmax in registers, acc += p v), one copies k and
 ``stages`` shared-memory slots. The compute warpgroups take turns on the tensor cores (:class:`~._common.Schedule`):
 while one runs its softmax, the other's matmuls run (the "ping-pong").
 
-Masks (:mod:`~.masks`): each warpgroup computes the key tiles it keeps in full (no mask built), builds the element
-mask of the tiles it keeps in part, and skips the rest (no matmul, no exponential; it still releases the slot and
+Masks (:mod:`~attention_tutorial.kernels.mosaic.masks`): each warpgroup computes the key tiles it keeps in full (no
+mask built), builds the element mask of the tiles it keeps in part, and skips the rest (no matmul, no exponential; it still releases the slot and
 takes its turns). A band (causal, a sliding window) is classified by arithmetic in the kernel; masks with per-row
 arrays (documents, prefix, lengths) walk a per-CTA list of tiles made outside. Any T and S: TMA fills the rows and
 keys past the arrays' ends with zeros, the last tile masks its keys past S, and stores drop the rows past T.
 
-The FP8 forward (:mod:`~.fp8`) is this kernel with other operands: :class:`Operands` says what differs.
+The FP8 forward (:mod:`~attention_tutorial.kernels.mosaic.fp8`) is this kernel with other operands:
+:class:`Operands` says what differs.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ class Scratch(NamedTuple):
 
 
 class Operands(NamedTuple):
-    """What the kernel's step does with its operands: the 16-bit defaults, or FP8's (:mod:`~.fp8`).
+    """What the kernel's step does with its operands: the 16-bit defaults, or FP8's
+    (:mod:`~attention_tutorial.kernels.mosaic.fp8`).
 
     ``setup(refs, scratch, wg)`` -> (c, out_factor): base-2 logits per unit of q·kᵀ and the output's factor per unit of
     acc/l (called once, before the loop); ``to_operand(p, scratch, wg)``: p (float32) as the p·v matmul's left
@@ -182,13 +184,13 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
 
             with region("qk"):
                 s = pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32))  # (block_q, block_kv)
+            kv_segment = None  # the keys' segment ids ride in k's slot: read them before the slot is released
+            if masked and mask.segments:
+                kv_segment = load_vector(scratch.kv_segment.at[slot], plgpu.Layout.WGMMA.reduce(0))
             plgpu.barrier_arrive(scratch.k_free.at[slot])
             with region("softmax"):
                 s, cs = capped(s, c, mask.softcap)
                 if masked:  # only tiles the mask cuts build the element mask
-                    kv_segment = None
-                    if mask.segments:
-                        kv_segment = load_vector(scratch.kv_segment.at[slot], plgpu.Layout.WGMMA.reduce(0))
                     keep = M.tile_kept(mask, s.shape, row0, walk.block_of(t) * bkv, q_segment=q_segment,
                                        kv_segment=kv_segment, scalars=scalars,
                                        ends=mask.seq_kv % bkv != 0)  # fmt: skip

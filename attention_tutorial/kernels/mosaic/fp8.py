@@ -157,8 +157,9 @@ def mosaic_fp8_attention(
             vt8 = jnp.pad(vt8, ((0, 0), (0, 0), (0, 0), (0, -S % 16)))
         vt8 = vt8.reshape(*vt8.shape[:-1], vt8.shape[-1] // 16, 2, 4, 2).swapaxes(-3, -2).reshape(vt8.shape)
     factors = logit_factors(positive_scale(scale, H), dq, dk, dv, float(p_scale))
-    return fp8_forward(q8, k8, vt8, factors, arrays, cfg=cfg, mask=mask, p_scale=float(p_scale), p_via=p_via,
-                       probe=probe)
+    return fp8_forward(
+        q8, k8, vt8, factors, arrays, cfg=cfg, mask=mask, p_scale=float(p_scale), p_via=p_via, probe=probe
+    )
 
 
 class Extra(NamedTuple):

@@ -159,7 +159,8 @@ def _segments(segment_ids, B, T, S):
         if ids.shape != (B, n) or not jnp.issubdtype(ids.dtype, jnp.integer):
             raise ValueError(
                 f"segment_ids: the {name} ids must be integers of shape (B, {'T' if name == 'query' else 'S'}) = "
-                f"{(B, n)}; got {ids.dtype} {ids.shape}." + (" For T != S pass a pair (q_ids, kv_ids)." if T != S else "")
+                f"{(B, n)}; got {ids.dtype} {ids.shape}."
+                + (" For T != S pass a pair (q_ids, kv_ids)." if T != S else "")
             )
         out.append(ids.astype(jnp.int32))
     return tuple(out)
