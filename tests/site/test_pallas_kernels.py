@@ -194,7 +194,7 @@ def test_the_printed_kernel_excerpts_hold_what_the_page_says():
     launch = page.listing(pf._forward, start="call = pl.pallas_call(", end="out_shape=")
     assert "grid=(T // bq, B, N)" in launch and launch.count("pl.BlockSpec(") == 5 and "n // G" in launch
     step = page.listing(forward.forward_kernel, start="def step(", end="return acc, m_new, l")
-    assert step.startswith("def step(") and "take_turn()" in step and "plgpu.wgmma(acc_ref, p16" in step
+    assert step.startswith("def step(") and "schedule.after_qk()" in step and "plgpu.wgmma(acc_ref, p_op" in step
 
 
 def test_tensor_core_share_reads_the_long_points_of_one_impl():
