@@ -185,7 +185,8 @@ class Walk:
 
     @property
     def n_steps(self):
-        """The CTA's pipeline steps (tiles walked)."""
+        """The CTA's pipeline steps (tiles walked); with lists, read it only once the list has landed (:meth:`scalars`
+        or :meth:`copy_steps` wait for it)."""
         return self.scratch.tiles[1] if self.lists else self.cta_hi - self.cta_lo
 
     def block_of(self, t):

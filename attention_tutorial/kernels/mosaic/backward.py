@@ -52,13 +52,19 @@ class Plan:
         return self.mask.has_arrays
 
 
-def recompute_p(s, lse, c, softcap, axis: int):
+def recompute_p(s, lse, c, softcap, axis: int, keep=None):
     """The forward's weights P (or Pᵀ) from the raw scores and the saved base-2 log-sum-exp (broadcast along
-    ``axis``); with a softcap also its derivative's factor 1 − tanh², else None."""
+    ``axis``), 0 where ``keep`` (the tile's element mask, if any) is False; with a softcap also its derivative's
+    factor 1 − tanh², else None. The mask comes after the cap: a capped score is finite however small."""
+    lse = lax.broadcast_in_dim(lse, s.shape, [axis])
     if softcap is None:
-        return jnp.exp2(s * c - lax.broadcast_in_dim(lse, s.shape, [axis])), None
-    t = jnp.tanh(s * (c / (LOG2E * softcap)))
-    return jnp.exp2(t * (softcap * LOG2E) - lax.broadcast_in_dim(lse, s.shape, [axis])), 1.0 - t * t
+        y, dcap = s * c, None
+    else:
+        t = jnp.tanh(s * (c / (LOG2E * softcap)))
+        y, dcap = t * (softcap * LOG2E), 1.0 - t * t
+    if keep is not None:
+        y = jnp.where(keep, y, -jnp.inf)
+    return jnp.exp2(y - lse), dcap
 
 
 class DqScratch(NamedTuple):
@@ -129,14 +135,14 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Plan
             with region("qk"):
                 s = pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32))
             with region("softmax"):
+                keep = None
                 if masked:
                     kv_segment = None
                     if mask.segments:
                         kv_segment = load_vector(scratch.kv_segment.at[slot], plgpu.Layout.WGMMA.reduce(0))
                     keep = M.tile_kept(plan.kept, s.shape, row0, walk.block_of(t) * bkv, q_segment=q_segment,
                                        kv_segment=kv_segment, scalars=scalars)  # fmt: skip
-                    s = jnp.where(keep, s, -jnp.inf)
-                p, dcap = recompute_p(s, lse, c, mask.softcap, 0)  # the forward's weights, recomputed
+                p, dcap = recompute_p(s, lse, c, mask.softcap, 0, keep)  # the forward's weights, recomputed
             with region("wait"):
                 plgpu.barrier_wait(scratch.v_ready.at[slot])
 
@@ -230,7 +236,6 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
     region = regions(plan.probe.profiling)
     c = plan.scale * LOG2E
     walk = Walk(plan.mask, scratch, cta_keys, own=plan.own, visit=plan.visit, stages=plan.stages, padded=plan.padded)
-    n_visit = walk.n_steps  # query tiles this CTA walks, per query head
     seq_kv = mask.seq_q if not plan.lists else mask.seq_kv  # keys are the band's rows when transposed
 
     @pl.when(wg < 2)
@@ -249,7 +254,8 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
         kv_segment = None
         if plan.mask.segments:
             kv_segment = load_vector(scratch.kv_segment.at[wg], plgpu.Layout.WGMMA.reduce(1))
-        scalars = walk.scalars()
+        scalars = walk.scalars()  # (waits for the tile list)
+        n_visit = walk.n_steps  # query tiles this CTA walks, per query head: read once the list has landed
         zeros = jnp.full((bkv, head_dim), 0.0, jnp.float32)
         dk = plgpu.layout_cast(zeros, plgpu.Layout.WGMMA)
         dv = plgpu.layout_cast(zeros, plgpu.Layout.WGMMA)
@@ -270,15 +276,15 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
             with region("qk"):
                 st = pl.run_scoped(kq, plgpu.ACC((bkv, bq), jnp.float32))
             with region("softmax"):
+                keep = None
                 if masked:
                     q_segment = None
                     if plan.mask.segments:
                         q_segment = load_vector(scratch.q_segment.at[slot], plgpu.Layout.WGMMA.reduce(0))
                     keep = M.tile_kept(plan.kept, st.shape, jq * bq, key0, keys_axis=0, q_segment=q_segment,
                                        kv_segment=kv_segment, scalars=scalars)  # fmt: skip
-                    st = jnp.where(keep, st, -jnp.inf)
                 lse = load_vector(scratch.lse.at[slot], plgpu.Layout.WGMMA.reduce(0))
-                pt, dcap = recompute_p(st, lse, c, plan.mask.softcap, 1)  # Pᵀ
+                pt, dcap = recompute_p(st, lse, c, plan.mask.softcap, 1, keep)  # Pᵀ
 
             def dv_and_dpt(refs):  # both matmuls in one group: one wait instead of two
                 dv_ref, dpt_ref = refs
