@@ -136,6 +136,13 @@ def schedule_barriers(kind: str):
     return plgpu.Barrier(num_arrivals=2) if kind == "rendezvous" else plgpu.Barrier(num_arrivals=1, num_barriers=2)
 
 
+def padded_rows(T: int, rows: int) -> int:
+    """T rounded up to a multiple of ``rows``: the length of a per-row vector ((B, N, T): lse, D) that a kernel
+    stores or loads ``rows`` at a time by TMA. A vector's last tile must not run past its end: TMA clips a slice of
+    the innermost dimension only at the end of the whole array, so rows past T would land on the next head's."""
+    return -(-T // rows) * rows
+
+
 def i32(x):
     """An int32 scalar (loop bounds stay int32 also under JAX_ENABLE_X64=1)."""
     return jnp.asarray(x, jnp.int32)

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import masks as M
-from ._common import LOG2E, Walk, call, call_into, load_vector, regions, shared_lowering, slot_of
+from ._common import LOG2E, Walk, call, call_into, load_vector, padded_rows, regions, shared_lowering, slot_of
 from ._common import copy_ring as _copy_ring
 from ._common import swizzled_tiles as _tiles
 from .budget import NO_PROBE, MosaicConfig, Probe, copy_registers
@@ -409,7 +409,8 @@ def backward(q, k, v, d_out, lse2, delta, arrays: M.MaskArrays, *, scale: float,
         raise ValueError(f"the backward kernels take H = 64 or 128; got H={H} (H = 256 is forward-only here).")
     bq, bkv, dt = cfg.bwd_block_q, cfg.bwd_block_kv, q.dtype
     lse2 = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # a row with no key: every weight of it is masked to 0
-    args = (q, k, v, d_out, lse2, delta)
+    pad = [(0, 0), (0, 0), (0, padded_rows(T, 2 * bq) - T)]  # lse and D are loaded a tile of rows at a time
+    args = (q, k, v, d_out, jnp.pad(lse2, pad), jnp.pad(delta, pad))
     profile = dict(profile_space=probe.profile_space, profile_dir=probe.profile_dir)
     n_q, n_k = -(-T // bq), -(-S // bkv)
     segments = mask.segments

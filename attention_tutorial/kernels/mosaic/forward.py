@@ -33,6 +33,7 @@ from ._common import (
     Walk,
     call,
     load_vector,
+    padded_rows,
     regions,
     schedule_barriers,
     shared_lowering,
@@ -342,8 +343,10 @@ def forward(q, k, v, arrays: M.MaskArrays, *, scale: float, cfg: MosaicConfig, m
     S, K = k.shape[1], k.shape[2]
     plan = make_plan(cfg, mask, S, N // K, sixteen_bit(scale), probe)
     kernel = functools.partial(forward_kernel, plan=plan)
-    out_type = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, N, T), jnp.float32)]
-    grid = (N, -(-T // (2 * cfg.block_q)), B)
-    return tuple(call(kernel, out_type, scratch_types(plan, H, q.dtype), grid, ("heads", "q_seq", "batch"),
-                      q, k, v, *mask_inputs(plan, arrays), profile_space=probe.profile_space,
-                      profile_dir=probe.profile_dir))  # fmt: skip
+    rows = padded_rows(T, 2 * cfg.block_q)  # lse is stored a CTA's rows at a time
+    out_type = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, N, rows), jnp.float32)]
+    grid = (N, rows // (2 * cfg.block_q), B)
+    out, lse2 = call(kernel, out_type, scratch_types(plan, H, q.dtype), grid, ("heads", "q_seq", "batch"),
+                     q, k, v, *mask_inputs(plan, arrays), profile_space=probe.profile_space,
+                     profile_dir=probe.profile_dir)  # fmt: skip
+    return out, lse2[..., :T]

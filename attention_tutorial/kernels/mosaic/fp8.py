@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...inputs import AttentionShape, attention_shape
-from ._common import LOG2E, call, on_hopper, positive_scale, shared_lowering, swizzled_tiles
+from ._common import LOG2E, call, on_hopper, padded_rows, positive_scale, shared_lowering, swizzled_tiles
 from .budget import FP8_HEAD_DIMS, NO_PROBE, MosaicConfig, Probe, fp8_problem
 from .forward import Operands, forward_kernel, make_plan, mask_inputs, scratch_types
 from .masks import Mask, MaskArrays, make_mask
@@ -230,8 +230,9 @@ def fp8_forward(q8, k8, vt8, factors, arrays: MaskArrays, *, cfg: MosaicConfig, 
     )
     scratch = scratch_types(plan, H, F8, v_shape=(H, bkv), transforms=_tile8(), extra=extra)
     kernel = functools.partial(forward_kernel, plan=plan)
-    out_type = [jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16), jax.ShapeDtypeStruct((B, N, T), jnp.float32)]
-    grid = (N, -(-T // (2 * bq)), B)
+    rows = padded_rows(T, 2 * bq)  # lse is stored a CTA's rows at a time
+    out_type = [jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16), jax.ShapeDtypeStruct((B, N, rows), jnp.float32)]
+    grid = (N, rows // (2 * bq), B)
     out, _ = call(kernel, out_type, scratch, grid, ("heads", "q_seq", "batch"), q8, k8, vt8,
                   *mask_inputs(plan, arrays), factors)  # fmt: skip
     return out

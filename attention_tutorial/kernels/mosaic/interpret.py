@@ -10,7 +10,8 @@ it yet; :func:`interpret` adds them, each in terms of what the GPU does:
 * ``wgmma`` with a transposed shared-memory operand (``k_smem.T``) or its left operand in registers (p);
 * ``plgpu.load`` (a vector from shared memory in a register layout) and ``plgpu.layout_cast`` (no-ops on values);
 * TMA's edges: a load that reaches past the array's end gets zeros there, a store drops what lies past it, and a
-  store with ``reduction_op="add"`` (dQ by atomic adds) adds, under a lock;
+  store with ``reduction_op="add"`` (dQ by atomic adds) adds, under a lock; a store of a slice of the innermost axis
+  (all other axes fixed) past that axis's end is refused: on the GPU it lands on the next row;
 * ``plgpu.inline_mgpu`` (registers rearranged by hand): its function's ``logical`` attribute, the same rearrangement
   on a plain array, stands in.
 
@@ -384,6 +385,7 @@ def _tma_store(*, token, device_id, grid_point_coords, thread_id, src_allocation
     dst_range = p.interpret_utils.to_range(jax.tree.map(int, gc._remove_noop_transforms(dst_transforms)))
     with _LOCK:
         whole, _, _ = memory.get_buffer_content(key, (), thread, logging_info=info)
+        _refuse_folded_overrun(dst_range, whole.shape, info)
         clipped, kept = _clip(dst_range, whole.shape)
         if clipped is None:  # wholly past the end
             return token
@@ -393,6 +395,22 @@ def _tma_store(*, token, device_id, grid_point_coords, thread_id, src_allocation
             value = old + value
         memory.store_buffer_content(key, clipped, value, thread, logging_info=info)
     return token
+
+
+def _refuse_folded_overrun(index, shape, info):
+    """A store of a slice of the innermost axis, every other axis fixed, that runs past that axis's end: on the GPU
+    the copy sees one flat run of memory there, and what lies past the end lands on the next row (another head's
+    or batch row's), so it is refused here rather than clipped."""
+    if len(index) != len(shape) or not isinstance(index[-1], slice):
+        return
+    if not all(isinstance(i, int) for i in index[:-1]) or len(shape) < 2:
+        return
+    last = index[-1]
+    if last.stop is not None and last.stop > shape[-1]:
+        where = _kernel_line(info.source_info) if getattr(info, "source_info", None) else "in the kernel"
+        raise ValueError(f"a TMA store of {index} into an array of shape {tuple(shape)} runs past the end of its "
+                         f"innermost axis ({last.stop} > {shape[-1]}, {where}): on the GPU it would land on the next "
+                         "row. Pad that axis to a whole number of tiles.")  # fmt: skip
 
 
 def _clip(index, shape):

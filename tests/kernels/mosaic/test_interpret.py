@@ -4,6 +4,7 @@ shapes; the slow suite every kernel path."""
 
 import dataclasses
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +56,16 @@ def test_outside_interpret_a_cpu_refuses_the_kernel():
     q, k, v = qkv(128, 128, 1, 1, 64)
     with pytest.raises(ValueError, match="interpret"):
         mosaic_flash_attention(q, k, v)
+
+
+def test_a_store_past_the_end_of_a_per_row_vector_is_refused():
+    """A slice of the innermost axis with every other axis fixed runs on as one flat copy on the GPU: refused; the
+    same overrun along an outer axis is clipped as TMA clips it."""
+    info = types.SimpleNamespace(source_info=None)
+    with pytest.raises(ValueError, match=r"innermost axis \(128 > 113"):
+        interpret_module._refuse_folded_overrun((0, 1, slice(64, 128)), (2, 2, 113), info)
+    interpret_module._refuse_folded_overrun((0, slice(64, 128), 1), (2, 113, 2), info)  # clipped, not refused
+    interpret_module._refuse_folded_overrun((0, 1, slice(0, 64)), (2, 2, 113), info)  # inside
 
 
 def test_a_deadlocked_kernel_raises_instead_of_hanging(monkeypatch):
