@@ -135,6 +135,7 @@ def _parser() -> argparse.ArgumentParser:
     from .kernels.masks import MASK_KINDS
     from .measure.flops import PASSES
     from .measure.grids import GRID_NAMES
+    from .measure.race import GROUPS as RACE_GROUPS
     from .registry import IMPLEMENTATIONS
     from .results.record import EXTRAS
 
@@ -169,6 +170,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--grids", nargs="*", default=list(GRID_NAMES), choices=GRID_NAMES)
     r.add_argument("--extras", nargs="*", default=["fp8", "kernel_code"], choices=list(EXTRAS))
+    r.add_argument("--race", nargs="+", default=list(RACE_GROUPS), choices=RACE_GROUPS, metavar="GROUP",
+                   help=f"with --extras race: which races to run ({', '.join(RACE_GROUPS)}; all by default)")  # fmt: skip
     r.add_argument("--out", help="result file (default: attention_tutorial/results/data/<gpu>.json)")
     r.add_argument("--repeats", type=int, default=20, help="timed calls per point (at least 1)")
     r.add_argument("--max-seconds", type=float, default=1.0, help="cap on timed seconds per point (above 0)")
@@ -238,7 +241,7 @@ def _record(args) -> int:
     try:
         with _interruptible():
             path = record(args.grids, out=args.out, repeats=args.repeats, max_seconds=args.max_seconds,
-                          extras=tuple(args.extras))  # fmt: skip
+                          extras=tuple(args.extras), race_groups=tuple(args.race))  # fmt: skip
     except KeyboardInterrupt:
         print("interrupted: the result file keeps every grid written before", file=sys.stderr)
         return 130

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import importlib.metadata as _md
+import os
 import platform as _platform
 import shutil
 import subprocess
+from pathlib import Path
 
 import jax
 
@@ -61,6 +64,23 @@ def timestamp() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
+def code_version() -> dict:
+    """The code's commit and whether the tree differs from it: ``{"commit": str | None, "dirty": bool | None}``.
+
+    Read from git where this runs in a clone; elsewhere (a copied tree, as on a lent GPU machine) from
+    ``ATTENTION_TUTORIAL_COMMIT`` and ``ATTENTION_TUTORIAL_DIRTY`` ("0" or "1"), set by whoever copied it."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        run = functools.partial(subprocess.run, cwd=root, capture_output=True, text=True, timeout=20, check=True)
+        commit = run(["git", "rev-parse", "HEAD"]).stdout.strip()
+        dirty = bool(run(["git", "status", "--porcelain", "--untracked-files=no"]).stdout.strip())
+        return {"commit": commit, "dirty": dirty}
+    except (OSError, subprocess.SubprocessError):
+        dirty = os.environ.get("ATTENTION_TUTORIAL_DIRTY")
+        return {"commit": os.environ.get("ATTENTION_TUTORIAL_COMMIT") or None,
+                "dirty": None if dirty is None else dirty not in ("0", "", "false")}  # fmt: skip
+
+
 def environment() -> dict:
     """Devices, GPU name, driver, JAX/jaxlib, cuDNN, TransformerEngine and Python versions, and today's date."""
     dev = jax.devices()[0]
@@ -81,4 +101,5 @@ def environment() -> dict:
         "python": _platform.python_version(),
         "cpu": _platform.processor() or _platform.machine(),
         "created": timestamp(),
+        **code_version(),
     }

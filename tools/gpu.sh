@@ -8,7 +8,7 @@
 #                                        recorded into the result file (about 8 minutes; a summary last)
 #   bash tools/gpu.sh backward         the backward kernels' GPU tests (dQ by a pass, by atomic adds, shared; 232 and
 #                                        240 registers), then the dQ table (tools/tune.py bwd_dq) (under 10 minutes);
-#                                        the race itself and the backward's warpgroups for each way of making dQ:
+#                                        the backward's race and its warpgroups for each way of making dQ:
 #                                        bash tools/gpu.sh record backward timeline_backward
 #   bash tools/gpu.sh registers        the forwards' GPU tests at 240 registers (plain, pipelined, FP8), then the
 #                                        forwards at 232 and 240 beside cuDNN (tools/tune.py registers) (under 9
@@ -16,8 +16,10 @@
 #   bash tools/gpu.sh exp_poly         part of p's exponentials on the FMA units: its GPU tests, then the plain and
 #                                        pipelined forwards (H = 128, both masks) at exp_poly 0, 0.25, 0.5 beside cuDNN,
 #                                        two rounds, as a table (about 2 minutes; records in $OUT/exp_poly.json)
-#   bash tools/gpu.sh record NAME...   the recorder for these grids and extras (record.EXTRAS: fp8, train, …),
-#                                        merging into /tmp/results
+#   bash tools/gpu.sh record NAME...   the recorder for these grids and extras (record.EXTRAS: fp8, train, race, …),
+#                                        merging into /tmp/results; RACE="masks masks_backward" picks the races of
+#                                        the extra race (measure/race.py: all by default). Set ATTENTION_TUTORIAL_COMMIT
+#                                        and ATTENTION_TUTORIAL_DIRTY (0/1) where the tree has no .git: records keep them
 #   bash tools/gpu.sh notebook PAGE... pages converted to the reader's .ipynb and executed (carry .whl)
 #   bash tools/gpu.sh docs             the whole site, built live on the GPU from carried wheels (.whl), strictly,
 #                                        from an empty build folder; the host's compile speed first
@@ -105,6 +107,7 @@ PY
     args=(--grids "${grids[@]}")
     if [ ${#extras[@]} -gt 0 ]; then args+=(--extras "${extras[@]}"); else args+=(--extras); fi
     [ ${#grids[@]} -eq 0 ] && args=(--grids --extras "${extras[@]}")
+    [ -n "${RACE:-}" ] && args+=(--race $RACE)
     python3 -m attention_tutorial record "${args[@]}" 2>&1 | grep -v "it/s\]\|s/pt\]" | tail -30
     cp "$RES" /tmp/results/ && cp "$RES" "$OUT/" ;;
   notebook)

@@ -46,9 +46,10 @@ def provenance(env: dict, ceilings: dict, command: str) -> dict:
 
 
 def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: float = 1.0, progress=True,
-           extras=("fp8", "kernel_code"), command: str | None = None) -> Path:  # fmt: skip
+           extras=("fp8", "kernel_code"), command: str | None = None, race_groups=None) -> Path:  # fmt: skip
     """Measure ``grid_names`` (and the ``extras`` experiments, see :data:`EXTRAS`) on this GPU and write the
-    result file."""
+    result file. ``race_groups``: which races the extra ``race`` runs (all of
+    :data:`~attention_tutorial.measure.race.GROUPS` by default)."""
     for extra in extras:
         if extra not in EXTRAS:
             raise ValueError(f"unknown extra experiment {extra!r}; choose from {', '.join(EXTRAS)}")
@@ -123,6 +124,14 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
         store.save(out, prov, [])
         print(f"timing_lesson: clock without a wait {lesson['no_wait_ms']:.3f} ms, waited calls "
               f"{min(lesson['waited_ms']):.3f}–{max(lesson['waited_ms']):.3f} ms", flush=True)  # fmt: skip
+    if "race" in extras:  # our kernels against cuDNN, interleaved: kept in the provenance by case
+        from ..measure.race import GROUPS, race_records
+
+        t0 = time.perf_counter()
+        prov["race"] = race_records(race_groups or GROUPS)
+        prov["grids"] = {"race": _grid_provenance(env, round(time.perf_counter() - t0, 1), command, peak)}
+        store.save(out, prov, [])
+        print(f"race: {len(prov['race'])} cases", flush=True)
     return out
 
 
@@ -133,7 +142,7 @@ GRID_VERSIONS = ("gpu", "driver", "jax", "jaxlib", "cudnn", "transformer_engine"
 
 def _grid_provenance(env, seconds, command, peak) -> dict:
     return {"created": timestamp(), "seconds": seconds, "command": command, "matmul_bf16_tflops": peak,
-            **{key: env[key] for key in GRID_VERSIONS}}  # fmt: skip
+            **{key: env[key] for key in GRID_VERSIONS}, "commit": env.get("commit"), "dirty": env.get("dirty")}  # fmt: skip
 
 
 def _sized_sweep(name, memory, **options) -> list[dict]:
@@ -223,6 +232,7 @@ EXTRAS = {
     "timeline": None,
     "timeline_backward": None,
     "timing_lesson": None,
+    "race": None,
     "train_profile": _train_profile_records,
     "train_dispatch": _train_dispatch_records,
 }

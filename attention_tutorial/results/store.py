@@ -44,7 +44,7 @@ PROVENANCE_FIELDS = {
 GPU_ONLY = ("gpu", "driver", "cudnn")  # null on a CPU
 CEILINGS = ("matmul_bf16_tflops", "copy_gbps")  # present in every file; null when the run did not measure them
 # Provenance entries a later run adds to instead of replacing: per-grid details, kernel instruction counts, history.
-MERGED_PROVENANCE = ("grids", "kernel_code", "lessons", "timeline", "timeline_backward")
+MERGED_PROVENANCE = ("grids", "kernel_code", "lessons", "timeline", "timeline_backward", "race")
 # What a record is labelled with (the top-level provenance, or its grid's entry where that names them): a merge
 # that would change any of these for an old record is refused.
 LABEL_FIELDS = ("backend", "gpu", "cpu", "driver", "jax", "jaxlib", "cudnn", "transformer_engine", "python")
