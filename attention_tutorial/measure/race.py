@@ -8,7 +8,7 @@ backward). Every case carries the commit and dirty flag of the code (:func:`~att
 our kernel's resolved config, the SM clock before and after it, and when it ran.
 
 ``python -m attention_tutorial record --grids --extras race`` keeps the cases in the result file's provenance
-(``race``, by case name); :func:`race_records` is what it calls.
+(``race``, by case name, saved after each); :func:`race_records` runs them without a file.
 """
 
 from __future__ import annotations

@@ -124,14 +124,16 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
         store.save(out, prov, [])
         print(f"timing_lesson: clock without a wait {lesson['no_wait_ms']:.3f} ms, waited calls "
               f"{min(lesson['waited_ms']):.3f}–{max(lesson['waited_ms']):.3f} ms", flush=True)  # fmt: skip
-    if "race" in extras:  # our kernels against cuDNN, interleaved: kept in the provenance by case
-        from ..measure.race import GROUPS, race_records
+    if "race" in extras:  # our kernels against cuDNN, interleaved: kept in the provenance by case, saved after each
+        from ..measure import race
 
         t0 = time.perf_counter()
-        prov["race"] = race_records(race_groups or GROUPS)
-        prov["grids"] = {"race": _grid_provenance(env, round(time.perf_counter() - t0, 1), command, peak)}
-        store.save(out, prov, [])
-        print(f"race: {len(prov['race'])} cases", flush=True)
+        for case in race.cases(race_groups or race.GROUPS):
+            rec = race.run_case(case, max_seconds=max_seconds)
+            prov["race"] = {f"{case.group}: {case.name}": rec}
+            prov["grids"] = {"race": _grid_provenance(env, round(time.perf_counter() - t0, 1), command, peak)}
+            store.save(out, prov, [])
+            print(race.format_case(rec), flush=True)
     return out
 
 
