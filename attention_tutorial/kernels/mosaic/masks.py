@@ -231,10 +231,10 @@ def band_steps(mask: Mask, row0, rows: int, block: int) -> BandSteps:
 
 
 def tile_grid(mask: Mask, arrays: MaskArrays, *, block_q: int, block_kv: int) -> jax.Array:
-    """(B, query tiles, key tiles) int32: each tile's state (EMPTY, PARTIAL, FULL), from bounds on its rows and
-    columns (exact for a band, prefix and lengths; for segments exact when each batch row's ids are sorted, as
-    packed documents are, and safe otherwise: a tile it cannot prove empty or full is partial). Query rows past T
-    count for nothing; key columns past S make a tile partial."""
+    """(B, query tiles, key tiles) int32 (B = 1 for a band alone): each tile's state (EMPTY, PARTIAL, FULL), from
+    bounds on its rows and columns (exact for a band, prefix and lengths; for segments exact when each batch row's
+    ids are sorted, as packed documents are, and safe otherwise: a tile it cannot prove empty or full is partial).
+    Query rows past T count for nothing; key columns past S make a tile partial."""
     B = _batch(arrays)
     T, S = mask.seq_q, mask.seq_kv
     n_rows, n_cols = -(-T // block_q), -(-S // block_kv)
@@ -321,10 +321,11 @@ def padded_tiles(n: int) -> int:
 
 
 def _batch(arrays: MaskArrays) -> int:
+    """The batch of the per-row arrays; 1 for a band alone (the same tiles for every batch row)."""
     for x in arrays:
         if x is not None:
             return x.shape[0]
-    raise ValueError("tile_grid needs at least one per-row array (a band alone is classified in the kernel).")
+    return 1
 
 
 # --- the element mask of one tile, inside the kernel ------------------------------------------------------------
