@@ -117,8 +117,9 @@ def validate(data) -> list[str]:
         return ["missing top-level 'provenance' object"]
     problems = _check_provenance(prov)
     records = data.get("records")
-    if not isinstance(records, list) or not records:
-        return [*problems, "'records' must be a non-empty list"]
+    held = any(prov.get(key) for key in MERGED_PROVENANCE if key != "grids")  # races, lessons, timelines, ...
+    if not isinstance(records, list) or not (records or held):
+        return [*problems, "'records' must be a non-empty list (or the provenance must hold what was measured)"]
     grids = prov.get("grids") if isinstance(prov.get("grids"), dict) else None
     for i, rec in enumerate(records):
         problems += [f"record {i} {p}" for p in check_record(rec)]
