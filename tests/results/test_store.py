@@ -42,6 +42,16 @@ def test_good_file_validates():
     assert results.validate(GOOD) == []
 
 
+def test_a_file_of_races_alone_validates():
+    """A file that holds only what its provenance measured (a race, here) needs no records; an empty one does."""
+    data = copy.deepcopy(GOOD)
+    data["records"] = []
+    data["provenance"]["race"] = {"masks": {"rows": [{"contender": "ours", "ms": 1.0}]}}
+    assert results.validate(data) == []
+    data["provenance"]["race"] = {}
+    assert any("non-empty" in p for p in results.validate(data))
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
