@@ -67,8 +67,12 @@ def timestamp() -> str:
 def code_version() -> dict:
     """The code's commit and whether the tree differs from it: ``{"commit": str | None, "dirty": bool | None}``.
 
-    Read from git where this runs in a clone; elsewhere (a copied tree, as on a lent GPU machine) from
-    ``ATTENTION_TUTORIAL_COMMIT`` and ``ATTENTION_TUTORIAL_DIRTY`` ("0" or "1"), set by whoever copied it."""
+    ``ATTENTION_TUTORIAL_COMMIT`` and ``ATTENTION_TUTORIAL_DIRTY`` ("0" or "1") win where set: whoever copied the
+    tree (onto a lent GPU machine, say) knows what it holds, while a ``.git`` copied beside it may be older. Else
+    read from git where this runs in a clone; else unknown (None)."""
+    if commit := os.environ.get("ATTENTION_TUTORIAL_COMMIT"):
+        dirty = os.environ.get("ATTENTION_TUTORIAL_DIRTY")
+        return {"commit": commit, "dirty": None if dirty is None else dirty not in ("0", "", "false")}
     root = Path(__file__).resolve().parent.parent
     try:
         run = functools.partial(subprocess.run, cwd=root, capture_output=True, text=True, timeout=20, check=True)
@@ -76,9 +80,7 @@ def code_version() -> dict:
         dirty = bool(run(["git", "status", "--porcelain", "--untracked-files=no"]).stdout.strip())
         return {"commit": commit, "dirty": dirty}
     except (OSError, subprocess.SubprocessError):
-        dirty = os.environ.get("ATTENTION_TUTORIAL_DIRTY")
-        return {"commit": os.environ.get("ATTENTION_TUTORIAL_COMMIT") or None,
-                "dirty": None if dirty is None else dirty not in ("0", "", "false")}  # fmt: skip
+        return {"commit": None, "dirty": None}
 
 
 def environment() -> dict:

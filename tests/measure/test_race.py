@@ -57,16 +57,21 @@ def test_a_race_times_the_right_contenders_and_reports_the_wrong_one_untimed():
     assert {"commit", "dirty", "created", "clocks_before", "clocks_after"} <= set(rec)
 
 
-def test_code_version_falls_back_to_the_environment_without_git(monkeypatch):
+def test_code_version_takes_the_environment_first_then_git(monkeypatch):
+    monkeypatch.setenv("ATTENTION_TUTORIAL_COMMIT", "abc123")  # a copied tree: its copier knows its commit
+    monkeypatch.setenv("ATTENTION_TUTORIAL_DIRTY", "0")
+    assert env.code_version() == {"commit": "abc123", "dirty": False}
+    monkeypatch.setenv("ATTENTION_TUTORIAL_DIRTY", "1")
+    assert env.code_version() == {"commit": "abc123", "dirty": True}
+    monkeypatch.delenv("ATTENTION_TUTORIAL_COMMIT")
+    monkeypatch.delenv("ATTENTION_TUTORIAL_DIRTY")
+    here = env.code_version()  # this checkout
+    assert here["commit"] is None or len(here["commit"]) == 40
+
     def no_git(*args, **kwargs):
         raise FileNotFoundError("git")
 
     monkeypatch.setattr(subprocess, "run", no_git)
-    monkeypatch.setenv("ATTENTION_TUTORIAL_COMMIT", "abc123")
-    monkeypatch.setenv("ATTENTION_TUTORIAL_DIRTY", "0")
-    assert env.code_version() == {"commit": "abc123", "dirty": False}
-    monkeypatch.delenv("ATTENTION_TUTORIAL_COMMIT")
-    monkeypatch.delenv("ATTENTION_TUTORIAL_DIRTY")
     assert env.code_version() == {"commit": None, "dirty": None}
 
 

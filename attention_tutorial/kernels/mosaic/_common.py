@@ -215,10 +215,14 @@ class Walk:
 
     def copy_steps(self, tiles_ref, batch, cta):
         """The copy warpgroup: copy the CTA's tile list in (lists); the number of tiles to walk."""
+        import jax.experimental.pallas as pl
         import jax.experimental.pallas.mosaic_gpu as plgpu
 
         if self.lists:
-            plgpu.copy_gmem_to_smem(tiles_ref.at[batch, cta], self.scratch.tiles, self.scratch.tiles_ready)
+            for start, size in self.M.list_copies(self.padded):  # TMA copies at most 256 elements a row
+                span = pl.ds(start, size)
+                plgpu.copy_gmem_to_smem(tiles_ref.at[batch, cta, span], self.scratch.tiles.at[span],
+                                        self.scratch.tiles_ready)  # fmt: skip
             plgpu.barrier_wait(self.scratch.tiles_ready)
         return self.n_steps
 

@@ -468,7 +468,10 @@ def _list_scratch(plan: Plan, segments: bool, *, q_rows, kv_rows) -> dict:
 
     out = {}
     if plan.lists:
-        out.update(tiles=plgpu.SMEM((M.HEADER + 3 * plan.padded,), jnp.int32), tiles_ready=plgpu.Barrier())
+        out.update(
+            tiles=plgpu.SMEM((M.list_length(plan.padded),), jnp.int32),
+            tiles_ready=plgpu.Barrier(num_arrivals=len(M.list_copies(plan.padded))),
+        )
     if segments:
         out.update(q_segment=plgpu.SMEM(q_rows, jnp.int32), kv_segment=plgpu.SMEM(kv_rows, jnp.int32))
     return out

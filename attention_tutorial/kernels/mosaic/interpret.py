@@ -11,7 +11,8 @@ it yet; :func:`interpret` adds them, each in terms of what the GPU does:
 * ``plgpu.load`` (a vector from shared memory in a register layout) and ``plgpu.layout_cast`` (no-ops on values);
 * TMA's edges: a load that reaches past the array's end gets zeros there, a store drops what lies past it, and a
   store with ``reduction_op="add"`` (dQ by atomic adds) adds, under a lock; a store of a slice of the innermost axis
-  (all other axes fixed) past that axis's end is refused: on the GPU it lands on the next row;
+  (all other axes fixed) past that axis's end is refused: on the GPU it lands on the next row; so is a load of more
+  than 256 elements along any axis, as the GPU's copy engine refuses it;
 * ``plgpu.inline_mgpu`` (registers rearranged by hand): its function's ``logical`` attribute, the same rearrangement
   on a plain array, stands in.
 
@@ -114,9 +115,11 @@ def _patch():
         def tma_load(self, token):
             _TMA.loading = True
             try:
-                return execute(self, token)
+                out = execute(self, token)
             finally:
                 _TMA.loading = False
+            _refuse_long_copy(self.data)
+            return out
 
         def zero_fill(ret, full_read_shape, shape, dtype, *args, **kw):
             if not getattr(_TMA, "loading", False):
@@ -395,6 +398,17 @@ def _tma_store(*, token, device_id, grid_point_coords, thread_id, src_allocation
             value = old + value
         memory.store_buffer_content(key, clipped, value, thread, logging_info=info)
     return token
+
+
+TMA_AXIS_LIMIT = 256  # elements a TMA copy moves along one axis at most
+
+
+def _refuse_long_copy(data):
+    """A TMA load of more than 256 elements along an axis: Mosaic GPU refuses it when it compiles the kernel."""
+    shape = tuple(getattr(data, "shape", ()))
+    if any(n > TMA_AXIS_LIMIT for n in shape):
+        raise ValueError(f"Async copies only support copying <={TMA_AXIS_LIMIT} elements along each dimension, got "
+                         f"{shape} (split the copy: a GPU refuses it)")  # fmt: skip
 
 
 def _refuse_folded_overrun(index, shape, info):

@@ -315,6 +315,22 @@ def tile_lists(states: jax.Array, arrays: MaskArrays, *, padded: int) -> jax.Arr
     return jnp.concatenate([head, fill(order), fill(per_wg[:, :, 0]), fill(per_wg[:, :, 1])], axis=-1)
 
 
+COPY_LIMIT = 256  # a TMA copy moves at most 256 elements along each axis
+
+
+def list_length(padded: int) -> int:
+    """The int32s of one CTA's tile list (see :func:`tile_lists`)."""
+    return HEADER + 3 * padded
+
+
+def list_copies(padded: int) -> tuple[tuple[int, int], ...]:
+    """(start, size) of the copies that bring one CTA's tile list into shared memory, each at most
+    :data:`COPY_LIMIT` long (a multiple of 4: 16 bytes), so a list of any length lands; its barrier expects one
+    arrival per copy."""
+    n = list_length(padded)
+    return tuple((start, min(COPY_LIMIT, n - start)) for start in range(0, n, COPY_LIMIT))
+
+
 def padded_tiles(n: int) -> int:
     """Key tiles rounded up to a multiple of 4 (a tile list's rows are copied 16 bytes at a time)."""
     return -(-n // 4) * 4

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from attention_tutorial.inputs import AttentionShape, make_qkv
@@ -155,3 +156,18 @@ def test_gpu_every_mask_forward_and_backward_matches_float64(head_dim, dq, sched
         except AssertionError as e:
             failed[name] = str(e).splitlines()[:6]
     assert not failed, failed
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_packed_documents_over_long_rows_forward_and_backward(head_dim):
+    """Four documents packed into 5,500 tokens, causal: each key tile's list of query tiles (86) is longer than one
+    copy moves (256 ints), so the backward's lists land in pieces; values and gradients against float64."""
+    from tests.kernels.mosaic.test_interpret import check_masked, documents
+
+    if reason := why_not(AttentionShape(1, 5500, 5500, 1, 1, head_dim), jnp.bfloat16, True):
+        pytest.skip(reason)
+    ids = documents(1, 5500, [300, 2000, 1200, 2000], seed=1)
+    kept = (ids[:, :, None] == ids[:, None, :]) & np.tri(5500, dtype=bool)
+    check_masked(dict(segment_ids=ids, is_causal=True), kept, T=5500, S=5500, N=1, K=1, H=head_dim,
+                 run=contextlib.nullcontext)  # fmt: skip

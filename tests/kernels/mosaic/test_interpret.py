@@ -220,6 +220,15 @@ def test_any_length_and_a_single_query_run_without_padding():
                  N=1, K=1, grads=False)  # fmt: skip
 
 
+@pytest.mark.parametrize("grads", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_a_tile_list_longer_than_one_copy_lands_whole(grads):
+    """A decoding step over 10,500 keys: its CTA's tile list (8 + 3 · 84 ints) is longer than the 256 elements one
+    copy moves, so it lands in two; the keys past each row's length are masked."""
+    lengths = dict(query_seq_lengths=np.asarray([1]), key_value_seq_lengths=np.asarray([10_500]))
+    kept = np.arange(10_700)[None, None, :] < 10_500
+    check_masked(lengths, kept, T=1, S=10_700, N=1, K=1, grads=grads)
+
+
 def test_packed_documents_with_a_causal_mask_forward_and_backward():
     ids = documents(1, 300, [40, 100, 7, 90, 63])
     kept = (ids[:, :, None] == ids[:, None, :]) & band(1, 300, 300, right=0)
