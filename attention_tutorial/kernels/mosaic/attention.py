@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from ...inputs import AttentionShape, attention_shape
 from ._common import LOG2E, on_hopper, positive_scale
 from .backward import backward
-from .budget import NO_PROBE, MosaicConfig, Probe, default_config, problem
+from .budget import NO_PROBE, MosaicConfig, Probe, default_config, kernel_head_dim, problem
 from .forward import forward
 from .masks import Mask, make_mask
 
@@ -42,8 +42,10 @@ def mosaic_flash_attention(
     """Our Mosaic GPU FlashAttention: q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H), differentiable. Hopper only
     (on a CPU it runs inside :func:`~attention_tutorial.kernels.mosaic.interpret.interpret`).
 
-    float16 or bfloat16; H = 64 or 128 (or 256, forward only: :func:`default_config` then takes block_kv = 64); any
-    T and S. The mask, every part optional and combined (a score is kept when all parts keep it):
+    float16 or bfloat16; any T and S; the kernels run H = 64, 128 and 256, and any other H up to 256 runs padded
+    with zero columns to the next of these (the scores are unchanged, the padding's output columns are dropped; it
+    costs the padded head dim's FLOPs: H = 96 those of 128). The backward takes H up to 128; above that the
+    forward only (:func:`default_config` takes block_kv = 64 there). The mask, every part optional and combined (a score is kept when all parts keep it):
 
     * ``is_causal``: query i sees keys j <= i + d, with d = 0 for ``causal_alignment="top_left"`` and S − T for
       ``"bottom_right"`` (the last query sees the last key: decoding, chunked prefill);
@@ -79,7 +81,8 @@ def mosaic_flash_attention(
                          "top-left causal one, on T a multiple of 2·block_q and S of block_kv; pass pipeline=False "
                          "(the default) for this mask.")  # fmt: skip
     plan = _Plan(mask, positive_scale(scale, H), cfg, probe)
-    out, lse2 = _attention(q, k, v, arrays, plan)
+    out, lse2 = _attention(*_pad_heads(q, k, v), arrays, plan)  # scaled by H's own 1/sqrt(H)
+    out = out[..., :H]
     return (out, lse2 * (1.0 / LOG2E)) if return_lse else out
 
 
@@ -107,8 +110,18 @@ def mosaic_flash_backward(q, k, v, out, lse, d_out, *, is_causal: bool = False, 
                              key_value_seq_lengths=key_value_seq_lengths, softcap=softcap)  # fmt: skip
     delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), d_out.astype(jnp.float32))
     lse2 = lse.astype(jnp.float32) * LOG2E
-    return backward(q, k, v, d_out.astype(q.dtype), lse2, delta, arrays, scale=positive_scale(scale, H), cfg=cfg,
-                    mask=mask, probe=probe)  # fmt: skip
+    q, k, v, d_out = _pad_heads(q, k, v, d_out.astype(q.dtype))
+    grads = backward(q, k, v, d_out, lse2, delta, arrays, scale=positive_scale(scale, H), cfg=cfg, mask=mask,
+                     probe=probe)  # fmt: skip
+    return tuple(g[..., :H] for g in grads)
+
+
+def _pad_heads(*xs):
+    """Each (.., H) array with zero columns up to the kernels' head dim (:func:`kernel_head_dim`); as is when H is
+    one of theirs. Zero columns of q and k add nothing to a score; those of v give output columns to drop."""
+    H = xs[0].shape[-1]
+    pad = (kernel_head_dim(H) or H) - H
+    return tuple(jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)]) if pad else x for x in xs)
 
 
 @dataclasses.dataclass(frozen=True)

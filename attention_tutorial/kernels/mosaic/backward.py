@@ -406,7 +406,9 @@ def backward(q, k, v, d_out, lse2, delta, arrays: M.MaskArrays, *, scale: float,
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
     if H > 128:  # dK and dV at H = 256 would take 2 × 128 registers per thread alone
-        raise ValueError(f"the backward kernels take H = 64 or 128; got H={H} (H = 256 is forward-only here).")
+        raise ValueError(f"the backward kernels take head dims up to 128 (run as H = 64 or 128); got one run as "
+                         f"H={H}: above 128 our kernel is forward-only, so differentiate through another attention "
+                         "(cuDNN, XLA) there.")  # fmt: skip
     bq, bkv, dt = cfg.bwd_block_q, cfg.bwd_block_kv, q.dtype
     lse2 = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # a row with no key: every weight of it is masked to 0
     pad = [(0, 0), (0, 0), (0, padded_rows(T, 2 * bq) - T)]  # lse and D are loaded a tile of rows at a time

@@ -30,6 +30,14 @@ TILE_REGISTERS = 192  # of the default 232, for tiles; the other 40: indices, ma
 PROFILE_BYTES_PER_REGION = 16  # the in-kernel profiler: two events (start, end) of two 32-bit words each
 BWD_DQ = ("pass", "atomic")  # how the backward makes dQ (MosaicConfig.bwd_dq)
 SCHEDULES = ("rendezvous", "turns")  # how the two compute warpgroups share the tensor cores (MosaicConfig.schedule)
+KERNEL_HEAD_DIMS = (64, 128, 256)  # the head dims the kernels' tiles are laid out for; others are padded up to one
+
+
+def kernel_head_dim(head_dim: int) -> int | None:
+    """The head dim the kernels run for ``head_dim``: the smallest of :data:`KERNEL_HEAD_DIMS` at least as large
+    (q, k and v get zero columns up to it, which change no score and give output columns that are dropped), or
+    None above 256."""
+    return next((h for h in KERNEL_HEAD_DIMS if head_dim <= h), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,6 +235,7 @@ def default_config(head_dim: int, *, pipeline: bool = False) -> MosaicConfig:
     pass."""
     if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
         raise ValueError(f"head_dim must be a positive int; got {head_dim!r}.")
+    head_dim = kernel_head_dim(head_dim) or head_dim
     return MosaicConfig(block_kv=64 if head_dim > 128 else 128, pipeline=pipeline,
                         bwd_dq="atomic" if head_dim <= 64 else "pass")  # fmt: skip
 
@@ -236,9 +245,10 @@ def problem(shape: AttentionShape, dtype, cfg: MosaicConfig, probe: Probe = NO_P
     name = jnp.dtype(dtype).name
     if name not in ("bfloat16", "float16"):
         return f"it takes bfloat16 or float16 inputs, not {name}."
-    H = shape.head_dim
-    if H not in (64, 128, 256):
-        return f"head_dim must be 64, 128 or 256; got {H}."
+    H = kernel_head_dim(shape.head_dim)
+    if H is None:
+        return (f"head_dim must be at most 256; got {shape.head_dim} (the kernels' tiles are laid out for H = 64, 128 "
+                "and 256, and a smaller head dim runs padded with zeros to the next of these).")  # fmt: skip
     reserve = SMEM_RESERVE if cfg.pipeline else 0
     if (need := smem_bytes(cfg, H, dtype)) + reserve > SMEM_BYTES:
         return (

@@ -171,3 +171,16 @@ def test_gpu_packed_documents_over_long_rows_forward_and_backward(head_dim):
     kept = (ids[:, :, None] == ids[:, None, :]) & np.tri(5500, dtype=bool)
     check_masked(dict(segment_ids=ids, is_causal=True), kept, T=5500, S=5500, N=1, K=1, H=head_dim,
                  run=contextlib.nullcontext)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("head_dim", "grads"), [(80, True), (96, True), (192, False)])
+def test_gpu_head_dims_between_the_kernels_run_padded(head_dim, grads):
+    """H = 80 and 96 run as 128 (forward and backward), H = 192 as 256 (forward): values, lse and gradients
+    against float64, causal over a ragged T."""
+    from tests.kernels.mosaic.test_interpret import band, check_masked
+
+    if reason := why_not(AttentionShape(1, 640, 640, 2, 1, head_dim), jnp.bfloat16, True):
+        pytest.skip(reason)
+    check_masked(dict(is_causal=True), band(1, 600, 600, right=0), T=600, S=600, N=2, K=1, H=head_dim, grads=grads,
+                 run=contextlib.nullcontext)  # fmt: skip

@@ -229,6 +229,12 @@ def test_a_tile_list_longer_than_one_copy_lands_whole(grads):
     check_masked(lengths, kept, T=1, S=10_700, N=1, K=1, grads=grads)
 
 
+@pytest.mark.parametrize(("H", "grads"), [(96, True), (40, False), pytest.param(192, False, marks=pytest.mark.slow)])
+def test_head_dims_between_the_kernels_run_padded_with_zeros(H, grads):
+    """H = 40 and 96 run as 64 and 128, H = 192 (forward only) as 256: scaled by their own 1/sqrt(H)."""
+    check_masked(dict(is_causal=True), band(1, 200, 200, right=0), T=200, S=200, N=1, K=1, H=H, grads=grads)
+
+
 def test_packed_documents_with_a_causal_mask_forward_and_backward():
     ids = documents(1, 300, [40, 100, 7, 90, 63])
     kept = (ids[:, :, None] == ids[:, None, :]) & band(1, 300, 300, right=0)
