@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from ..inputs import AttentionShape, Unsupported, attention_shape, check_scores_fit, invalid_reason, resolve_scale
-from .masks import Alignment, causal_mask, check_mask_args
+from .masks import Alignment, causal_mask, check_mask_args, segment_mask
 
 Implementation = Literal["xla", "cudnn"] | None
 CUDNN_DTYPES = ("bfloat16", "float16")
@@ -47,11 +47,15 @@ def dot_product_attention(
     local_window_size: int | tuple[int, int] | None = None,
     query_seq_lengths=None,
     key_value_seq_lengths=None,
+    segment_ids=None,
 ) -> jax.Array:
     """``jax.nn.dot_product_attention`` after checking shapes (and, for cuDNN, what cuDNN accepts).
 
     q (B, T, N, H), k and v (B, S, K, H) -> (B, T, N, H). Causal masks are aligned top-left unless
-    ``causal_alignment="bottom_right"``. Raises ``ValueError`` naming the fix for any bad shape, dtype or option.
+    ``causal_alignment="bottom_right"``. ``segment_ids`` (B, T) integers (or a pair (B, T), (B, S)), as our kernel
+    takes them: a query sees only keys of its own segment (packed documents); JAX has no such argument, so they
+    become a (B, 1, T, S) mask, combined with ``mask`` (cuDNN then runs its kernel with a mask). Raises
+    ``ValueError`` naming the fix for any bad shape, dtype or option.
     """
     shape = attention_shape(q, k, v)
     if implementation not in (None, "xla", "cudnn"):
@@ -66,6 +70,9 @@ def dot_product_attention(
                           local_window_size=local_window_size, query_seq_lengths=query_seq_lengths,
                           key_value_seq_lengths=key_value_seq_lengths)  # fmt: skip
     mask, is_causal = opt["mask"], opt["is_causal"]
+    if segment_ids is not None:
+        docs = segment_mask(segment_ids, shape.batch, shape.seq_q, shape.seq_kv)
+        mask = docs if mask is None else jnp.logical_and(mask, docs)
     if is_causal and causal_alignment == "bottom_right" and shape.seq_q != shape.seq_kv:
         tri = jnp.asarray(causal_mask(shape.seq_q, shape.seq_kv, alignment="bottom_right"))[None, None]
         mask, is_causal = (tri if mask is None else jnp.logical_and(mask, tri)), False

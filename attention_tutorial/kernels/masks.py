@@ -235,3 +235,32 @@ def _lengths(name, x, B, limit, axis):
             f"({bad.size} row(s) out of range). Lengths count valid positions from the start."
         )
     return values.astype(np.int32)
+
+
+def segment_pair(segment_ids, B: int, T: int, S: int):
+    """(q_segment (B, T), kv_segment (B, S)) int32 from ``segment_ids``: one (B, T) array when T == S, or a pair;
+    (None, None) for None. Packed documents: a query sees only the keys of its own segment."""
+    if segment_ids is None:
+        return None, None
+    pair = segment_ids if isinstance(segment_ids, (tuple, list)) else (segment_ids, segment_ids)
+    if len(pair) != 2:
+        raise ValueError(f"segment_ids must be one (B, T) array or a pair (q_ids (B, T), kv_ids (B, S)); got "
+                         f"{len(pair)} arrays.")  # fmt: skip
+    out = []
+    for name, ids, n in (("query", pair[0], T), ("key", pair[1], S)):
+        ids = jnp.asarray(ids)
+        if ids.shape != (B, n) or not jnp.issubdtype(ids.dtype, jnp.integer):
+            raise ValueError(
+                f"segment_ids: the {name} ids must be integers of shape (B, {'T' if name == 'query' else 'S'}) = "
+                f"{(B, n)}; got {ids.dtype} {ids.shape}."
+                + (" For T != S pass a pair (q_ids, kv_ids)." if T != S else "")
+            )
+        out.append(ids.astype(jnp.int32))
+    return tuple(out)
+
+
+def segment_mask(segment_ids, B: int, T: int, S: int):
+    """(B, 1, T, S) bool, True where query r and key c of a batch row share a segment (:func:`segment_pair`): the
+    document mask as a matrix, for attention that takes no segment ids."""
+    q_ids, kv_ids = segment_pair(segment_ids, B, T, S)
+    return q_ids[:, None, :, None] == kv_ids[:, None, None, :]

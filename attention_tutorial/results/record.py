@@ -213,6 +213,13 @@ def _train_records(peak, **timing):
     return train_grid(("cudnn", "xla", "mosaic"), steps=200, peak_tflops=peak, wait_every=10)
 
 
+def _train_packed_records(peak, **timing):
+    from ..train.model import H200
+    from ..train.packed import packed_records  # packed documents: ours with segment ids, XLA and cuDNN with a mask
+
+    return packed_records(("xla", "cudnn", "mosaic"), steps=60, config=H200, wait_every=10)
+
+
 def _train_dispatch_records(peak, **timing):
     from ..train.dispatch import dispatch_grid  # one child process per command-buffer setting (XLA reads flags once)
 
@@ -237,6 +244,7 @@ EXTRAS = {
     "race": None,
     "train_profile": _train_profile_records,
     "train_dispatch": _train_dispatch_records,
+    "train_packed": _train_packed_records,
 }
 
 # What an extra adds to its grid's provenance, by name (called after the extra ran).

@@ -161,7 +161,7 @@ class Block(nn.Module):
     attention: Callable
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, segment_ids=None):
         c, dt = self.config, jnp.dtype(self.config.dtype)
         init = nn.initializers.normal(0.02)
         proj_init = nn.initializers.normal(0.02 / (2 * c.layers) ** 0.5)  # residual projections, GPT-2 style
@@ -170,7 +170,8 @@ class Block(nn.Module):
         qkv = nn.DenseGeneral((3, c.heads, c.head_dim), use_bias=b, dtype=dt, kernel_init=init, name="qkv")(
             h
         )  # (B,T,3,N,H)
-        out = self.attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], is_causal=True)  # (B, T, N, H)
+        docs = {} if segment_ids is None else {"segment_ids": segment_ids}  # packed documents: each sees itself
+        out = self.attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], is_causal=True, **docs)  # (B, T, N, H)
         x = x + nn.DenseGeneral(c.d_model, axis=(-2, -1), use_bias=b, dtype=dt, kernel_init=proj_init, name="out")(out)
         h = nn.LayerNorm(dtype=dt, use_bias=b, name="ln_mlp")(x)
         h = nn.gelu(nn.Dense(4 * c.d_model, use_bias=b, dtype=dt, kernel_init=init, name="up")(h))
@@ -184,7 +185,10 @@ class GPT(nn.Module):
     attention: str | Callable = "xla"
 
     @nn.compact
-    def __call__(self, tokens):
+    def __call__(self, tokens, segment_ids=None):
+        """``segment_ids`` (B, T) integers, or None: documents packed into each row, each attending to itself
+        only (the attention must take ``segment_ids=``, as our kernel and ``kernels.fused`` do) and counting its
+        positions from 0, so a document packed in a row gives the logits it would give alone."""
         c, dt = self.config, jnp.dtype(self.config.dtype)
         if jnp.ndim(tokens) != 2:
             raise ValueError(
@@ -195,13 +199,26 @@ class GPT(nn.Module):
             raise ValueError(f"tokens have T={T} positions; the model was built for at most seq_len={c.seq_len}.")
         check_tokens(tokens, c.vocab)
         pos = self.param("pos", nn.initializers.normal(0.02), (c.seq_len, c.d_model))
-        x = (Embed(c, name="embed")(tokens) + pos[:T].astype(dt)).astype(dt)
+        if segment_ids is not None and jnp.shape(segment_ids) != (B, T):
+            raise ValueError(f"segment_ids must be (B, T) = {(B, T)} like tokens; got {jnp.shape(segment_ids)}.")
+        at = jnp.arange(T) if segment_ids is None else document_positions(segment_ids)  # (T,) or (B, T)
+        x = (Embed(c, name="embed")(tokens) + pos[at].astype(dt)).astype(dt)
         fn = attention_fn(self.attention)
         for i in range(c.layers):
-            x = Block(c, fn, name=f"block{i}")(x)
+            x = Block(c, fn, name=f"block{i}")(x, segment_ids)
         x = nn.LayerNorm(dtype=dt, use_bias=c.bias, name="ln_out")(x)
         head = nn.Dense(c.vocab, use_bias=False, dtype=dt, kernel_init=nn.initializers.normal(0.02), name="head")
         return head(x).astype(jnp.float32)
+
+
+def document_positions(segment_ids):
+    """(B, T) each byte's position in its own document: 0 where the segment id changes, counting up until the next
+    change."""
+    ids = jnp.asarray(segment_ids)
+    T = ids.shape[-1]
+    first = jnp.concatenate([jnp.ones_like(ids[:, :1], bool), ids[:, 1:] != ids[:, :-1]], axis=1)
+    starts = jax.lax.cummax(jnp.where(first, jnp.arange(T), 0), axis=1)  # where each byte's document began
+    return jnp.arange(T) - starts
 
 
 def matmul_flops_per_token(config: Config) -> float:

@@ -30,6 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..masks import segment_pair
+
 EMPTY, PARTIAL, FULL = 0, 1, 2  # a tile's state for one warpgroup
 HEADER = 8  # ints before a CTA's tile list: n_full, n_total, prefix, q_len, kv_len, and padding to 32 bytes
 
@@ -123,7 +125,7 @@ def make_mask(batch: int, seq_q: int, seq_kv: int, *, is_causal=False, causal_al
     if causal:
         right = 0 if right is None else min(right, 0)
     arrays = MaskArrays(
-        *_segments(segment_ids, batch, seq_q, seq_kv),
+        *segment_pair(segment_ids, batch, seq_q, seq_kv),
         prefix=_per_row("prefix_length", prefix_length, batch, seq_kv),
         q_len=None if query_seq_lengths is None else _lengths("query_seq_lengths", query_seq_lengths, batch, seq_q, 0),
         kv_len=None
@@ -143,27 +145,6 @@ def make_mask(batch: int, seq_q: int, seq_kv: int, *, is_causal=False, causal_al
     mask = Mask(seq_q, seq_kv, diagonal, left, right, prefix=arrays.prefix is not None,
                 segments=arrays.q_segment is not None, lengths=arrays.q_len is not None, softcap=softcap)  # fmt: skip
     return mask, arrays
-
-
-def _segments(segment_ids, B, T, S):
-    """(q_segment, kv_segment) int32 from ``segment_ids``: one (B, T) array when T == S, or a pair."""
-    if segment_ids is None:
-        return None, None
-    pair = segment_ids if isinstance(segment_ids, (tuple, list)) else (segment_ids, segment_ids)
-    if len(pair) != 2:
-        raise ValueError(f"segment_ids must be one (B, T) array or a pair (q_ids (B, T), kv_ids (B, S)); got "
-                         f"{len(pair)} arrays.")  # fmt: skip
-    out = []
-    for name, ids, n in (("query", pair[0], T), ("key", pair[1], S)):
-        ids = jnp.asarray(ids)
-        if ids.shape != (B, n) or not jnp.issubdtype(ids.dtype, jnp.integer):
-            raise ValueError(
-                f"segment_ids: the {name} ids must be integers of shape (B, {'T' if name == 'query' else 'S'}) = "
-                f"{(B, n)}; got {ids.dtype} {ids.shape}."
-                + (" For T != S pass a pair (q_ids, kv_ids)." if T != S else "")
-            )
-        out.append(ids.astype(jnp.int32))
-    return tuple(out)
 
 
 def _per_row(name, x, B, limit):
