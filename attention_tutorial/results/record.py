@@ -66,6 +66,12 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
     env = environment()
     out = Path(out or store.RESULTS_DIR / f"{store.slug(env['gpu'])}.json")
     command = command or "python -m attention_tutorial record " + " ".join(sys.argv[2:])
+    shipped = out.resolve().parent == (store.RESULTS_DIR).resolve()
+    if shipped and env.get("dirty"):  # what the site shows must tie to a commit
+        raise RuntimeError(
+            f"refusing to record into the shipped result file {out} from a tree with uncommitted changes (commit "
+            f"{str(env.get('commit'))[:12]}): commit first, or record elsewhere with --out."
+        )
     if out.exists():  # before measuring anything: a file that is not a result file is not merged into
         try:
             store.load(out)

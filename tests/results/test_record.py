@@ -149,6 +149,25 @@ def test_a_broken_out_file_is_refused_before_measuring(fake_gpu, tmp_path, monke
     assert out.read_text() == '{"records": ['
 
 
+def test_the_shipped_file_is_refused_from_a_dirty_tree(fake_gpu, tmp_path, monkeypatch):
+    monkeypatch.setattr(rec_mod.store, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(rec_mod, "environment", lambda: {**FAKE_ENV, "commit": "abc", "dirty": True})
+    monkeypatch.setattr(rec_mod, "measure_ceilings", lambda: pytest.fail("measured from a dirty tree"))
+    with pytest.raises(RuntimeError, match="uncommitted changes"):
+        rec_mod.record(["decode"], extras=())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.setattr(rec_mod, "measure_ceilings", lambda: {"matmul_bf16_tflops": 2.0, "copy_gbps": 10.0,
+                                                              "read_gbps": 20.0})  # fmt: skip
+    assert rec_mod.record(["decode"], out=elsewhere / "x.json", extras=()).exists()
+
+
+def test_every_grid_recorded_with_a_commit_in_the_shipped_file_is_clean():
+    data = results.recorded()
+    stamps = [*data["provenance"].get("grids", {}).values(), *data["provenance"].get("race", {}).values()]
+    assert all(s.get("dirty") is not True for s in stamps), [s.get("commit") for s in stamps if s.get("dirty")]
+
+
 def test_every_extra_is_offered_by_the_cli_and_unknown_ones_are_refused():
     from attention_tutorial import cli
 
