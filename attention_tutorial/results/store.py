@@ -1,7 +1,7 @@
 """Result files: records plus the provenance that says where they came from; save, load, validate, find.
 
 A result file is JSON with two keys. ``provenance``: backend ("gpu" when absent, or "cpu"), gpu, driver, jax,
-jaxlib, cudnn, transformer_engine, python, created, command, and the ceilings matmul_bf16_tflops and copy_gbps
+jaxlib, cudnn, transformer_engine, python, created, command, and the reference rates matmul_bf16_tflops and copy_gbps
 measured in the same run (null when not measured; gpu, driver and cudnn are null on a CPU), plus per-grid details
 under ``grids``, instruction counts of the Pallas kernels under ``kernel_code``, the small lessons of
 :mod:`~attention_tutorial.measure.lessons` under ``lessons`` and what scripts did to the file under ``history``.
@@ -42,7 +42,7 @@ PROVENANCE_FIELDS = {
     "python": str, "created": str, "command": str,
 }  # fmt: skip
 GPU_ONLY = ("gpu", "driver", "cudnn")  # null on a CPU
-CEILINGS = ("matmul_bf16_tflops", "copy_gbps")  # present in every file; null when the run did not measure them
+CEILINGS = ("matmul_bf16_tflops", "copy_gbps")  # reference rates, present in every file; null when not measured
 # Provenance entries a later run adds to instead of replacing: per-grid details, kernel instruction counts, history.
 MERGED_PROVENANCE = ("grids", "kernel_code", "lessons", "timeline", "timeline_backward", "race")
 # What a record is labelled with (the top-level provenance, or its grid's entry where that names them): a merge
