@@ -1,6 +1,7 @@
 """What "Toward FlashAttention-3: pipelining, H = 256 and FP8" needs: the goals and how far each kernel gets, the
-pipelined loop against the plain one, FP8's speed and error, what the exponentials cost (the arithmetic, and the
-kernels timed without them), the tuning tables the page cites, and the picture of the pipelined loop.
+pipelined loop against the plain one, FP8's speed (end to end) and error, what the exponentials cost (the arithmetic,
+and the kernels timed without them), the recorded races of the two ways the compute warpgroups take turns, the tuning
+tables the page cites, and the picture of the pipelined loop.
 
 Speeds are a baseline's time over the kernel's, per T, from :func:`attention_tutorial.site.pallas_kernels.race`.
 """
