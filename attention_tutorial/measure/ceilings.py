@@ -1,8 +1,11 @@
-"""The chip's two ceilings, measured in the same run as the benchmarks they judge.
+"""The chip's reference rates, measured in the same run as the benchmarks set beside them.
 
-* ``matmul_bf16_tflops``: a large bf16 matrix product (8192³ on a GPU) — attention's arithmetic ceiling.
-* ``copy_gbps``: ``x * 2`` over a large array, bytes read plus written — the read+write bandwidth ceiling.
-* ``read_gbps``: ``jnp.sum`` over a large array, bytes read — the ceiling for decoding, which mostly reads.
+* ``matmul_bf16_tflops``: a large bf16 matrix product (8192³ on a GPU) on random data — a reference for attention's
+  arithmetic on this card, not a ceiling: the datasheet's dense figure is the peak, and an attention kernel can run
+  faster than this matmul does (FlashAttention-3's paper reports 740 TFLOP/s in bf16 on an H100).
+* ``copy_gbps``: ``x * 2`` over a large array, bytes read plus written — the read+write bandwidth.
+* ``read_gbps``: ``jnp.sum`` over a large array, bytes read — the read bandwidth decoding, which mostly reads, is
+  judged against.
 
 On a CPU the sizes shrink so a build stays quick; the numbers then describe that CPU.
 """
@@ -23,7 +26,7 @@ def _sizes() -> tuple[int, int]:
 
 
 def measure_ceilings(repeats: int = 20) -> dict:
-    """Measure the matmul, copy and read ceilings on the default device; returns them with their shapes."""
+    """Measure the matmul, copy and read rates on the default device; returns them with their shapes."""
     n, elems = _sizes()
     key_a, key_b = jax.random.split(jax.random.key(0))
     a = jax.random.normal(key_a, (n, n), jnp.bfloat16)

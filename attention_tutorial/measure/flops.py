@@ -13,10 +13,11 @@ written once: what a fused kernel moves); :func:`materialised_bytes` adds the (B
 weights that an unfused path (the naive version, XLA's) writes to HBM and reads back. FLOPs over bytes is the
 arithmetic intensity a roofline is read by.
 
-Peaks, two bases. :func:`peak_for`: bf16/fp16/f32 results are judged against the bf16 matmul ceiling measured in the
-same run; FP8 results against twice it (Hopper's FP8 tensor cores do twice the bf16 rate), stated in ``peak_basis``.
-:func:`datasheet_peak`: the same dtypes against the vendor's dense tensor-core figure (:data:`DATASHEET`), the basis
-the FlashAttention papers quote. A CPU has no datasheet peak.
+Peaks, two bases. :func:`datasheet_peak`, the peak: the vendor's dense tensor-core figure (:data:`DATASHEET`), the
+basis the FlashAttention papers quote. A CPU has no datasheet peak. :func:`peak_for`, a reference on the card:
+bf16/fp16/f32 results are set against the bf16 matmul measured in the same run, FP8 results against twice it
+(Hopper's FP8 tensor cores do twice the bf16 rate), stated in ``peak_basis``. That matmul is not a ceiling: an
+attention kernel can run faster than it.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ def is_fp8(dtype: str) -> bool:
 
 
 def peak_for(dtype: str, bf16_peak: float | None) -> tuple[float | None, str]:
-    """(peak TFLOP/s, peak_basis) to judge a ``dtype`` result by: the measured bf16 matmul ceiling, ×2 for FP8."""
+    """(reference TFLOP/s, peak_basis) to set a ``dtype`` result against: the bf16 matmul measured on the card, ×2 for
+    FP8."""
     if is_fp8(dtype):
         return (2 * bf16_peak if bf16_peak else None), FP8_PEAK
     return bf16_peak, BF16_PEAK

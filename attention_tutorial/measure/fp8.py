@@ -81,7 +81,8 @@ def _point(impl, shape: AttentionShape, causal, dtype) -> Point:
 
 
 def _record(impl, shape: AttentionShape, causal, dtype, t, *, flops, peak, **extra):
-    """An attention record; ``peak`` is the bf16 matmul ceiling (FP8 dtypes are judged against twice it)."""
+    """An attention record; ``peak`` is the bf16 matmul measured in the run (FP8 dtypes are set against twice it).
+    Every call here is timed end to end: an FP8 path quantises its bf16 inputs and dequantises its output."""
     return timed_record(empty_record(_point(impl, shape, causal, dtype)), t, flops=flops, peak_tflops=peak, **extra)
 
 

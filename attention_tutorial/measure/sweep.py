@@ -7,8 +7,8 @@ or :func:`failure_fields` (why not), and checked by :func:`check_record`. An att
 (impl, batch, seq_q, seq_kv, heads, kv_heads, head_dim, dtype, causal, mask, pass); a GEMM record (``problem``:
 "gemm") holds m, k, n instead. Both hold ``status`` (ok / oom / unsupported / error) with ``reason``, and for ok
 points the timing (median/p10/p90 ms, compile s), ``tflops`` (FLOP model in :mod:`attention_tutorial.measure.flops`:
-only the score positions the mask keeps), ``pct_peak`` and its ``peak_basis`` (the bf16 matmul ceiling measured in
-the same run, ×2 for FP8), and for attention sweeps single-call and dispatch ms, ``gbps`` (fewest bytes over
+only the score positions the mask keeps), ``pct_peak`` and its ``peak_basis`` (the bf16 matmul measured in the same
+run, a reference on that card, ×2 for FP8), and for attention sweeps single-call and dispatch ms, ``gbps`` (fewest bytes over
 time), ``temp_bytes`` (XLA's compiled temporaries) and ``kernel`` (what computed the attention).
 """
 
@@ -273,8 +273,8 @@ def gemm_record(impl: str, *, m: int, k: int, n: int, dtype: str, **extra) -> di
 
 def timed_record(base: dict, t: Timing, *, flops: float, peak_tflops: float | None = None, **extra) -> dict:
     """``base`` (from :func:`empty_record` / :func:`gemm_record`) measured: status ok, the timing, TFLOP/s from
-    ``flops``, and % of the peak for its dtype (``peak_tflops`` is the measured bf16 matmul ceiling; FP8 gets ×2,
-    named in ``peak_basis``)."""
+    ``flops``, and % of the reference for its dtype (``peak_tflops`` is the bf16 matmul measured in the run, a reference
+    on that card, not a ceiling; FP8 gets ×2, named in ``peak_basis``)."""
     tflops = flops / (t.median_ms * 1e-3) / 1e12
     peak, basis = peak_for(base["dtype"], peak_tflops)
     judged = {"pct_peak": 100 * tflops / peak, "peak_basis": basis} if peak else {"pct_peak": None}

@@ -41,7 +41,7 @@ MAX_LINES_PER_AXES = 6
 SCALE = {"temp_bytes": 2**20}  # plotted in the unit of its axis label (bytes as MiB)
 YLABELS = {
     "tflops": "TFLOP/s",
-    "pct_peak": "% of measured bf16 matmul peak",
+    "pct_peak": "% of the bf16 matmul measured on this GPU",
     "pct_datasheet": "% of datasheet dense bf16 peak",
     "gbps": "GB/s (fewest bytes / time)",
     "median_ms": "ms per call (median)",
@@ -72,7 +72,7 @@ def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title
                  hline=None, hline_label=None, overlap=None):  # fmt: skip
     """One line per distinct ``by`` tuple, ``y`` against ``x``, from ok records; p10–p90 as a band for ms plots.
 
-    ``hline`` draws a ceiling (e.g. the measured peak). With more than six lines and a second ``by`` field, one
+    ``hline`` draws a reference level (e.g. the bf16 matmul measured in the run). With more than six lines and a second ``by`` field, one
     panel per value of that field. Series whose points agree within ``overlap`` (relative; default
     :data:`OVERLAP`, meant for speed and memory plots) are drawn once under both names; ``overlap=0`` merges only
     identical series (loss curves, whose small differences are the point). Returns the figure.
@@ -302,7 +302,7 @@ COLUMNS = {
     "dispatch_ms": ("dispatch (ms)", lambda v: f"{v:.3g}"),
     "compile_s": ("compile (s)", lambda v: f"{v:.2f}"),
     "tflops": ("TFLOP/s", lambda v: f"{v:.4g}"),
-    "pct_peak": ("% of measured peak", lambda v: f"{v:.1f}"),
+    "pct_peak": ("% of measured matmul", lambda v: f"{v:.1f}"),
     "pct_datasheet": ("% of datasheet peak", lambda v: f"{v:.1f}"),
     "gbps": ("GB/s", lambda v: f"{v:.4g}"),
     "pct_read": ("% read ceiling", lambda v: f"{v:.1f}"),

@@ -1,7 +1,7 @@
 """Result files: records plus the provenance that says where they came from; save, load, validate, find.
 
 A result file is JSON with two keys. ``provenance``: backend ("gpu" when absent, or "cpu"), gpu, driver, jax,
-jaxlib, cudnn, transformer_engine, python, created, command, and the ceilings matmul_bf16_tflops and copy_gbps
+jaxlib, cudnn, transformer_engine, python, created, command, and the reference rates matmul_bf16_tflops and copy_gbps
 measured in the same run (null when not measured; gpu, driver and cudnn are null on a CPU), plus per-grid details
 under ``grids``, instruction counts of the Pallas kernels under ``kernel_code``, the small lessons of
 :mod:`~attention_tutorial.measure.lessons` under ``lessons`` and what scripts did to the file under ``history``.
@@ -42,7 +42,7 @@ PROVENANCE_FIELDS = {
     "python": str, "created": str, "command": str,
 }  # fmt: skip
 GPU_ONLY = ("gpu", "driver", "cudnn")  # null on a CPU
-CEILINGS = ("matmul_bf16_tflops", "copy_gbps")  # present in every file; null when the run did not measure them
+CEILINGS = ("matmul_bf16_tflops", "copy_gbps")  # reference rates, present in every file; null when not measured
 # Provenance entries a later run adds to instead of replacing: per-grid details, kernel instruction counts, history.
 MERGED_PROVENANCE = ("grids", "kernel_code", "lessons", "timeline", "timeline_backward", "race")
 # What a record is labelled with (the top-level provenance, or its grid's entry where that names them): a merge
@@ -515,20 +515,37 @@ def select(records, **where) -> list[dict]:
     return [r for r in records if ok(r)]
 
 
-def describe(provenance: dict, grid: str | None = None) -> str:
+def code_words(entry: dict | None) -> str:
+    """The code a run measured, in words, from its ``commit`` and ``dirty`` (a grid's entry, a race's record, or a
+    file's top-level provenance): "commit 1a2b3c4", with ", uncommitted changes" or ", no uncommitted changes" where
+    the dirty flag was kept; "" where the run kept no commit (it predates keeping them)."""
+    commit = (entry or {}).get("commit")
+    if not commit:
+        return ""
+    dirty = (entry or {}).get("dirty")
+    state = "" if dirty is None else ", uncommitted changes" if dirty else ", no uncommitted changes"
+    return f"commit {str(commit)[:7]}{state}"
+
+
+def describe(provenance: dict, grid: str | None = None, *, code: bool = False) -> str:
     """One line naming where results came from: GPU, driver, JAX, cuDNN, TE, date — of ``grid``'s own run where
-    the file records it (each grid keeps the versions it was measured with), else of the latest run."""
+    the file records it (each grid keeps the versions it was measured with), else of the latest run. ``code=True``
+    adds the commit and dirty flag of that run's code (:func:`code_words`) where the run kept them: for the folded
+    evidence, not the open text."""
     if not isinstance(provenance, dict):
         raise TypeError(f"provenance must be a result file's provenance dict; got {type(provenance).__name__}")
     entry = provenance.get("grids", {}).get(grid) if grid else None
-    # a grid entry written before per-grid versions were kept does not say whether TE was there: name none
-    p = {**provenance, "transformer_engine": None, **entry} if entry else provenance
+    # a grid entry written before per-grid versions were kept does not say whether TE was there, nor which code
+    # ran: name none
+    blank = {"transformer_engine": None, "commit": None, "dirty": None}
+    p = {**provenance, **blank, **entry} if entry else provenance
     te = f", TransformerEngine {p['transformer_engine']}" if p.get("transformer_engine") else ""
     device = f"{p['gpu']} (driver {p['driver']})" if p.get("gpu") else f"{p.get('backend', 'gpu').upper()}"
     if p.get("cpu") and not p.get("gpu"):
         device += f" ({p['cpu']})"
     cudnn = f", cuDNN {p['cudnn']}" if p.get("cudnn") else ""
+    words = code_words(p) if code else ""
     return (
         f"{device}, JAX {p.get('jax')} / jaxlib {p.get('jaxlib')}{cudnn}{te}, Python {p.get('python')}, "
-        f"recorded {str(p.get('created'))[:10]}"
+        f"recorded {str(p.get('created'))[:10]}" + (f", {words}" if words else "")
     )

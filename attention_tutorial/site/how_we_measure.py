@@ -1,5 +1,5 @@
-"""What the "how we measure" page needs: the verdict rule drawn on recorded examples, the two peaks a percentage can
-divide by, and what a result file records. Numbers and verdicts only: the sentences are in ``docs/how_we_measure.md``.
+"""What the "how we measure" page needs: the verdict rule drawn on recorded examples, the datasheet peak a percentage
+divides by and the matmul measured on the card beside it, and what a result file records. Numbers and verdicts only: the sentences are in ``docs/how_we_measure.md``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,14 @@ from ..measure.flops import BF16_PEAK, datasheet_peak
 from ..results.plotting import PALETTE, impl_style, label
 from .claims import Claim, compare, spread_ms
 
-#: The provenance fields the page lists, in its order (a result file's top level; each grid keeps its own copy).
+#: The provenance fields the page lists, in its order (a result file's top level; each grid keeps its own copy): the
+#: commit and dirty flag of the code that ran where the run kept them.
 PROVENANCE_FIELDS = ("gpu", "driver", "jax", "jaxlib", "cudnn", "transformer_engine", "python", "created",
-                     "command", "matmul_bf16_tflops", "matmul_shape", "copy_gbps", "read_gbps")  # fmt: skip
+                     "command", "commit", "dirty", "matmul_bf16_tflops", "matmul_shape", "copy_gbps",
+                     "read_gbps")  # fmt: skip
+#: FlashAttention-3's best bf16 forward on an H100 SXM5 in its paper (arXiv 2407.08608), TFLOP/s: attention running
+#: faster than the 8192³ matmul measured on an H200, so that matmul is a reference, not a ceiling.
+FA3_BF16_TFLOPS = 740
 #: The fields of one timed record the page lists, in its order.
 RECORD_FIELDS = ("grid", "impl", "batch", "seq_q", "seq_kv", "heads", "kv_heads", "head_dim", "dtype", "causal",
                  "pass", "status", "median_ms", "p10_ms", "p90_ms", "repeats", "single_call_ms", "dispatch_ms",
@@ -31,9 +36,10 @@ def run_peaks(records, provenance) -> list[float]:
 
 @dataclass(frozen=True)
 class Peaks:
-    """The two bases of a % of peak on one GPU: the datasheet's dense bf16 figure (None for a device without one,
-    such as a CPU) and the bf16 matmul on random data measured in each recording run (lowest, highest, how many
-    runs), with the same matmul on zeros, ones and random numbers (``by_input``, TFLOP/s) where recorded."""
+    """The two bases of a % of peak on one GPU: the datasheet's dense bf16 figure, the peak (None for a device
+    without one, such as a CPU), and the bf16 matmul on random data measured in each recording run, a reference on the
+    card (lowest, highest, how many runs), with the same matmul on zeros, ones and random numbers (``by_input``,
+    TFLOP/s) where recorded."""
 
     gpu: str | None
     datasheet: float | None
@@ -43,15 +49,15 @@ class Peaks:
 
     @property
     def share(self) -> tuple[float, float] | None:
-        """The measured peak as a fraction of the datasheet's (lowest, highest); None without a datasheet peak."""
+        """The measured matmul as a fraction of the datasheet peak (lowest, highest); None without a datasheet peak."""
         if not self.datasheet:
             return None
         return self.measured[0] / self.datasheet, self.measured[1] / self.datasheet
 
 
 def peaks(provenance: dict, records=None) -> Peaks:
-    """:class:`Peaks` of a result file's ``provenance``: the measured peaks of the runs its ``records`` (every
-    grid's run when None) were judged against."""
+    """:class:`Peaks` of a result file's ``provenance``: the measured matmuls of the runs its ``records`` (every
+    grid's run when None) were set against."""
     if records is None:
         grids = provenance.get("grids", {})
         measured = sorted({g["matmul_bf16_tflops"] for g in grids.values() if g.get("matmul_bf16_tflops")}
@@ -66,7 +72,7 @@ def peaks(provenance: dict, records=None) -> Peaks:
 
 
 def to_datasheet(pct_measured: float, measured_peak: float, datasheet: float) -> float:
-    """A % of the measured peak, as a % of the datasheet peak: the same TFLOP/s over the other basis."""
+    """A % of the measured matmul, as a % of the datasheet peak: the same TFLOP/s over the other basis."""
     if measured_peak <= 0 or datasheet <= 0:
         raise ValueError(f"both peaks must be positive; got measured {measured_peak}, datasheet {datasheet}.")
     return pct_measured * measured_peak / datasheet
@@ -74,7 +80,7 @@ def to_datasheet(pct_measured: float, measured_peak: float, datasheet: float) ->
 
 def peaks_figure(p: Peaks, attention: tuple[str, float] | None = None):
     """Bars of TFLOP/s: the datasheet peak, the same bf16 matmul on zeros, ones and random data (with the range
-    over the recording runs on the random one, the measured basis), and optionally one attention result
+    over the recording runs on the random one, the reference on the card), and optionally one attention result
     (``(name, TFLOP/s)``). Each bar is labelled with its TFLOP/s and its % of the datasheet peak."""
     bars = []  # (name, TFLOP/s, colour, (low, high) or None)
     if p.datasheet:
@@ -83,7 +89,7 @@ def peaks_figure(p: Peaks, attention: tuple[str, float] | None = None):
         if kind in p.by_input:
             bars.append((f"8192³ bf16 matmul on {kind}", p.by_input[kind], colour, None))
     random = p.by_input.get("random normal", (p.measured[0] + p.measured[1]) / 2)
-    bars.append(("8192³ bf16 matmul on random data\n(the measured basis)", random, PALETTE[0], p.measured))
+    bars.append(("8192³ bf16 matmul on random data\n(the reference on this card)", random, PALETTE[0], p.measured))
     if attention:
         bars.append((attention[0], attention[1], PALETTE[3], None))
     fig, ax = plt.subplots(figsize=(7.0, 0.55 * len(bars) + 1.2), facecolor="white", layout="constrained")
@@ -161,6 +167,8 @@ def provenance_rows(provenance: dict, fields=PROVENANCE_FIELDS) -> list[dict]:
     def text(v):
         if v is None:
             return "–"
+        if isinstance(v, bool):  # the dirty flag
+            return "yes (uncommitted changes)" if v else "no"
         if isinstance(v, float):
             return f"{v:.4g}"
         if isinstance(v, list):

@@ -203,8 +203,8 @@ def memory_growth(records) -> dict[tuple[str, str], Claim]:
 class IOBudget:
     """The naive version and a fused kernel at one recorded forward point: the HBM bytes each must move (the naive
     one's split into the B·N·T·S scores, ``bytes_per_score`` each, and q, k, v and the output, all a fused kernel
-    moves), the naive bytes' time at the measured read ceiling, the FLOPs' time at the measured matmul peak (the same
-    for both), and both measured medians (ms)."""
+    moves), the naive bytes' time at the measured read ceiling, the FLOPs' time at the rate of the bf16 matmul
+    measured on the card (a reference, the same for both), and both measured medians (ms)."""
 
     batch: int
     heads: int
@@ -247,7 +247,7 @@ class IOBudget:
 
     @property
     def fused_matmul_share(self) -> float:
-        """The FLOPs' time at the matmul peak over the fused kernel's measured time."""
+        """The FLOPs' time at the measured matmul's rate over the fused kernel's measured time."""
         return self.matmul_ms / self.fused_ms
 
 

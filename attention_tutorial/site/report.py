@@ -155,8 +155,9 @@ def live_failures(live, recorded) -> list[dict]:
 
 def with_datasheet(records, gpu: str | None) -> list[dict]:
     """``records`` with ``pct_datasheet`` beside ``pct_peak``: their TFLOP/s as a % of ``gpu``'s datasheet peak for
-    their dtype (:func:`~attention_tutorial.measure.flops.datasheet_peak`: dense bf16, dense FP8 for FP8 records),
-    where ``pct_peak`` divides by the bf16 matmul measured in the recording run. None where a record has no TFLOP/s
+    their dtype (:func:`~attention_tutorial.measure.flops.datasheet_peak`: dense bf16, dense FP8 for FP8 records), the
+    primary basis, where ``pct_peak`` divides by the bf16 matmul measured in the recording run (a reference on that
+    card, not a ceiling). None where a record has no TFLOP/s
     or the device has no datasheet figure (a CPU)."""
     out = []
     for r in records:
@@ -166,8 +167,8 @@ def with_datasheet(records, gpu: str | None) -> list[dict]:
 
 
 def datasheet_factor(records, gpu: str | None) -> float | None:
-    """The one factor that turns ``records``' % of the measured peak into % of ``gpu``'s datasheet peak (their
-    measured peak / the datasheet's); None when they were judged against different measured peaks (several
+    """The one factor that turns ``records``' % of the measured matmul into % of ``gpu``'s datasheet peak (their
+    measured matmul / the datasheet's); None when they were judged against different measured matmuls (several
     recording runs, or bf16 and FP8 mixed), have no % of peak, or the device has no datasheet figure."""
     factors = {round(r["pct_datasheet"] / r["pct_peak"], 9) for r in with_datasheet(records, gpu)
                if r.get("pct_peak") and r.get("pct_datasheet")}  # fmt: skip
@@ -175,8 +176,8 @@ def datasheet_factor(records, gpu: str | None) -> float | None:
 
 
 def datasheet_axis(fig, factor: float, peak: float) -> None:
-    """Give ``fig`` (drawn in % of the measured peak; panels share their y axis) a right-hand axis in % of the
-    datasheet peak ``peak`` (TFLOP/s), ``factor`` = measured peak / datasheet peak; the legend moves right."""
+    """Give ``fig`` (drawn in % of the measured matmul; panels share their y axis) a right-hand axis in % of the
+    datasheet peak ``peak`` (TFLOP/s), ``factor`` = measured matmul / datasheet peak; the legend moves right."""
     axes = list(fig.axes)
     if not axes:
         return
@@ -188,8 +189,8 @@ def datasheet_axis(fig, factor: float, peak: float) -> None:
 
 
 def datasheet_line(fig, peak: float, label: str = "datasheet dense bf16 peak") -> None:
-    """Draw the datasheet peak ``peak`` (TFLOP/s) on each axes of ``fig`` (a TFLOP/s plot) beside the measured one,
-    and name it in the figure's legend."""
+    """Draw the datasheet peak ``peak`` (TFLOP/s) on each axes of ``fig`` (a TFLOP/s plot) beside the measured
+    matmul's line, and name it in the figure's legend."""
     axes = list(fig.axes)
     for a in axes:
         a.axhline(peak, color="#999999", linestyle=(0, (2, 2)), linewidth=1.2, label=label)
@@ -289,9 +290,9 @@ def _plot(records, plot, title, gpu=None):
 
 def both_bases(fig, records, plot: dict, gpu: str | None) -> None:
     """Put the datasheet basis on a figure of ``records`` drawn as ``plot`` describes (``plot_records``' options):
-    a right-hand axis in % of the datasheet peak on a % of peak plot, and the datasheet line beside a measured
-    peak line on a TFLOP/s plot. Nothing for a device without a datasheet figure (a CPU) or, on a % plot, records
-    judged against different measured peaks (no one factor converts them)."""
+    a right-hand axis in % of the datasheet peak on a % of peak plot, and the datasheet line beside the measured
+    matmul's line on a TFLOP/s plot. Nothing for a device without a datasheet figure (a CPU) or, on a % plot, records
+    judged against different measured matmuls (no one factor converts them)."""
     y = plot.get("y")
     dtypes = {r.get("dtype") for r in records if r.get("status") == "ok"}
     peak = datasheet_peak(gpu, dtypes.pop() if len(dtypes) == 1 else "bfloat16")[0]
@@ -335,13 +336,13 @@ def show_recorded(grid_name, columns, *, plot=None, title="", peak_line=False, i
         if not recs:
             continue
         display(Markdown(f"**Recorded on the GPU:** {store.describe(prov, grid_name)}. Shapes: {shapes(recs)}."))
-        recs = with_datasheet(recs, prov.get("gpu"))  # % of peak on both bases, wherever it is shown
-        cols = [c for col in columns for c in ((col, "pct_datasheet") if col == "pct_peak" else (col,))]
+        recs = with_datasheet(recs, prov.get("gpu"))  # % of peak on both bases, the datasheet's first
+        cols = [c for col in columns for c in (("pct_datasheet", col) if col == "pct_peak" else (col,))]
         p = plot
         if p and peak_line:
             peak = prov.get("grids", {}).get(grid_name, {}).get("matmul_bf16_tflops", prov["matmul_bf16_tflops"])
             p = {**p, "hline": peak if p.get("y") == "tflops" else 100.0,
-                 "hline_label": "bf16 matmul peak (measured in that run)"}  # fmt: skip
+                 "hline_label": "bf16 matmul measured in that run (a reference)"}  # fmt: skip
         if live and gpu == result_slugs()[0] and jax.default_backend() == "gpu":
             rows = live_vs_recorded(live, recs)
             keys = [c for c in columns if c in POINT_FIELDS or c == "impl"]

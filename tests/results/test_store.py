@@ -181,6 +181,18 @@ def test_describe_names_each_grid_s_own_run():
     assert results.describe(prov, "missing") == results.describe(prov)
 
 
+def test_describe_names_the_code_a_run_measured_only_where_it_kept_it_and_when_asked():
+    prov = {**GOOD["provenance"], "commit": "fedcba9876543210", "dirty": False,
+            "grids": {"new": {"created": "2026-12-05T10:00:00+00:00", "commit": "0123456789abcdef", "dirty": True},
+                      "old": {"created": "2026-11-30T10:00:00+00:00"}}}  # fmt: skip
+    assert "commit" not in results.describe(prov, "new")  # the open text names no commit
+    assert results.describe(prov, "new", code=True).endswith(", commit 0123456, uncommitted changes")
+    assert "commit" not in results.describe(prov, "old", code=True)  # a grid that kept none: not the file's latest
+    assert results.describe(prov, code=True).endswith(", commit fedcba9, no uncommitted changes")
+    assert store.code_words({"commit": "abcdef0123", "dirty": None}) == "commit abcdef0"
+    assert store.code_words({}) == store.code_words(None) == ""
+
+
 # --- writing files that survive faults -------------------------------------------------------------------------
 
 

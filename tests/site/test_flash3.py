@@ -307,6 +307,9 @@ def test_ablation_and_fp8_error_rows_read_as_a_table():
     assert [(r["speed, each run"], r["range over runs"], r["mask"]) for r in rows] == [
         ("97 %, 99 %", "90–105 %", "none"), ("110 %", "106–118 %", "causal")]  # fmt: skip
     assert len({tuple(r) for r in rows}) == 1  # every row has the same columns, whatever the baseline
+    fp8 = dataclasses.replace(ratios[0], impl="mosaic_fp8_regs", baseline="cudnn_fp8_s448")
+    assert page.ablation_rows([fp8])[0]["against"].endswith(", end to end")  # both FP8 calls quantise bf16 inputs
+    assert "end to end" not in rows[0]["against"]
     err = page.FP8Error(4096, False, ours=0.0531, ours_rounded=0.0594, theirs=0.0589)
     (row,) = page.fp8_error_rows([err])
     assert (row["ours"], row["ours, output rounded to E4M3"], row["cuDNN FP8's"]) == ("0.053", "0.059", "0.059")
@@ -319,7 +322,7 @@ def _ratio(impl, variant, causal, rounds, low, high, H=128):
     return AblationRatio(impl, variant, H, causal, "cudnn", per_round=rounds, low=low, high=high)
 
 
-def test_exp_bound_says_whether_the_exponentials_are_what_holds_the_kernels_back():
+def test_exp_bound_says_whether_every_run_without_exponentials_clears_the_goal():
     ratios = [_ratio("mosaic", "as_is", False, (0.97, 0.99), 0.9, 1.05),
               _ratio("mosaic", "no_exp", False, (1.10, 1.12), 1.06, 1.18),
               _ratio("mosaic_pipe", "as_is", True, (1.00, 1.02), 0.95, 1.08),
@@ -370,3 +373,25 @@ def test_dq_table_speeds_and_the_240_register_gain_read_their_labels():
     assert page.registers_gain(rows) == {(128, False, "dQ pass"): 1.02, (128, False, "dQ atomic"): None}
     forward = [row(256, True, "64x64, 232 registers", 500.0), row(256, True, "64x64, 240 registers", 490.0)]
     assert page.registers_gain(forward) == {(256, True, "64x64, 232 registers"): 0.98}
+
+
+def _race(case, ours, turns, group="forward", **code):
+    rows = [{"contender": "cuDNN", "rounds_ms": [1.0, 1.0]}, {"contender": "ours", "rounds_ms": ours}]
+    if turns is not None:
+        rows.append({"contender": "ours, turns", "rounds_ms": turns})
+    return {"group": group, "case": case, "rows": rows, "created": "2026-12-06T10:00:00+00:00", **code}
+
+
+def test_schedule_races_read_turns_against_the_rendezvous_with_the_code_each_ran():
+    prov = {"race": {"a": _race("H=128 no mask", [1.0, 1.2], [1.1, 1.0], commit="0123456789abcdef", dirty=True),
+                     "b": _race("H=128 causal", [1.0, 1.0], None),  # no turns contender: left out
+                     "c": _race("causal, T=8000", [1.0], [0.5], group="masks"),  # another group: left out
+                     "d": _race("H=256 no mask", [2.0, 2.0], [2.5, 2.5])}}  # fmt: skip
+    got = page.schedule_races(prov)
+    assert [r.case for r in got] == ["H=128 no mask", "H=256 no mask"]
+    assert got[0].speed == pytest.approx(1.1 / 1.05) and (got[0].low, got[0].high) == (pytest.approx(1 / 1.1), 1.2)
+    assert got[1].speed == pytest.approx(0.8) and got[1].commit is None
+    rows = page.schedule_rows(got)
+    assert rows[0]["turns against rendezvous"] == "104.8 %" and rows[0]["range over rounds"] == "91–120 %"
+    assert rows[0]["code"] == "commit 0123456, uncommitted changes" and rows[1]["code"] == "not recorded"
+    assert page.schedule_races({}) == page.schedule_races(None) == []

@@ -114,5 +114,8 @@ def test_provenance_and_record_rows():
     assert by["matmul_bf16_tflops"] == "700" and by["matmul_shape"] == "8192 × 8192 × 8192" and by["cudnn"] == "–"
     assert by["command"] == "`python -m attention_tutorial record --grids`"  # code: "--" stays two hyphens
     assert [r["field"] for r in rows] == list(page.PROVENANCE_FIELDS)
+    assert (by["commit"], by["dirty"]) == ("–", "–")  # a run that kept no commit names none
+    by = {r["field"]: r["value"] for r in page.provenance_rows({**PROV, "commit": "0123abc", "dirty": True})}
+    assert (by["commit"], by["dirty"]) == ("0123abc", "yes (uncommitted changes)")
     rows = page.record_rows(rec("cudnn", 1.8901234, 1.8, 2.0, grid="seq_long"))
     assert rows[0] == {"field": "grid", "value": "seq_long"} and {"field": "median_ms", "value": "1.89"} in rows
