@@ -157,7 +157,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--mask", nargs="+", default=["none"], choices=MASK_KINDS)
     b.add_argument("--pass", dest="passes", nargs="+", default=["fwd"], choices=PASSES)
     b.add_argument("--repeats", type=int, default=30, help="timed calls per point (at least 1)")
-    b.add_argument("--ceilings", action="store_true", help="measure the matmul peak first and report %% of it")
+    b.add_argument(
+        "--ceilings",
+        action="store_true",
+        help="measure a bf16 matmul first and report %% of its rate (a reference on this card, not a roof)",
+    )
     b.add_argument("--save", metavar="JSON", help="save the records and the environment to this .json file after "
                    "every point (merged into an existing result file of this device and versions)")  # fmt: skip
     b.add_argument("--plot", metavar="PNG", help="plot TFLOP/s against T here (png, pdf, svg, ...)")
@@ -468,7 +472,9 @@ def bench_figure(recs, *, peak=None, device=None, partial=None):
     by = series_fields(ok, x="seq_q", by=("impl", "causal"))
     head = f"PARTIAL (interrupted): {partial[0]} of {partial[1]} points. " if partial else ""
     title = _fill(f"{head}TFLOP/s on {device or 'this machine'}; {shape_words(ok, x='seq_q', by=by)}", 80)
-    fig = plot_records(recs, x="seq_q", y="tflops", by=by, hline=peak, hline_label="bf16 matmul peak")
+    fig = plot_records(
+        recs, x="seq_q", y="tflops", by=by, hline=peak, hline_label="bf16 matmul, measured (a reference)"
+    )
     fig.suptitle(title, fontsize=9)
     return fig
 

@@ -179,7 +179,9 @@ def _main(argv) -> None:
     p.add_argument("--config", choices=sorted(CONFIGS), default="h200", help="the model's size (default h200)")
     p.add_argument("--steps", type=int, default=10, help="steps per round and way (default 10)")
     p.add_argument("--rounds", type=int, default=5, help="rounds, the two ways alternating (default 5)")
-    p.add_argument("--peak-tflops", type=float, default=0.0, help="the measured bf16 matmul peak (0: unknown)")
+    p.add_argument(
+        "--peak-tflops", type=float, default=0.0, help="a measured bf16 matmul's TFLOP/s, a reference (0: unknown)"
+    )
     a = p.parse_args(argv)
     try:
         recs = dispatch_records(a.impls, config=CONFIGS[a.config], steps=a.steps, rounds=a.rounds,

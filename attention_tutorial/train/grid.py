@@ -151,7 +151,7 @@ def parse_args(argv) -> argparse.Namespace:
     )
     p.add_argument("out", type=Path, help="the JSON file to write (its folder must exist)")
     p.add_argument("peak_tflops", type=_arg(float, lambda x: check_number("PEAK_TFLOPS", x, non_negative=True)),
-                   help="the measured bf16 matmul peak in TFLOP/s (0: unknown)")  # fmt: skip
+                   help="a measured bf16 matmul's TFLOP/s, a reference (0: unknown)")  # fmt: skip
     p.add_argument("perturb", nargs="?", default=0.0, type=_arg(float, lambda x: check_number("PERTURB", x, non_negative=True)),
                    help="nudge the initial weights by this relative amount (a twin run); default 0")  # fmt: skip
     p.add_argument("--eval-batches", type=_arg(int, lambda x: check_int("--eval-batches", x, minimum=0)), default=4,

@@ -10,7 +10,8 @@ each of them is given the group's time over its size. With ``wait_every=1`` that
 the host queues the next step while the device runs the current one, as a training loop that does not read every
 loss at once does. The summary's steady state leaves out the learning-rate
 warm-up's steps (at most half the run): its step time (median, p10, p90), tokens/s with the same spread, and the
-model FLOP utilisation (MFU) against the datasheet's dense bf16 peak and the measured bf16 matmul peak, from the
+model FLOP utilisation (MFU) against the datasheet's dense bf16 peak and a measured bf16 matmul (a reference on
+this card), from the
 FLOPs per token the model's shapes give (:func:`flops_per_token`).
 
 A run whose loss turns NaN or infinite stops there: its summary has status "error", the step (``failed_step``)
@@ -284,7 +285,7 @@ def steady_state(times_ms, config: Config, peak_tflops: float | None = None, *, 
     steps (the tokens/s percentiles are those of each step's own tokens/s), the model FLOPs per token
     (:func:`flops_per_token`), and the MFU at the median step time: ``mfu_datasheet_pct`` against the datasheet's
     dense bf16 peak of ``gpu`` (default: this device; None on a CPU or an unlisted GPU) and ``mfu_measured_pct``
-    against ``peak_tflops``, the measured bf16 matmul peak (None without it)."""
+    against ``peak_tflops``, a measured bf16 matmul's rate (a reference on this card; None without it)."""
     c = _config(config)
     if len(times_ms) == 0:
         raise ValueError("times_ms must hold at least one step time (ms).")
@@ -363,7 +364,7 @@ def _config(config) -> Config:
 def _timed(rec: dict, samples_ms, flops: float, tokens: int, peak_tflops: float | None) -> dict:
     median, p10, p90 = summarize(samples_ms)
     tflops = flops / (median / 1e3) / 1e12
-    peak, basis = peak_for(rec["dtype"], peak_tflops)  # the measured bf16 matmul ceiling (x2 for FP8)
+    peak, basis = peak_for(rec["dtype"], peak_tflops)  # a measured bf16 matmul's rate, a reference (x2 for FP8)
     pct = {"pct_peak": 100 * tflops / peak, "peak_basis": basis} if peak else {}
     return {**rec, "status": "ok", "median_ms": median, "p10_ms": p10, "p90_ms": p90, "step_ms": median,
             "tokens_per_s": tokens / (median / 1e3), "tflops": tflops, **pct, "peak_bytes": peak_bytes()}  # fmt: skip
