@@ -1,7 +1,7 @@
 """What "How can softmax run one tile at a time?" needs: the online softmax traced step by step, the tiles a query
 block walks, the tiled version checked against float64 and the naive gradients, the compiled memory of the naive and
 the tiled versions, and the naive version's HBM bytes and time at one recorded point. The IO argument it recalls is
-the scaling page's (:mod:`attention_tutorial.site.scaling`).
+the scaling page's (:mod:`attention_tutorial.measure.roofline`).
 
 Shapes as everywhere: B batch, T queries, S keys, N query heads, K kv heads, H head dim.
 """
@@ -16,9 +16,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
+from ..measure.roofline import Roof, io_point
 from ..results.plotting import GREY, PALETTE
 from .claims import Claim, growth_terms
-from .scaling import Roof, io_point
 
 # --- the online softmax, one row ------------------------------------------------------------------------------------
 

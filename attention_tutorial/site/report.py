@@ -14,13 +14,14 @@ import jax
 import matplotlib.pyplot as plt
 
 from ..env import environment
-from ..measure.flops import datasheet_peak
+from ..measure.flops import DATASHEET, datasheet_peak
 from ..measure.grids import points
+from ..measure.roofline import Roof
 from ..measure.sweep import run_sweep
 from ..results import store
 from ..results.plotting import _legend, markdown_table, plot_records
 from ..train import TWIN
-from .claims import POINT_FIELDS, same_point
+from .claims import POINT_FIELDS, compare, same_point
 
 REFERENCE_GPU = "nvidia-h200"
 
@@ -122,6 +123,27 @@ VERDICT_NOTE = (
 )
 
 
+def in_words(items) -> str:
+    """``items`` as a list in words: "a", "a and b", "a, b and c" ("" for none); numbers with thousands separators
+    (``in_words(label(i) for i in impls)`` names implementations)."""
+    words = [f"{x:,}" if isinstance(x, int) else str(x) for x in items]
+    return " and ".join(words) if len(words) < 3 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+#: The column :func:`with_range` adds.
+RANGE = "p10–p90 (ms)"
+
+
+def with_range(records) -> list[dict]:
+    """``records`` (copies) with their p10–p90 spread as one column, :data:`RANGE` ('0.1723–0.1730'), for a table;
+    "–" where a record has no spread."""
+    out = []
+    for r in records or ():
+        lo, hi = r.get("p10_ms"), r.get("p90_ms")
+        out.append({**r, RANGE: f"{lo:.4g}–{hi:.4g}" if lo is not None and hi is not None else "–"})
+    return out
+
+
 def live_vs_recorded(live, recorded) -> list[dict]:
     """One row per live record that the recorded file also measured: both medians and their ratio."""
     rows = []
@@ -132,6 +154,37 @@ def live_vs_recorded(live, recorded) -> list[dict]:
                 {**r, "recorded_ms": same[0]["median_ms"], "live_over_recorded": r["median_ms"] / same[0]["median_ms"]}
             )
     return rows
+
+
+def live_check(live, recorded) -> list[dict]:
+    """For each ok live record that the recording also measured (same implementation, every point field equal):
+    the live record with ``recorded_ms``, ``live_over_recorded`` and ``verdict`` (the live call "faster",
+    "slower" or "on par" against the recording, from both spreads)."""
+    rows = []
+    for r in live:
+        if r.get("status") == "ok" and (same := same_point(recorded or [], r, impl=r["impl"])):
+            c = compare([r], same)
+            rows.append({**r, "recorded_ms": statistics.median(s["median_ms"] for s in same),
+                         "live_over_recorded": 1 / c.value, "verdict": c.word})  # fmt: skip
+    return rows
+
+
+def live_table(live, recorded, columns, *, verdicts: bool = False) -> str:
+    """Markdown: this build's live records under the live label; on a GPU build, beside the recorded medians of the
+    same points (their ratio says how far this GPU is from the recorded one). ``verdicts``: each point also judged
+    from both runs' spreads (:func:`live_check`), with :data:`VERDICT_NOTE` under the table."""
+    text = f"{live_label()}. Shapes: {shapes(live)}.\n\n" + markdown_table(live, columns)
+    if jax.default_backend() != "gpu":
+        return text
+    rows = (live_check if verdicts else live_vs_recorded)(live, recorded or [])
+    if rows:
+        measured = ("status", "median_ms", "tflops", "gbps", "reason", "dispatch_ms", "kernel")
+        keys = [c for c in columns if c not in measured]
+        text += "\n\nAgainst the recording, the same points:\n\n" + markdown_table(
+            rows, [*keys, "median_ms", "recorded_ms", "live_over_recorded", *(["verdict"] if verdicts else [])]
+        )
+        text += f"\n\n{VERDICT_NOTE}" if verdicts else ""
+    return text
 
 
 def recorded_failures(live, recorded) -> list[dict]:
@@ -269,6 +322,29 @@ def read_ceiling(records, provenance) -> tuple[float | None, str]:
     if provenance and provenance.get("read_gbps"):
         return provenance["read_gbps"], "the latest recording run"
     return None, ""
+
+
+def roof(records, provenance: dict, grid_name: str) -> Roof:
+    """The :class:`~attention_tutorial.measure.roofline.Roof` of ``grid_name``'s recording run: its measured bf16
+    matmul and read ceiling, and the datasheet's figures for its GPU."""
+    run = provenance.get("grids", {}).get(grid_name, {})
+    peak = run.get("matmul_bf16_tflops") or provenance["matmul_bf16_tflops"]
+    gbps, _ = read_ceiling(store.select(records, grid=grid_name), provenance)
+    if not gbps:
+        raise ValueError(f"no read ceiling recorded for grid {grid_name!r}.")
+    sheet = DATASHEET.get(provenance.get("gpu"))
+    return Roof(peak, gbps, sheet.bf16_tflops if sheet else None, sheet.hbm_gbps if sheet else None)
+
+
+#: The grid whose recording run gives the roof every page quotes (peak, bandwidth, ridge).
+IO_GRID = "seq_long"
+
+
+def reference_roof(grid_name: str = IO_GRID) -> Roof | None:
+    """The roof of the recorded reference's ``grid_name`` run: the one matmul peak, read bandwidth and ridge
+    (``.ridge``) the pages quote; None where no result file is installed."""
+    records, provenance = reference(grid_name)
+    return roof(records, provenance, grid_name) if provenance else None
 
 
 def _show(records, columns, plot, title, gpu=None):

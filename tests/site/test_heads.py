@@ -1,11 +1,48 @@
+"""The page on shared keys and values: its figures on synthetic records a wrong number would fail, the committed
+decode and masks records against the byte and FLOP models, and the numbers the page's cells computed in the last
+docs build, set against the committed results read here independently."""
+
+import ast
+import json
+import os
+from itertools import pairwise
+from pathlib import Path
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
 from attention_tutorial.kernels.masks import MASK_KINDS
-from attention_tutorial.measure.flops import attention_bytes
+from attention_tutorial.measure.flops import attention_bytes, attention_flops, kv_cache_bytes
+from attention_tutorial.measure.grids import points
 from attention_tutorial.results import store
+from attention_tutorial.results.plotting import label
 from attention_tutorial.site import heads
+from attention_tutorial.site.claims import TOLERANCES, compare, growth, same_point
+from attention_tutorial.site.report import read_ceiling
+
+DATA = store.recorded(store.REFERENCE_GPU)
+EXECUTED = Path(__file__).resolve().parents[2] / "docs" / "_build" / "jupyter_execute"
+
+
+@pytest.fixture(scope="module")
+def built():
+    """What the page's cells glued in the last docs build, as Python values (Markdown as its text)."""
+    path = EXECUTED / "heads_decode_masks.glue.json"
+    if not path.exists():
+        if os.environ.get("ATTENTION_TUTORIAL_REQUIRE_HTML"):
+            pytest.fail(f"no executed page at {path}: build the docs first")
+        pytest.skip("the site is not built (nox -s docs)")
+    out = {}
+    for key, output in json.loads(path.read_text()).items():
+        data = output["data"]
+        if "text/markdown" in data or "image/png" not in data:  # a figure is left out
+            out[key] = data["text/markdown"] if "text/markdown" in data else ast.literal_eval(data["text/plain"])
+    return out
+
+
+def _recs(**where):
+    return store.select(DATA["records"], status="ok", **where)
 
 
 @pytest.fixture(autouse=True)
@@ -52,42 +89,15 @@ def test_sharing_figure_joins_each_query_head_to_its_kv_head():
     assert all(line[1][0] == (1.5 if n < 4 else 5.5) for n, line in enumerate(lines))
 
 
-def test_gqa_table_and_check_judge_each_difference_against_its_own_precision():
-    rows = [{"impl": "xla", "status": "ok", "computed_in": "bfloat16", "max_abs_diff": 4.9e-4, "reason": None},
-            {"impl": "naive", "status": "ok", "computed_in": "float32", "max_abs_diff": 4.9e-4, "reason": None},
-            {"impl": "cudnn", "status": "ok", "computed_in": "bfloat16", "max_abs_diff": 0.0, "reason": None},
-            {"impl": "te", "status": "unsupported", "computed_in": "bfloat16", "max_abs_diff": None, "reason": "no TE"}]  # fmt: skip
-    table = heads.gqa_table(rows)
-    assert table[0]["implementation"] == "XLA" and table[0]["verdict"].startswith("agree to within bfloat16")
-    assert table[1]["verdict"].startswith("differ by more than float32")
-    assert table[3]["max |GQA − MHA|"] == "—" and table[3]["verdict"] == "no TE"
-    check = heads.gqa_check(rows)
-    assert (check.ran, check.agree, check.exact, check.largest) == (3, 2, 1, 4.9e-4)
-    assert check.word == "differ"
-    assert (check.exact_impls, check.close_impls, check.differ_impls) == (("cudnn",), ("xla",), ("naive",))
-    assert check.largest_close == 4.9e-4
-    assert heads.gqa_check(rows[:1] + rows[2:]).word == "agree"
-    assert heads.gqa_check(rows[2:3]).largest_close == 0.0
-    assert heads.gqa_check(rows[3:]) is None
-
-
-def test_names_lists_implementations_in_words():
-    assert heads.names(()) == ""
-    assert heads.names(["cudnn"]) == "cuDNN"
-    assert heads.names(["naive", "xla"]) == "naive (from scratch) and XLA"
-    assert heads.names(["xla", "cudnn", "te"]) == "XLA, cuDNN and TransformerEngine"
-
-
 # --- KV cache
 
 
-def test_kv_cache_counts_kv_heads_only():
-    prov = {"gpu": "NVIDIA H200", "environment": {"gpu_memory_mib": 143771}}
-    c = heads.kv_cache(prov, tokens=131072)
-    assert c.mha_gib == 2 * 32 * 32 * 128 * 2 * 131072 / 2**30 == 64  # k and v, layers, K, H, bf16 bytes, tokens
-    assert (c.gqa_factor, c.mqa_factor) == (4, 32)
-    assert c.pct_of_memory == pytest.approx(100 * 64 / (143771 / 1024))
-    assert heads.kv_cache(None).pct_of_memory is None and heads.kv_cache({}).gpu is None
+def test_the_cache_counts_kv_heads_only_and_the_memory_is_the_recorded_gpu_s():
+    assert heads.kv_cache_gib(32, 131072) == 2 * 32 * 32 * 128 * 2 * 131072 / 2**30 == 64  # k and v, layers, K, H
+    assert heads.kv_cache_gib(32, 131072) / heads.kv_cache_gib(8, 131072) == 4
+    assert heads.kv_cache_gib(32, 131072) / heads.kv_cache_gib(1, 131072) == 32
+    assert heads.gpu_memory_gib({"gpu": "NVIDIA H200", "environment": {"gpu_memory_mib": 143771}}) == 143771 / 1024
+    assert heads.gpu_memory_gib(None) is None and heads.gpu_memory_gib({}) is None
 
 
 def test_kv_cache_figure_plots_the_counted_bytes_and_the_memory_line():
@@ -114,45 +124,6 @@ DECODE = [
 ]
 
 
-def test_best_bandwidth_picks_the_highest_gbps_of_one_implementation():
-    b = heads.best_bandwidth(DECODE, "cudnn")
-    assert (b.seq_kv, b.kv_heads, b.gbps, b.pct_read) == (131072, 32, 4300, 96.0)
-    assert heads.best_bandwidth(DECODE, "te") is None
-
-
-def test_with_range_puts_the_spread_in_one_column():
-    rows = heads.with_range([DECODE[0], {"impl": "cudnn", "status": "unsupported"}])
-    assert rows[0][heads.RANGE] == "0.129–0.131" and rows[1][heads.RANGE] == "–"
-    assert heads.RANGE not in DECODE[0]  # copies: the records stay as they were
-
-
-def test_shared_cache_sets_one_kv_head_against_mha_at_the_longest_common_context():
-    c = heads.shared_cache(DECODE)
-    assert (c.seq_kv, c.kv_full) == (131072, 32)
-    assert c.bytes_ratio == pytest.approx(4300 * 8.0 / (3600 * 0.30))  # bytes = GB/s × time
-    assert c.speedup.value == pytest.approx(8.0 / 0.30) and c.speedup.word == "faster"
-    assert (c.one.pct_read, c.full.pct_read) == (80.0, 96.0)
-    # the call of another K closest in time to K = 1's 0.30 ms is K = 32 at S = 2048 (0.13 ms)
-    assert (c.near.kv_heads, c.near.seq_kv) == (32, 2048) and c.near_vs_one.value == pytest.approx(0.30 / 0.13)
-    assert (c.streams_one, c.streams_full) == (16, 16 * 32)  # B × K separate k/v streams
-    assert heads.shared_cache([r for r in DECODE if r["kv_heads"] == 1]) is None
-    assert heads.shared_cache([]) is None
-
-
-def test_decode_floor_reads_the_shorter_calls_and_the_other_path_at_the_same_points():
-    f = heads.decode_floor(DECODE, 4500.0)
-    assert f.seq_kv == (2048, 8192) and (f.ms_low, f.ms_high) == (0.060, 0.062)
-    assert f.per_doubling.word == "stays flat"
-    assert f.ideal_ms == pytest.approx(1080 * 0.062 / 4500)
-    assert [(s, a, b, c.word) for s, a, b, c in f.other_vs] == [(2048, 0.060, 0.058, "on par"),
-                                                                 (8192, 0.062, 0.047, "faster")]  # fmt: skip
-    assert f.own  # XLA is faster outside both spreads at S = 8192
-    slow_xla = [r for r in DECODE if r["impl"] != "xla"] + [dec("xla", 1, 8192, 0.07, 0.069, 0.071, 900)]
-    assert not heads.decode_floor(slow_xla, 4500.0).own
-    assert heads.decode_floor(DECODE, None) is None
-    assert heads.decode_floor(DECODE[:3], 4500.0) is None  # one shorter call: no floor to read
-
-
 def test_decode_figure_draws_each_series_a_marker_per_k_and_the_read_ceiling_only():
     recs = [*DECODE, dec("cudnn", 8, 2048, 0.08, 0.079, 0.081, 1600)]
     fig = heads.decode_figure(recs, read_gbps=4500)
@@ -168,58 +139,11 @@ def test_decode_figure_draws_each_series_a_marker_per_k_and_the_read_ceiling_onl
     assert lines["cuDNN, K = 1"].get_color() != lines["XLA, K = 1"].get_color()  # a colour per implementation
 
 
-def test_largest_drop_names_the_curve_that_falls_most_between_neighbouring_contexts():
-    recs = [*DECODE, dec("xla", 32, 32768, 2.15, 2.14, 2.16, 3995), dec("xla", 32, 131072, 27.7, 27.6, 27.8, 1240)]
-    d = heads.largest_drop(recs)
-    assert (d.impl, d.kv_heads, d.seq_from, d.gbps_from, d.seq_to, d.gbps_to) == ("xla", 32, 32768, 3995, 131072, 1240)
-    assert d.ratio == pytest.approx(3995 / 1240)
-    assert heads.largest_drop(DECODE) is None  # every curve rises with S
-    dip = [*DECODE, dec("cudnn", 1, 262144, 0.62, 0.61, 0.63, 3400)]  # 3600 -> 3400: within at_least
-    assert heads.largest_drop(dip) is None and heads.largest_drop(dip, at_least=1.05).seq_to == 262144
-
-
-def test_decode_steps_give_each_kv_head_count_its_time_per_layer_and_per_step():
-    recs = [*DECODE, dec("cudnn", 8, 131072, 1.9, 1.89, 1.91, 4450)]
-    steps = heads.decode_steps(recs, 131072, layers=32)
-    assert [(s.name, s.kv_heads, s.layer_ms, s.batch) for s in steps] == [("MHA", 32, 8.0, 16), ("GQA", 8, 1.9, 16),
-                                                                         ("MQA", 1, 0.30, 16)]  # fmt: skip
-    assert steps[1].step_ms == pytest.approx(1.9 * 32)
-    assert [s.name for s in heads.decode_steps(DECODE, 8192)] == ["MQA"]  # only K = 1 ran there
-    assert heads.decode_steps(DECODE, 4096) == [] and heads.decode_steps(DECODE, 131072, impl="te") == []
-
-
-def test_live_check_pairs_exact_points_and_judges_from_both_spreads():
-    live = [dec("cudnn", 1, 131072, 0.33, 0.329, 0.331, 3300), dec("cudnn", 1, 131072, 0.2, 0.2, 0.2, 3, batch=4),
-            dec("cudnn", 32, 2048, 0.1305, 0.1295, 0.1315, 4000), dec("cudnn", 8, 2048, 1, 1, 1, 1)]  # fmt: skip
-    rows = heads.live_check(live, DECODE)
-    assert [(r["kv_heads"], r["verdict"]) for r in rows] == [(1, "slower"), (32, "on par")]
-    assert rows[0]["recorded_ms"] == 0.30 and rows[0]["live_over_recorded"] == pytest.approx(0.33 / 0.30)
-
-
-def test_live_points_match_the_recorded_grids_on_a_gpu():
-    recs = store.recorded(store.REFERENCE_GPU)["records"]
-    for section, grid in (("decode", "decode"), ("prefill", "prefill_heads"), ("masks", "masks")):
-        for p in heads.live_points(section, gpu=True):
-            want = p.as_record()
-            assert any(r.get("grid") == grid and all(r.get(f) == v for f, v in want.items()) for r in recs), want
-        assert len(heads.live_points(section, gpu=False)) == 2
-    with pytest.raises(ValueError, match="section"):
-        heads.live_points("train", gpu=False)
-
-
 # --- prefill
 
 
 PREFILL = [timed(1.87, 1.85, 1.88, impl="cudnn", kv_heads=32), timed(1.86, 1.84, 1.88, impl="cudnn", kv_heads=1),
            timed(7.3, 7.29, 7.4, impl="xla", kv_heads=32), timed(9.4, 9.35, 9.41, impl="xla", kv_heads=1)]  # fmt: skip
-
-
-def test_prefill_heads_compares_one_kv_head_with_mha_from_the_spreads():
-    c = heads.prefill_heads(PREFILL, "cudnn")
-    assert (c.kv_full, c.ms_full, c.ms_one, c.change.word) == (32, 1.87, 1.86, "on par")
-    x = heads.prefill_heads(PREFILL, "xla")
-    assert x.change.word == "slower" and x.change.value == pytest.approx(7.3 / 9.4)
-    assert heads.prefill_heads(PREFILL[:1], "cudnn") is None and heads.prefill_heads(PREFILL, "te") is None
 
 
 def test_prefill_figure_bars_are_the_medians():
@@ -257,12 +181,6 @@ def test_masks_figure_draws_one_panel_per_kind():
     np.testing.assert_allclose(drawn.filled(0), heads.mask_weights("window", seq=8, window=2))
 
 
-def test_mask_accuracy_checks_every_kind_against_the_float64_reference():
-    rows = heads.mask_accuracy("xla", seq=32, window=4)
-    assert [r["mask"] for r in rows] == list(MASK_KINDS)
-    assert all(r["max_abs_error"] < 1e-5 and r["verdict"].startswith("agree to within") for r in rows)
-
-
 def msk(impl, mask, causal, ms=None, status="ok", **kw):
     base = {"impl": impl, "batch": 1, "seq_q": 1024, "seq_kv": 1024, "heads": 2, "kv_heads": 2, "head_dim": 64,
             "dtype": "bfloat16", "causal": causal, "pass": "fwd", "mask": mask, "status": status}  # fmt: skip
@@ -271,38 +189,6 @@ def msk(impl, mask, causal, ms=None, status="ok", **kw):
 
 MASKS = [msk("cudnn", "none", True, 0.5), msk("cudnn", "dense", False, 1.5), msk("cudnn", "dense", True, 0.9),
          msk("cudnn", "window", False, status="unsupported", reason="left only"), msk("xla", "none", True, 6.0)]  # fmt: skip
-
-
-def test_kept_tflops_counts_only_the_positions_the_mask_keeps():
-    prov = {"matmul_bf16_tflops": 1000.0, "grids": {"masks": {"matmul_bf16_tflops": 500.0}}}
-    out = heads.kept_tflops(MASKS, prov)
-    causal_flops = 4 * 2 * 64 * (1024 * 1025 // 2)  # B · N · 4H per kept position, the causal triangle
-    assert out[0]["tflops"] == pytest.approx(causal_flops / 0.5e-3 / 1e12)
-    assert out[0]["pct_peak"] == pytest.approx(100 * out[0]["tflops"] / 500)  # the masks grid's own peak
-    assert out[1]["tflops"] == pytest.approx(causal_flops / 1.5e-3 / 1e12)  # the dense mask is the triangle
-    assert out[3] == MASKS[3] and MASKS[0].get("tflops") is None  # failures unchanged, inputs untouched
-    assert heads.kept_tflops(MASKS[:1], {})[0]["pct_peak"] is None
-
-
-def test_mask_costs_read_one_implementations_times():
-    recs = [*MASKS, msk("xla", "none", False, 3.7), msk("xla", "dense", False, 4.5), msk("xla", "bias", True, 5.8)]
-    x = heads.mask_costs(recs, "xla")
-    assert (x.plain_ms, x.causal_ms, x.masked_low, x.masked_high, x.dense_ms) == (3.7, 6.0, 5.8, 6.0, 4.5)
-    assert x.dense_vs_causal.word == "slower"  # through XLA, is_causal is slower than the same triangle as a matrix
-    c = heads.mask_costs(MASKS, "cudnn")
-    assert (c.causal_ms, c.masked_low, c.masked_high, c.dense_ms, c.window_ms) == (0.5, 0.5, 0.9, 1.5, None)
-    assert c.dense_vs_causal.word == "faster" and c.plain_ms is None
-    assert heads.mask_costs(MASKS, "te") == heads.MaskCosts("te", None, None, None, None, None, None, None)
-
-
-def test_dense_vs_causal_failed_and_over_peak():
-    c = heads.dense_vs_causal(MASKS)
-    assert c.value == pytest.approx(3.0) and c.word == "faster"
-    assert heads.dense_vs_causal(MASKS[1:]) is None
-    assert [r["mask"] for r in heads.failed(MASKS)] == ["window"]
-    assert heads.over_peak([{**MASKS[0], "pct_peak": 101.0}, {**MASKS[1], "pct_peak": 99.0}]) == [
-        {**MASKS[0], "pct_peak": 101.0}
-    ]
 
 
 def test_masks_cost_figure_bars_are_the_medians_and_a_failure_is_named():
@@ -315,25 +201,6 @@ def test_masks_cost_figure_bars_are_the_medians_and_a_failure_is_named():
     assert ticks == ["none", "window", "dense\n(causal matrix)"]  # the dense mask is the causal triangle itself
 
 
-# --- the recorded file
-
-
-def test_the_recorded_decode_grid_moves_32_times_fewer_bytes_with_one_kv_head():
-    data = store.recorded(store.REFERENCE_GPU)
-    decode = store.select(data["records"], grid="decode")
-    c = heads.shared_cache(decode)
-    shape = dict(batch=16, seq_q=1, seq_kv=c.seq_kv, heads=32, head_dim=128, dtype="bfloat16")
-    fewest = attention_bytes(kv_heads=32, **shape) / attention_bytes(kv_heads=1, **shape)
-    assert c.bytes_ratio == pytest.approx(fewest, rel=1e-3)
-
-
-def test_no_recorded_mask_point_beats_the_peak_when_only_kept_positions_count():
-    """A FLOP model that credited work a mask removes would put a point above 100 % of the measured peak."""
-    data = store.recorded(store.REFERENCE_GPU)
-    masks = heads.kept_tflops(store.select(data["records"], grid="masks"), data["provenance"])
-    assert [r for r in masks if r.get("status") == "ok"] and heads.over_peak(masks) == []
-
-
 def test_the_page_s_mask_table_lists_every_kind_the_package_builds():
     """The masks table is written in the page: one row per kind of ``MASK_KINDS`` (``"none"`` is the causal row)."""
     from pathlib import Path
@@ -344,3 +211,138 @@ def test_the_page_s_mask_table_lists_every_kind_the_package_builds():
     table = page.split("| mask | argument |", 1)[1].split("\n\n", 1)[0]
     rows = [line.split("|")[1].strip() for line in table.strip().splitlines()[1:]]
     assert rows == ["causal" if kind == "none" else kind for kind in MASK_KINDS]
+
+
+# --- the committed records against the byte and FLOP models
+
+
+def test_the_recorded_decode_bandwidth_counts_the_fewest_bytes():
+    """GB/s × time is the bytes a decode call must move: one kv head moves 32 times fewer at the longest context."""
+    at = {r["kv_heads"]: r for r in _recs(grid="decode", impl="cudnn", seq_kv=131072)}
+    shape = dict(batch=16, seq_q=1, seq_kv=131072, heads=32, head_dim=128, dtype="bfloat16")
+    fewest = attention_bytes(kv_heads=32, **shape) / attention_bytes(kv_heads=1, **shape)
+    moved = {k: r["gbps"] * r["median_ms"] for k, r in at.items()}
+    assert moved[32] / moved[1] == pytest.approx(fewest, rel=1e-3) and round(fewest) == 32
+
+
+def test_no_recorded_mask_point_beats_the_peak_when_only_kept_positions_count():
+    """A FLOP model that credited work a mask removes would put a point above 100 % of the measured peak."""
+    masks = _recs(grid="masks")
+    peak = DATA["provenance"]["grids"]["masks"]["matmul_bf16_tflops"]
+    assert masks
+    for r in masks:
+        kept = attention_flops(r["batch"], r["seq_q"], r["seq_kv"], r["heads"], r["head_dim"], causal=r["causal"],
+                               mask=r["mask"])  # fmt: skip
+        assert r["tflops"] == pytest.approx(kept / (r["median_ms"] * 1e-3) / 1e12, rel=1e-6), (r["impl"], r["mask"])
+        assert r["pct_peak"] == pytest.approx(100 * r["tflops"] / peak, rel=1e-6) and r["pct_peak"] < 100
+
+
+def test_a_gpu_build_s_live_points_are_recorded_points():
+    """The page runs its live points from the recorded grids; on a GPU they are set against the recording."""
+    recs = DATA["records"]
+    for grid in ("decode", "prefill_heads", "masks"):
+        for p in points(grid, gpu=True, live=True):
+            want = p.as_record()
+            assert any(r.get("grid") == grid and all(r.get(f) == v for f, v in want.items()) for r in recs), want
+
+
+# --- the built page against the committed results: each value as the page shows it
+
+
+def num(text):  # a number as the page shows it: "4,468", "2.1" -> 4468, 2.1
+    return float(str(text).replace(",", ""))
+
+
+def test_gqa_matches_mha_on_the_h200_and_here(built):
+    rows = [r for r in DATA["provenance"]["lessons"]["gqa"] if r["status"] == "ok"]
+    exact = [label(r["impl"]) for r in rows if r["max_abs_diff"] == 0]
+    close = [r for r in rows if 0 < r["max_abs_diff"] <= TOLERANCES[r["computed_in"]]]
+    assert exact and all(name in built["gqa_exact_names"] for name in exact)
+    assert close and all(label(r["impl"]) in built["gqa_close_names"] for r in close)
+    assert built["gqa_close_largest"] == f"{max(r['max_abs_diff'] for r in close):.1e}"
+    assert built["gqa_close_word"].startswith("agree to within") and built["gqa_differ_names"] == "none"
+    assert built["gqa_live_word"] == "agree" and num(built["gqa_largest"]) <= TOLERANCES[built["gqa_in"]]
+    assert built["gqa_tables"].split("**Recorded on the GPU:**")[1].count("exactly equal") == len(exact)
+
+
+def test_the_cache_at_128k_tokens(built):
+    memory = heads.gpu_memory_gib(DATA["provenance"])
+    mha = kv_cache_bytes(32, 128, "bfloat16", layers=32, tokens=131072) / 2**30
+    assert (built["kv_mha"], built["kv_gqa"], built["kv_mqa"]) == (f"{mha:.0f}", "4", "32")
+    assert (built["kv_mem"], built["kv_pct"]) == (f"{memory:.0f}", f"{100 * mha / memory:.0f}")
+
+
+def test_decoding_reads_the_cache_near_the_ceiling_and_one_kv_head_is_not_32_times_faster(built):
+    cudnn = {(r["kv_heads"], r["seq_kv"]): r for r in _recs(grid="decode", impl="cudnn")}
+    assert built["dec_best"] == f"{max(r['gbps'] for r in cudnn.values()):,.0f}" and num(built["dec_best_pct"]) > 95
+    mqa, mha = cudnn[1, 131072], cudnn[32, 131072]
+    assert (built["dec_s"], built["dec_bytes"]) == ("131,072", "32")
+    assert built["dec_speedup"] == f"{mha['median_ms'] / mqa['median_ms']:.0f}"
+    assert num(built["dec_speedup"]) < num(built["dec_bytes"]) and compare([mqa], [mha]).word == "faster"
+    assert num(built["dec_pct_one"]) < num(built["dec_pct_full"])
+    near = min((r for r in cudnn.values() if r["kv_heads"] != 1), key=lambda r: abs(r["median_ms"] - mqa["median_ms"]))
+    assert (built["dec_near_k"], built["dec_near_s"]) == (near["kv_heads"], f"{near['seq_kv']:,}")
+    assert num(built["dec_near_ms"]) < num(built["dec_one_ms"]) and num(built["dec_near_pct"]) > num(
+        built["dec_pct_one"]
+    )
+    assert (built["dec_streams_one"], built["dec_streams_full"], built["dec_sms"]) == (16, 512, 132)
+    for name, k in (("MHA", 32), ("GQA", 8), ("MQA", 1)):
+        assert built[f"step_{name}_step"] == f"{32 * cudnn[k, 32768]['median_ms']:.3g}"
+    assert built["step_layers"] == heads.MODEL["layers"] and built["step_batch"] == 16
+
+
+def test_short_decode_calls_hit_a_floor_that_xla_does_not(built):
+    short = sorted((r for r in _recs(grid="decode", impl="cudnn", kv_heads=1) if r["seq_kv"] < 131072),
+                   key=lambda r: r["seq_kv"])  # fmt: skip
+    per_doubling = growth([r["seq_kv"] for r in short], [r["median_ms"] for r in short], var="S")
+    assert built["floor_word"] == per_doubling.word == "stays flat"
+    assert built["floor_growth"] == f"{per_doubling.value:.2f}"
+    assert built["floor_s"] == "2,048, 8,192 and 32,768"
+    xla_faster = any(compare(same_point(DATA["records"], r, impl="xla"), [r]).word == "faster" for r in short)
+    assert xla_faster and built["floor_owner"].startswith("is cuDNN's own")
+    ceiling, _ = read_ceiling(_recs(grid="decode"), DATA["provenance"])
+    assert built["floor_ideal"] == f"{max(r['gbps'] * r['median_ms'] for r in short) / ceiling:.3f}"
+    assert num(built["floor_ideal"]) < max(r["median_ms"] for r in short) / 1.4  # the time left the bytes behind
+
+
+def test_the_largest_fall_in_bandwidth(built):
+    falls = []
+    for impl, k in {(r["impl"], r["kv_heads"]) for r in _recs(grid="decode")}:
+        curve = sorted((r["seq_kv"], r["gbps"]) for r in _recs(grid="decode", impl=impl, kv_heads=k))
+        falls += [(g0 / g1, impl, k, s0, g0, s1, g1) for (s0, g0), (s1, g1) in pairwise(curve)]
+    ratio, impl, k, s0, g0, s1, g1 = max(falls)
+    assert ratio >= 1.2 and built["drop_who"] == f"{label(impl)}'s curve with K = {k}"
+    assert (built["drop_s_from"], built["drop_s_to"]) == (f"{s0:,}", f"{s1:,}")
+    assert (built["drop_from"], built["drop_to"]) == (f"{g0:,.0f}", f"{g1:,.0f}")
+
+
+def test_prefill_does_the_same_work_whatever_k(built):
+    for impl, word in (("cudnn", "on par"), ("xla", "slower")):
+        full, one = (_recs(grid="prefill_heads", impl=impl, kv_heads=k) for k in (32, 1))
+        assert built[f"pre_{impl}_full"] == f"{full[0]['median_ms']:.2f}"
+        assert built[f"pre_{impl}_one"] == f"{one[0]['median_ms']:.2f}"
+        assert built[f"pre_{impl}_word"] == compare(one, full).word == word
+    assert num(built["ridge"]) < 1000  # thousands of FLOPs per byte either way: right of the ridge
+
+
+def test_each_mask_against_float64_and_what_it_costs(built):
+    assert built["acc_word"].startswith("agree to within") and num(built["acc_worst"]) < 1e-5
+    assert all(f"| {kind} |" in built["acc_table"] for kind in MASK_KINDS)
+    masks = _recs(grid="masks")
+
+    def one(impl, mask, causal):
+        return store.select(masks, impl=impl, mask=mask, causal=causal)
+
+    dense = compare(one("cudnn", "none", True), one("cudnn", "dense", False))
+    assert built["dense_word"] == dense.word == "faster" and built["dense_ratio"] == f"{dense.value:.1f}"
+    assert built["xla_dense_word"] == compare(one("xla", "none", True), one("xla", "dense", False)).word == "slower"
+    assert num(built["win_ms"]) < num(built["causal_ms"]) and num(built["xla_mask_lo"]) <= num(built["xla_causal_ms"])
+    assert num(built["xla_none_ms"]) < num(built["xla_mask_lo"])  # XLA skips nothing: every causal call is slower
+    failed = [r for r in store.select(DATA["records"], grid="masks") if r["status"] != "ok"]
+    assert failed and all(f"the {r['mask']} mask" in built["msk_failed_what"] for r in failed)
+
+
+def test_each_live_table_runs_two_points(built):
+    for key in ("dec_live", "pre_tables", "msk_tables"):
+        live = built[key].split("**Live, this build:**")[1].split("\n\nAgainst the recording")[0]
+        assert live.split("**Recorded")[0].count("\n| ") - 1 == 2, key  # rows under the header

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_hex
 
+from attention_tutorial.measure.roofline import Roof
 from attention_tutorial.site import online_softmax as page
-from attention_tutorial.site.scaling import Roof
 
 
 @pytest.fixture(autouse=True)
@@ -160,10 +160,9 @@ def test_the_io_budget_refuses_two_problems_or_two_fused_paths():
 
 def test_on_the_recorded_h200_the_naive_version_spends_more_than_half_its_time_moving_bytes():
     from attention_tutorial.results import store
-    from attention_tutorial.site import scaling
-    from attention_tutorial.site.report import reference
+    from attention_tutorial.site.report import reference, reference_roof
 
-    roof = scaling.reference_roof()
+    roof = reference_roof()
     seq, _ = reference("seq_long", status="ok", causal=False, batch=8, seq_q=4096)
     at = {r["impl"]: r for r in store.select(seq or [], impl=("naive", "cudnn"))}
     if not roof or len(at) < 2:

@@ -217,3 +217,67 @@ def test_run_live_keeps_the_points_matching_a_value_or_one_of_several(monkeypatc
     one_of, one = ran
     assert one_of and {p.impl for p in one_of} == {"te", "cudnn"} and {p.seq_q for p in one_of} == {128}
     assert one and {p.impl for p in one} == {"xla"} and len({p.seq_q for p in one}) > 1
+
+
+def test_in_words_lists_items_with_commas_and_and():
+    from attention_tutorial.results.plotting import label
+
+    assert report.in_words(()) == ""
+    assert report.in_words(label(i) for i in ["cudnn"]) == "cuDNN"
+    assert report.in_words(label(i) for i in ["naive", "xla"]) == "naive (from scratch) and XLA"
+    assert report.in_words(label(i) for i in ["xla", "cudnn", "te"]) == "XLA, cuDNN and TransformerEngine"
+    assert report.in_words([1024, 4096, 16384]) == "1,024, 4,096 and 16,384"  # numbers with thousands separators
+
+
+def _timed(ms, lo, hi, **kw):
+    return {**_rec("decode", "cudnn", 1), "median_ms": ms, "p10_ms": lo, "p90_ms": hi, **kw}
+
+
+def test_with_range_puts_the_spread_in_one_column():
+    first = _timed(0.13, 0.129, 0.131)
+    rows = report.with_range([first, {"impl": "cudnn", "status": "unsupported"}])
+    assert rows[0][report.RANGE] == "0.129–0.131" and rows[1][report.RANGE] == "–"
+    assert report.RANGE not in first  # copies: the records stay as they were
+
+
+def test_live_check_pairs_exact_points_and_judges_from_both_spreads():
+    recorded = [_timed(0.30, 0.29, 0.31, kv_heads=1), _timed(0.13, 0.129, 0.131, kv_heads=32)]
+    live = [_timed(0.33, 0.329, 0.331, kv_heads=1), _timed(0.2, 0.2, 0.2, kv_heads=1, batch=4),
+            _timed(0.1305, 0.1295, 0.1315, kv_heads=32), _timed(1, 1, 1, kv_heads=8)]  # fmt: skip
+    rows = report.live_check(live, recorded)
+    assert [(r["kv_heads"], r["verdict"]) for r in rows] == [(1, "slower"), (32, "on par")]
+    assert rows[0]["recorded_ms"] == 0.30 and rows[0]["live_over_recorded"] == pytest.approx(0.33 / 0.30)
+
+
+def test_live_table_on_a_cpu_build_shows_the_live_run_alone(monkeypatch):
+    live = [_rec("seq_long", "xla", 4096)]
+    text = report.live_table(live, RECORDS, ["impl", "median_ms"])
+    assert text.startswith("**Live, this build:**") and text.count("\n|---|---|") == 1  # one table on a CPU
+    monkeypatch.setattr(report.jax, "default_backend", lambda: "gpu")
+    text = report.live_table(live, RECORDS, ["impl", "seq_q", "median_ms", "tflops"])
+    assert text.count("\n|---|") == 2 and "recorded median" in text.split("Against the recording")[1]
+    judged = report.live_table(live, RECORDS, ["impl", "seq_q", "median_ms"], verdicts=True)
+    assert "on par" in judged and judged.endswith(report.VERDICT_NOTE)
+
+
+def test_the_reference_roof_is_the_sequence_sweep_s_run_and_its_ridge_is_peak_over_bandwidth():
+    data = store.recorded()
+    if data is None:
+        pytest.skip("no recorded results")
+    long, prov = store.select(data["records"], grid="seq_long"), data["provenance"]
+    r = report.reference_roof()
+    assert r == report.roof(long, prov, "seq_long")
+    assert r.peak_tflops == prov["grids"]["seq_long"]["matmul_bf16_tflops"]
+    r0 = next(x for x in long if x.get("pct_read"))
+    assert r.gbps == pytest.approx(r0["gbps"] * 100 / r0["pct_read"], rel=1e-3)
+    assert (r.datasheet_tflops, r.datasheet_gbps) == (989.4, 4800.0)
+    assert r.ridge == pytest.approx(r.peak_tflops * 1e12 / (r.gbps * 1e9))
+    ok = [x for x in long if x["status"] == "ok" and x.get("pct_peak")]
+    # the one peak the pages quote is the one the sweep's % of peak divides by
+    assert all(x["tflops"] * 100 / x["pct_peak"] == pytest.approx(r.peak_tflops) for x in ok)
+    assert r.gbps > prov["copy_gbps"]  # the read bandwidth: faster than a copy, so a floor on time
+
+
+def test_the_reference_roof_without_a_recording(monkeypatch):
+    monkeypatch.setattr(report, "reference", lambda grid: (None, None))
+    assert report.reference_roof() is None
