@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 # The core grids ``compare`` runs, with the axis each is plotted against and the fields that make its lines.
 COMPARE_X = {"seq_long": ("seq_q", ("impl", "causal")), "batch": ("batch", ("impl",)),
@@ -43,7 +44,7 @@ COMPARE_X = {"seq_long": ("seq_q", ("impl", "causal")), "batch": ("batch", ("imp
 class _Interrupts:
     pending = False  # Ctrl-C arrived and has not been acted on
     holding = 0  # > 0: note Ctrl-C, raise nothing
-    previous = None  # the handler ours replaced (None: ours is not installed)
+    previous: Any = None  # the handler ours replaced (None: ours is not installed)
 
 
 def _on_sigint(signum, frame):
