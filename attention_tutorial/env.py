@@ -71,7 +71,7 @@ def code_version() -> dict:
     tree (onto a lent GPU machine, say) knows what it holds, while a ``.git`` copied beside it may be older. Else
     read from git where this runs in a clone; else unknown (None)."""
     if commit := os.environ.get("ATTENTION_TUTORIAL_COMMIT"):
-        dirty = os.environ.get("ATTENTION_TUTORIAL_DIRTY")
+        dirty: str | bool | None = os.environ.get("ATTENTION_TUTORIAL_DIRTY")
         return {"commit": commit, "dirty": None if dirty is None else dirty not in ("0", "", "false")}
     root = Path(__file__).resolve().parent.parent
     try:

@@ -124,8 +124,8 @@ def resolve_scale(scale, head_dim: int) -> float:
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (numbers.Real, np.generic, np.ndarray, jax.Array)):
         raise ValueError(f"scale must be a real number; got {type(scale).__name__} {scale!r:.60}; {fix}.")
     dt = jnp.result_type(scale)
-    if np.ndim(scale) != 0 or not jnp.issubdtype(dt, jnp.number) or jnp.issubdtype(dt, jnp.complexfloating):
-        raise ValueError(f"scale must be a real scalar; got shape {np.shape(scale)}, dtype {dt}; {fix}.")
+    if np.ndim(scale) != 0 or not jnp.issubdtype(dt, jnp.number) or jnp.issubdtype(dt, jnp.complexfloating):  # type: ignore[arg-type]
+        raise ValueError(f"scale must be a real scalar; got shape {np.shape(scale)}, dtype {dt}; {fix}.")  # type: ignore[arg-type]
     try:
         value = float(scale)
     except (TypeError, jax.errors.ConcretizationTypeError):

@@ -48,6 +48,7 @@ extensions = [
     "sphinx_design",
     "sphinx_sitemap",
     "sphinxext.opengraph",
+    "sphinx_reredirects",  # `redirects` below: pages that moved
     "publish",  # docs/_ext: pages as notebooks (download, Colab), a "last executed" stamp on each page
 ]
 exclude_patterns = ["_build", "build", "jupyter_execute", "**.ipynb_checkpoints"]
@@ -99,6 +100,12 @@ ogp_site_name = project
 ogp_description_length = 200
 ogp_use_first_image = True  # a page's own plot; pages without one fall back to ogp_image
 ogp_image = html_baseurl + "preview.png"
+# Addresses of pages that moved: each gets a page that sends the reader on (its #fragment kept) to the page
+# that now holds most of it. A moved page has no source of its own left in docs/.
+redirects = {
+    "benchmarks": "scaling.html",  # split into timing, scaling and how_we_measure
+    "flash_from_scratch": "online_softmax.html",  # split into online_softmax, pallas_kernels and flash3
+}
 if (Path(__file__).parent / "404.md").exists():  # not when another conf.py execs this one for a test site
     extensions.append("notfound.extension")
     notfound_urls_prefix = urlparse(html_baseurl).path  # 404.html's links work from any missing address

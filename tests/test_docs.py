@@ -1,5 +1,6 @@
 """The docs build is strict: a failing cell fails it, and no built page shows an error or traceback."""
 
+import ast
 import os
 import re
 import subprocess
@@ -9,8 +10,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-HTML = ROOT / "docs" / "_build" / "html"
+DOCS = ROOT / "docs"
+HTML = DOCS / "_build" / "html"
 pytest.importorskip("myst_nb", reason="install the docs group (nox -s tests does)")
+
+
+def redirects() -> dict[str, str]:
+    """docs/conf.py's ``redirects`` (sphinx-reredirects): a moved page's name -> the address it sends readers to."""
+    for node in ast.parse((DOCS / "conf.py").read_text()).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["redirects"]:
+            return ast.literal_eval(node.value)
+    raise AssertionError("docs/conf.py sets no `redirects`")
 
 
 @pytest.mark.slow
@@ -43,12 +53,30 @@ def _pages():
 
 def test_built_pages_hold_no_errors_or_tracebacks():
     pages = _pages()
-    assert {p.name for p in pages} >= {"index.html", "qkv_from_scratch.html", "benchmarks.html", "api.html"}
+    assert {p.name for p in pages} >= {"index.html", "qkv_from_scratch.html", "scaling.html", "api.html"}
     for page in pages:
         text = page.read_text()
         assert "Traceback (most recent call last)" not in text, page.name
         assert not re.search(r'class="[^"]*output (traceback|error)', text), page.name
         assert "stderr" not in re.findall(r'class="output (\w+)', text), page.name
+
+
+def test_a_moved_page_is_a_redirect_in_the_configuration_not_a_page():
+    moved = redirects()
+    assert moved and "sphinx_reredirects" in (DOCS / "conf.py").read_text()
+    for page, target in moved.items():
+        assert not (DOCS / f"{page}.md").exists(), f"{page}.md is redirected: its built page would be replaced"
+        assert re.fullmatch(r"[a-z0-9_]+\.html", target) and (DOCS / target).with_suffix(".md").exists(), target
+    stubs = [p.name for p in DOCS.glob("*.md") if re.search(r"http-equiv.{0,3}refresh", p.read_text(), re.I)]
+    assert not stubs, f"{stubs} send readers on by themselves: add them to `redirects` in docs/conf.py instead"
+
+
+def test_a_built_redirect_sends_the_reader_to_its_page():
+    built = {p.stem: p for p in _pages()}
+    for page, target in redirects().items():
+        html = built[page].read_text()
+        assert f'url={target}"' in html and f'var target = "{target}"' in html, html
+        assert target.removesuffix(".html") in built
 
 
 def test_every_executed_page_shows_real_output():

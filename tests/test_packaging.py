@@ -141,7 +141,7 @@ def _sdist_builder(tmp_path) -> Path:
 def test_the_sdist_carries_the_package_and_its_data_and_none_of_the_tests(tmp_path):
     src = tmp_path / "src"  # a copy of what the repository tracks, so the checkout is left as it is
     ignore = shutil.ignore_patterns(".git", ".nox", "_build", "jupyter_execute", "__pycache__", "*.egg-info", "build",
-                                    "dist", ".venv", ".pytest_cache", ".ruff_cache", ".hypothesis")  # fmt: skip
+                                    "dist", ".venv", ".pytest_cache", ".ruff_cache", ".mypy_cache", ".hypothesis")  # fmt: skip
     shutil.copytree(ROOT, src, ignore=ignore)
     py = _sdist_builder(tmp_path)
     build = "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"

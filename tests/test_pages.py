@@ -40,10 +40,20 @@ def open_parts(html: str):
     return len(words), len(article.find_all("table")), text
 
 
+def _moved() -> set[str]:
+    """The pages docs/conf.py redirects (``redirects``): built as a page that sends the reader on, not a lesson."""
+    import ast
+
+    for node in ast.parse((ROOT / "docs" / "conf.py").read_text()).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["redirects"]:
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
 def _pages():
     if not HTML.exists():
         return []
-    return sorted(p for p in HTML.glob("*.html") if p.stem not in REFERENCE_PAGES)
+    return sorted(p for p in HTML.glob("*.html") if p.stem not in REFERENCE_PAGES | _moved())
 
 
 def _require_html():

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -57,9 +59,9 @@ from .blockwise import blockwise_attention, blockwise_backward
 try:  # jax >= 0.6
     from jax import shard_map as _shard_map
 
-    _UNCHECKED = {"check_vma": False}
+    _UNCHECKED: dict[str, Any] = {"check_vma": False}
 except ImportError:  # pragma: no cover - older jax
-    from jax.experimental.shard_map import shard_map as _shard_map
+    from jax.experimental.shard_map import shard_map as _shard_map  # type: ignore[no-redef]
 
     _UNCHECKED = {"check_rep": False}
 
@@ -214,7 +216,7 @@ def _pairs(q, q_ids, k, v, kv_ids, causal, scale, local):
     branches = (lambda q, k, v: call(q, k, v, False), lambda q, k, v: call(q, k, v, True), lambda q, k, v: _empty(q))
     outs, lses = [], []
     for qc, i in zip(qs, q_ids):
-        acc = None
+        acc: Any = None
         for kc, vc, j in zip(ks, vs, kv_ids):
             if isinstance(i, int) and isinstance(j, int):  # known while tracing (emulate_ring): no conditional
                 part = branches[0 if j < i else 1 if j == i else 2](qc, kc, vc)
@@ -240,7 +242,7 @@ def _ring_forward(q, k, v, axis, devices, layout, causal, scale, local):
     for step in range(devices):
         nxt = lax.ppermute(kv, axis, perm) if step < devices - 1 else None  # issued before this step's compute
         src = (me - step) % devices  # whose K/V block this device holds now
-        part = _pairs(q, device_chunks(me, devices, layout), *kv, device_chunks(src, devices, layout), causal, scale,
+        part = _pairs(q, device_chunks(me, devices, layout), *kv, device_chunks(src, devices, layout), causal, scale,  # type: ignore[call-arg, misc]
                       local)  # fmt: skip
         acc = part if acc is None else merge(acc, part)
         kv = nxt
@@ -272,7 +274,7 @@ def _ring_vjp_bwd(axis, devices, layout, causal, scale, local, local_bwd, res, d
     for step in range(devices):
         nxt = lax.ppermute(kv, axis, perm) if step < devices - 1 else None
         src = (me - step) % devices
-        dq_s, dk_s, dv_s = _pairs_bwd(q, device_chunks(me, devices, layout), *kv, device_chunks(src, devices, layout),
+        dq_s, dk_s, dv_s = _pairs_bwd(q, device_chunks(me, devices, layout), *kv, device_chunks(src, devices, layout),  # type: ignore[call-arg, misc]
                                       out, lse, d_out, causal, scale, local_bwd)  # fmt: skip
         dq = dq + dq_s
         dkv = lax.ppermute((dkv[0] + dk_s, dkv[1] + dv_s), axis, perm)  # on to the block's next holder; last: home
@@ -299,7 +301,7 @@ def _pairs_bwd(q, q_ids, k, v, kv_ids, out, lse, d_out, causal, scale, local_bwd
     def none(q, k, v, o, l, do):
         return jnp.zeros(q.shape, acc_t), jnp.zeros(k.shape, acc_t), jnp.zeros(v.shape, acc_t)
 
-    branches = (lambda *a: call(*a, False), lambda *a: call(*a, True), none)
+    branches = (lambda *a: call(*a, False), lambda *a: call(*a, True), none)  # type: ignore[call-arg]
     dqs, dks, dvs = [], [jnp.zeros(x.shape, acc_t) for x in ks], [jnp.zeros(x.shape, acc_t) for x in vs]
     for a, i in enumerate(q_ids):
         dq_a = jnp.zeros(qs[a].shape, acc_t)
@@ -410,8 +412,8 @@ def context_parallel_attention(q, k, v, *, mesh: Mesh, axis: str = "seq", strate
         local = functools.partial(blockwise_local, block=min(check_block_size("block", block), chunk))
         if strategy == "ring" and local_bwd is None:
             extra["local_bwd"] = functools.partial(blockwise_local_bwd, block=local.keywords["block"])
-    body = functools.partial(_ring if strategy == "ring" else _allgather, axis=axis, devices=devices, layout=layout,
-                             causal=is_causal, scale=scale, local=local, **extra)  # fmt: skip
+    body: Callable = functools.partial(_ring if strategy == "ring" else _allgather, axis=axis, devices=devices,
+                                       layout=layout, causal=is_causal, scale=scale, local=local, **extra)  # fmt: skip
     spec = PartitionSpec(None, axis, None, None)
     sharded = _shard_map(body, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, **_UNCHECKED)
     if not reorder:
@@ -444,7 +446,7 @@ def emulate_ring(q, k, v, *, devices: int, is_causal: bool = False, layout: str 
     ks, vs = jnp.split(k[:, pk], devices, axis=1), jnp.split(v[:, pk], devices, axis=1)
     outs = []
     for d in range(devices):
-        acc = None
+        acc: Any = None
         for step in range(devices):
             src = (d - step) % devices
             part = _pairs(qs[d], device_chunks(d, devices, layout), ks[src], vs[src],

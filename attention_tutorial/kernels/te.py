@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -115,7 +116,7 @@ def hlo_fp8_types(fn, *args) -> tuple[str, ...]:
     """The FP8 element types (f8e4m3fn, f8e5m2, ...) that appear in ``fn``'s compiled HLO: empty means no FP8."""
     import re
 
-    text = jax.jit(fn).lower(*args).compile().as_text()
+    text = cast(str, jax.jit(fn).lower(*args).compile().as_text())
     return tuple(sorted(set(re.findall(r"\bf8e\w+", text))))
 
 

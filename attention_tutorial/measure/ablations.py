@@ -141,6 +141,7 @@ def ablation_records(*, kernels=KERNELS, shape=SHAPE, rounds: int = ROUNDS, vari
         raise ValueError(f"variants must be a non-empty sequence of {VARIANTS}; got {variants!r}.")
     B, T, N = shape
     timing = {**TIMING, **timing}
+    failed: dict[tuple[str, str], dict]  # the fields of a pair's failure
     inputs, compiled, failed = {}, {}, {}
     pairs = [(kernel, variant) for kernel in kernels for variant in (variants or kernel_variants(kernel))]
 
@@ -226,7 +227,7 @@ def ablation_ratios(records) -> list[AblationRatio]:
     dim, mask, variant."""
     grid = [r for r in records if r.get("grid", GRID) == GRID and "pair" in r and "variant" in r]
     baselines = {_pair_key(r): r for r in grid if r["impl"] != r["pair"]}
-    rounds = {}
+    rounds: dict[tuple[str, str, int, bool, str], list] = {}
     for ours in (r for r in grid if r["impl"] == r["pair"]):
         theirs = baselines.get(_pair_key(ours))
         if theirs is None or ours["status"] != "ok" or theirs["status"] != "ok":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import jax
 
@@ -32,7 +33,7 @@ class CompileStats:
     compile_s: float
     temp_bytes: int | None
     kernels: tuple[str, ...]
-    compiled: object = field(default=None, repr=False, compare=False)  # the executable, to run without recompiling
+    compiled: Any = field(default=None, repr=False, compare=False)  # the executable, to run without recompiling
 
     @property
     def attention_kernel(self) -> str:
@@ -47,10 +48,10 @@ def compile_stats(fn, *args, donate_argnums=()) -> CompileStats:
     compiled = jax.jit(fn, donate_argnums=donate_argnums).lower(*args).compile()
     seconds = time.perf_counter() - t0
     try:
-        temp = int(compiled.memory_analysis().temp_size_in_bytes)
+        temp = int(compiled.memory_analysis().temp_size_in_bytes)  # type: ignore[union-attr]
     except (AttributeError, NotImplementedError, TypeError):  # some backends don't report it
         temp = None
-    return CompileStats(seconds, temp, kernels_in_hlo(compiled.as_text()), compiled)
+    return CompileStats(seconds, temp, kernels_in_hlo(cast(str, compiled.as_text())), compiled)
 
 
 def kernels_used(fn, *args) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ Records follow :mod:`attention_tutorial.measure.sweep`'s schema and say what ran
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -58,7 +59,9 @@ def cp_records(*, seq=(4096, 16384), batch: int = 1, heads: int = 16, kv_heads: 
                                  head_dim=head_dim, dtype=dtype, causal=c, pass_=pass_)  # fmt: skip
         step = cp.local_steps(local, block=min(block, t))[0]
         s1, sb1 = cp.local_steps(local, block=min(block, t // cp.chunks_per_device(layout)))  # one device's chunks
-        fns = {"cp_local": (None, lambda q, k, v, c=c, step=step: step(q, k, v, is_causal=c, scale=head_dim**-0.5)[0])}
+        fns: dict[str, tuple[int | None, Callable]] = {
+            "cp_local": (None, lambda q, k, v, c=c, step=step: step(q, k, v, is_causal=c, scale=head_dim**-0.5)[0])
+        }
         if one_device_ring:
             fns["cp_ring_1dev"] = (1, lambda q, k, v, c=c, s=s1, sb=sb1: cp.context_parallel_attention(
                 q, k, v, mesh=mesh, is_causal=c, layout=layout, local=s, local_bwd=sb))  # fmt: skip

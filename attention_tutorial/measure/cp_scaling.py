@@ -89,6 +89,7 @@ def scaling_records(devices=None, *, seqs=SEQS, weak_base: int | None = WEAK_BAS
     strong = [[("strong", t, p) for p in counts] for t in seqs]
     weak = [[("weak", weak_base * p, p) for p in counts]] if weak_base else []
     groups = strong[:1] + weak + strong[1:]  # the first T, then weak scaling, then larger T: the order of value
+    done: dict[tuple, dict]  # a measurement, by what it measured
     start, done, records = time.perf_counter(), {}, []
     order = ((x, a, b) for g in groups for a in passes for b in causal for x in g)
     for (scaling, t, p), pass_, c in order:
@@ -282,7 +283,7 @@ def add_efficiency(records) -> list[dict]:
         t = r["seq_q"] if r.get("scaling") == "strong" else r["seq_q"] // r["devices"]
         b = base.get((t, *(r.get(f) for f in same)))
         ok = r["status"] == "ok" and b is not None
-        out.append({**r, "efficiency": r["tflops"] / r["devices"] / b["tflops"] if ok else None})
+        out.append({**r, "efficiency": r["tflops"] / r["devices"] / b["tflops"] if ok else None})  # type: ignore[index]
     return out
 
 
@@ -307,7 +308,7 @@ def overlap(timelines) -> dict:
 
 
 def _union(intervals):
-    out = []
+    out: list[list] = []
     for a, b in sorted(intervals):
         if out and a <= out[-1][1]:
             out[-1][1] = max(out[-1][1], b)
@@ -377,6 +378,7 @@ def interconnect(timeout_s: float = 30.0) -> dict:
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return {"topology": None, "nvlink": None, "reason": "nvidia-smi is not on PATH (no NVIDIA driver here)"}
+    out: dict[str, str | None]
     out, reasons = {}, []
     for key, argv in (("topology", ["topo", "-m"]), ("nvlink", ["nvlink", "-s"])):
         try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -59,7 +60,13 @@ def cudnn_fp8_attention(q, k, v, *, is_causal=False, scale_s: float = 1.0):
     )  # fmt: skip
     mask = cudnn_attn.MaskType.CAUSAL if is_causal else cudnn_attn.MaskType.NO_MASK
     out8, _, _ = cudnn_attn.dot_product_attention(
-        q8, k8, v8, fp8_params=params, scale=1.0 / math.sqrt(H), mask_type=mask, use_fp8=True
+        q8,
+        k8,
+        v8,
+        fp8_params=params,  # type: ignore[arg-type]
+        scale=1.0 / math.sqrt(H),
+        mask_type=mask,
+        use_fp8=True,
     )
     return (out8.astype(jnp.float32) * dv).astype(jnp.bfloat16)  # O was stored as O · scale_o
 
@@ -121,7 +128,7 @@ def cudnn_fp8_records(peak=None, **timing) -> list[dict]:
                     is_causal=causal))(q, k, v) if T <= REF_MAX_T else None  # fmt: skip
                 flops = attention_flops(B, T, T, 16, 128, causal=causal)
                 out = []
-                variants = [("cudnn", "bfloat16", lambda q, k, v: dot_product_attention(
+                variants: list[tuple[str, str, Callable, dict]] = [("cudnn", "bfloat16", lambda q, k, v: dot_product_attention(
                     q, k, v, implementation="cudnn", is_causal=causal), {})]  # fmt: skip
                 for s in (1.0, E4M3_MAX):
                     variants.append((f"cudnn_fp8_s{int(s)}", "float8_e4m3fn",

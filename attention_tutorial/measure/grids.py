@@ -11,6 +11,8 @@ score matrices cannot fit its memory are not run but recorded as ``oom`` with th
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -22,7 +24,7 @@ KIB = 1024
 
 def _seed_shape(gpu: bool) -> list[Point]:
     """The seed codelab's default shape, B=4, T=128, N=8, H=64: naive, XLA f32/bf16, cuDNN bf16."""
-    base = dict(batch=4, seq_q=128, seq_kv=128, heads=8, kv_heads=8, head_dim=64)
+    base: dict[str, Any] = dict(batch=4, seq_q=128, seq_kv=128, heads=8, kv_heads=8, head_dim=64)
     return [
         Point("naive", dtype="float32", **base),
         Point("xla", dtype="float32", **base),
@@ -218,7 +220,7 @@ GRID_NAMES = tuple(_grids(True))
 
 # What a GPU build of the site runs live (the recorder runs the whole grid): enough to show each trend, small
 # enough that the whole site builds on the GPU in a few minutes.
-LIVE_ON_GPU = {
+LIVE_ON_GPU: dict[str, dict[str, tuple]] = {
     "seq_short": {"seq_q": (64, 256, 1024)},
     "seq_long": {"seq_q": (1 * KIB, 4 * KIB, 16 * KIB)},
     "batch": {"batch": (1, 16)},

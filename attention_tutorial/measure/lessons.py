@@ -67,7 +67,7 @@ def precision_rows(batch=4, seq=128, heads=8, head_dim=64, *, time_seq=None, tim
         with jax.default_matmul_precision(precision):  # the precision is part of what jit traces
             attend = jax.jit(lambda q, k, v: dot_product_attention(q, k, v, implementation="xla"))
             err = float(np.max(np.abs(np.asarray(attend(q, k, v)) - ref)))
-            t = time_fn(attend, *big, **(timing or {})) if timed else None
+            t = time_fn(attend, *big, **(timing or {})) if big is not None else None
         row = {"precision": precision, "matmuls_in": matmul_kind() if precision == "default" else "float32",
                "max_abs_error": err, "shape": f"B={batch}, T=S={seq}, N={heads}, H={head_dim}"}  # fmt: skip
         if t is not None:

@@ -46,7 +46,7 @@ class Kernel(NamedTuple):
 
     name: str
     device_us: float
-    count: float
+    count: float  # type: ignore[assignment]  # a field, in place of tuple.count
     kind: str
 
 
@@ -216,7 +216,7 @@ def compare(t: Timing, kernels, *, profiled_calls: int, traced_wall_ms: float | 
         "dispatch_ms": t.dispatch_ms, "repeats": t.repeats, "inner": t.inner,
         "device_ms": summed, "device_ratio": t.median_ms / summed if summed > 0 else None,
         "traced_wall_ms": traced_wall_ms, "device_span_ms": device_span_ms,
-        "span_ratio": traced_wall_ms / device_span_ms if span_ok else None,
+        "span_ratio": traced_wall_ms / device_span_ms if span_ok else None,  # type: ignore[operator]
         "time_source": "host" if host else "device", "profiled_calls": profiled_calls,
         "kernels": [{"name": k.name[:200], "us": k.device_us, "count": k.count, "kind": k.kind}
                     for k in kernels[:RECORD_KERNELS]],

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -172,7 +173,7 @@ def run_point(point: Point, *, peak_tflops: float | None = None, seed: int = 0, 
             args += (jax.random.normal(jax.random.key(seed + 1), q.shape, q.dtype),)  # dO, the output gradient
         stats = compile_stats(fn, *args)
         if _exceeds_memory(stats.temp_bytes, args):
-            return {**rec, "status": "oom", "reason": f"needs {stats.temp_bytes / 2**30:.1f} GiB of temporaries",
+            return {**rec, "status": "oom", "reason": f"needs {stats.temp_bytes / 2**30:.1f} GiB of temporaries",  # type: ignore[operator]
                     "temp_bytes": stats.temp_bytes}  # fmt: skip
         t = time_fn(fn, *args, compiled=stats.compiled, **timing)
     except Exception as err:
@@ -300,11 +301,11 @@ def check_record(rec) -> list[str]:
     if problem not in PROBLEMS:
         return [f"has unknown problem {problem!r} (known: {PROBLEMS})"]
     out = []
-    types = {**COMMON_FIELDS, **dict.fromkeys(SIZE_FIELDS[problem], int)}
+    types: dict[str, Any] = {**COMMON_FIELDS, **dict.fromkeys(SIZE_FIELDS[problem], int)}
     if problem == "attention":
         types.update(causal=bool)
     for field, want in types.items():
-        value = rec.get(field)
+        value: Any = rec.get(field)
         if field not in rec:
             out.append(f"lacks {field!r}")
         elif not isinstance(value, want) or (isinstance(value, bool) and want is not bool):

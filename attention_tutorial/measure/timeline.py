@@ -40,6 +40,7 @@ import functools
 import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +49,11 @@ from ..inputs import AttentionShape, make_qkv
 from ..kernels.mosaic.budget import Probe
 
 SHAPE = AttentionShape(1, 2048, 2048, 8, 8, 128)  # 8 heads × 16 CTAs of 128 rows: one wave on an H200's 132 SMs
-KERNELS = {"mosaic": {}, "mosaic_turns": {"schedule": "turns"}, "mosaic_pipe": {"pipeline": True}}  # impl: config
+KERNELS: dict[str, dict[str, Any]] = {
+    "mosaic": {},
+    "mosaic_turns": {"schedule": "turns"},
+    "mosaic_pipe": {"pipeline": True},
+}  # impl: config
 CTAS = 2  # CTAs kept per kernel: the first to start
 WARPGROUPS = 3  # per CTA: two compute, one copy
 REGIONS_PER_STEP = 8  # the pipelined step's regions (the plain one has 6), for sizing the event buffer

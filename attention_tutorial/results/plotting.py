@@ -9,6 +9,8 @@ split into panels. Tables come out as Markdown, with human names and units in th
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any
 
 import matplotlib.pyplot as plt
 
@@ -284,7 +286,7 @@ def _fmt_key(field, value):
     return f"{COLUMNS.get(field, (field,))[0]} = {value}"
 
 
-COLUMNS = {
+COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "impl": ("implementation", label),
     "batch": ("B", str),
     "seq_q": ("T", str),

@@ -12,7 +12,9 @@ import functools
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 
@@ -84,7 +86,7 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
     peak, memory = ceilings["matmul_bf16_tflops"], device_memory()
     steps = [(name, lambda name=name: _sized_sweep(name, memory, peak_tflops=peak, progress=progress,
                                                    repeats=repeats, max_seconds=max_seconds)) for name in grid_names]  # fmt: skip
-    steps += [(name, functools.partial(EXTRAS[name], peak, repeats=repeats, max_seconds=max_seconds))
+    steps += [(name, functools.partial(EXTRAS[name], peak, repeats=repeats, max_seconds=max_seconds))  # type: ignore[arg-type, misc]
               for name in extras if EXTRAS[name] is not None]  # fmt: skip
     for name, measure in steps:
         t0 = time.perf_counter()
@@ -235,7 +237,7 @@ def _train_dispatch_records(peak, **timing):
 # Experiments beside the grids, by name: each returns records (None: kept in the provenance instead — kernel_code:
 # instruction counts; lessons: see measure.lessons; timeline, timeline_backward: see measure.timeline; timing_lesson:
 # see measure.timing_lesson, kept as lessons["timing"]).
-EXTRAS = {
+EXTRAS: dict[str, Callable[..., Any] | None] = {
     "fp8": _fp8_records,
     "device_time": _device_time_records,
     "context_parallel": _context_parallel_records,

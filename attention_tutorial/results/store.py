@@ -35,9 +35,9 @@ from ..measure.sweep import check_record, point_key
 try:
     import fcntl
 except ImportError:  # no advisory locks on this OS (Windows): saves to one file are not serialised there
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]
 
-PROVENANCE_FIELDS = {
+PROVENANCE_FIELDS: dict[str, type | tuple[type, ...]] = {
     "gpu": str, "driver": str, "jax": str, "jaxlib": str, "cudnn": str, "transformer_engine": (str, type(None)),
     "python": str, "created": str, "command": str,
 }  # fmt: skip
