@@ -159,9 +159,9 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, causa
 
 
 # Tuned on the H200 (tools/tune.py pallas, eight configurations, B=8, T=4096, N=16): (block_q, block_k, warps) per
-# head dim as the kernels run it (padded: see padded_head_dim). The number of stages is not in the table: by default
-# each kernel takes the most, up to MAX_STAGES, that fit in shared memory (smem_bytes).
-TUNED = {64: (128, 64, 4), 128: (128, 128, 8), 256: (128, 64, 8)}
+# head dim as the kernels run it (padded: see padded_head_dim); other head dims take (128, 64, 4 or 8 warps). The
+# stages are not in the table: by default each pass takes the most, up to MAX_STAGES, that fit (smem_bytes).
+TUNED = {64: (128, 64, 4), 128: (128, 128, 8)}
 BWD_BLOCK = 64  # the backward holds more tiles per program (k, v, dk, dv or q, dO, dq): smaller blocks
 MAX_STAGES = 3
 MAX_HEAD_DIM = 256
