@@ -158,9 +158,75 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, causa
     dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
 
 
-# Tuned on the H200 (tools/tune.py pallas, eight configurations, B=8, T=4096, N=16): (block_q, block_k, warps)
+# Tuned on the H200 (tools/tune.py pallas, eight configurations, B=8, T=4096, N=16): (block_q, block_k, warps) per
+# head dim as the kernels run it (padded: see padded_head_dim); other head dims take (128, 64, 4 or 8 warps). The
+# stages are not in the table: by default each pass takes the most, up to MAX_STAGES, that fit (smem_bytes).
 TUNED = {64: (128, 64, 4), 128: (128, 128, 8)}
 BWD_BLOCK = 64  # the backward holds more tiles per program (k, v, dk, dv or q, dO, dq): smaller blocks
+MAX_STAGES = 3
+MAX_HEAD_DIM = 256
+HOPPER_SMEM_BYTES = 232448  # 227 KiB: the most shared memory one program (CUDA block) may ask for on Hopper
+# The same limit per compute capability (CUDA's "maximum shared memory per block, opt-in"); a GPU not listed, and
+# Pallas's interpreter, are held to Hopper's.
+SMEM_BYTES = {"7.0": 98304, "7.5": 65536, "8.0": 166912, "8.6": 101376, "8.7": 166912, "8.9": 101376,
+              "9.0": HOPPER_SMEM_BYTES, "10.0": HOPPER_SMEM_BYTES, "12.0": 101376}  # fmt: skip
+KERNELS = ("forward", "backward dK/dV", "backward dQ")
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """The head dim the kernels run at: the next power of two, at least 16.
+
+    Triton's tiles must have power-of-two sizes and its tensor-core products at least 16 along each axis, so
+    :func:`flash_attention` zero-pads q, k and v from ``head_dim`` to this size (80 and 96 -> 128, 192 -> 256).
+    """
+    return max(16, 1 << (int(head_dim) - 1).bit_length())
+
+
+def head_dim_why_not(head_dim: int) -> str | None:
+    """Why the kernel does not take this head dim (a multiple of 8, at most 256), or None."""
+    if head_dim % 8 or not 8 <= head_dim <= MAX_HEAD_DIM:
+        return (
+            f"head_dim must be a multiple of 8 between 8 and {MAX_HEAD_DIM}; got {head_dim}. Below that, zero-pad q, "
+            f"k and v to the next multiple of 8 (the scores stay the same), pass scale=1/sqrt({head_dim}) and slice "
+            f"the extra output columns off; above it, use another implementation (xla or cudnn)."
+        )
+    return None
+
+
+def smem_bytes(kernel: str, block_q: int, block_k: int, head_dim: int, num_stages: int, itemsize: int = 2) -> int:
+    """Bytes of shared memory one program of ``kernel`` asks for, as Triton lays it out for our kernels.
+
+    Triton keeps the tiles that feed the tensor-core products in shared memory and the float32 accumulators and the
+    softmax statistics in registers. A tile loaded once, before the loop, takes one buffer; a tile loaded inside the
+    loop is software-pipelined over ``num_stages`` buffers (later iterations' copies land while this one computes).
+    With H = ``head_dim`` (as padded) and tiles of ``itemsize``-byte elements:
+
+    - ``"forward"``: q (block_q × H) once; k and v (block_k × H each) in the loop:
+      ``itemsize · H · (block_q + 2 · num_stages · block_k)``;
+    - ``"backward dK/dV"``: k and v (block_k × H each) once; q and dO (block_q × H each) in the loop:
+      ``itemsize · H · (2 · block_k + 2 · num_stages · block_q)``;
+    - ``"backward dQ"``: q and dO once; k and v in the loop: ``itemsize · H · (2 · block_q + 2 · num_stages · block_k)``.
+
+    For example the forward at H = 256 with blocks (128, 64) and 3 stages in bfloat16 asks for
+    2 · 256 · (128 + 6 · 64) = 262144 bytes, more than the 232448 a Hopper GPU allows, as its compiler reports.
+    """
+    if kernel == "forward":
+        once, looped = block_q, block_k
+    elif kernel == "backward dK/dV":
+        once, looped = 2 * block_k, block_q
+    elif kernel == "backward dQ":
+        once, looped = 2 * block_q, block_k
+    else:
+        raise ValueError(f"kernel must be one of {KERNELS}; got {kernel!r}.")
+    return itemsize * head_dim * (once + 2 * num_stages * looped)
+
+
+def smem_limit() -> int:
+    """Shared memory one program may ask for on this machine's first GPU (:data:`SMEM_BYTES`); Hopper's elsewhere."""
+    device = jax.devices()[0]
+    if device.platform != "gpu":
+        return HOPPER_SMEM_BYTES
+    return SMEM_BYTES.get(str(getattr(device, "compute_capability", "")), HOPPER_SMEM_BYTES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,12 +240,13 @@ class _Plan:
     bwd_q: int
     bwd_k: int
     num_warps: int
-    num_stages: int
+    num_stages: int  # the forward's
+    bwd_stages: int  # both backward kernels'
     interpret: bool
 
 
 def flash_attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, block_q: int | None = None,
-                    block_k: int | None = None, num_warps: int | None = None, num_stages: int = 3,
+                    block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                     interpret: bool | None = None, return_lse: bool = False):  # fmt: skip
     """Our Pallas FlashAttention: q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H), differentiable.
 
@@ -187,6 +254,18 @@ def flash_attention(q, k, v, *, is_causal: bool = False, scale: float | None = N
     masks align top-left. ``interpret`` (default: when not on a GPU) runs Pallas's interpreter instead.
     ``return_lse=True`` returns ``(out, lse)`` with lse (B, N, T) float32, the natural log of each row's sum of
     exp(scale · q·k) — what context parallelism needs to merge partial results (differentiable too).
+
+    Head dims: any multiple of 8 up to 256. Triton's tiles need power-of-two sizes, so a head dim that is not one
+    (80, 96, 192, ...) is zero-padded to the next power of two (:func:`padded_head_dim`) before the kernels and the
+    output's extra columns are sliced off after them: zero columns in q and k leave every score unchanged, zero
+    columns in v give output columns that are dropped, and the softmax scale stays 1/sqrt(head_dim). The cost is the
+    padded work: every product runs at the padded size, 128/80 = 1.6 times the FLOPs at H = 80 and 4/3 at H = 96 or
+    192, plus one padded copy of q, k and v. Gradients flow through the pad and the slice (the custom VJP is inside).
+
+    Shared memory: each kernel keeps its tiles in shared memory, the loop's tiles ``num_stages`` times over
+    (:func:`smem_bytes`). ``num_stages=None`` takes, for the forward and for the backward, the most stages up to 3
+    that fit this GPU's limit (:func:`smem_limit`, 227 KiB on Hopper); blocks and stages that cannot fit are refused
+    with a ``ValueError`` that names the fix, before anything compiles.
 
     The backward (a ``jax.custom_vjp``) recomputes the weights block by block from the saved log-sum-exp
     (FlashAttention-2) in two kernels: one per key block accumulates dK and dV over the query blocks that see it,
@@ -197,39 +276,119 @@ def flash_attention(q, k, v, *, is_causal: bool = False, scale: float | None = N
     N // K heads that share a kv head.
     """
     B, T, S, N, K, H = attention_shape(q, k, v)
-    tuned_q, tuned_k, tuned_warps = TUNED.get(H, (128, 64, 4 if H <= 64 else 8))
+    if reason := head_dim_why_not(H):
+        raise ValueError(f"{reason} (q {tuple(q.shape)}, k {tuple(k.shape)})")
+    fields = _configure(
+        T, S, H, jnp.dtype(q.dtype), block_q=block_q, block_k=block_k, num_warps=num_warps, num_stages=num_stages,
+        limit=smem_limit(), shapes=f"q {tuple(q.shape)}, k {tuple(k.shape)}",
+    )  # fmt: skip
+    plan = _Plan(
+        causal=check_flag("is_causal", is_causal),
+        scale=resolve_scale(scale, H),  # the head dim's own scale, also when it is padded
+        interpret=jax.default_backend() != "gpu" if interpret is None else bool(interpret),
+        **fields,
+    )
+    Hp = padded_head_dim(H)
+    if Hp != H:
+        pad = [(0, 0)] * 3 + [(0, Hp - H)]
+        q, k, v = jnp.pad(q, pad), jnp.pad(k, pad), jnp.pad(v, pad)
+    out, lse2 = _flash(q, k, v, plan)
+    out = out[..., :H]
+    return (out, lse2 * (1.0 / LOG2E)) if return_lse else out
+
+
+def _configure(T, S, H, dtype, *, block_q, block_k, num_warps, num_stages, limit, shapes) -> dict:
+    """The plan's blocks, warps and stages for this problem (the tuned ones where not given), or ``ValueError``.
+
+    Every kernel's tiles must fit ``limit`` bytes of shared memory. A given ``num_stages`` is used as it is;
+    ``None`` takes the most up to :data:`MAX_STAGES` that fit, per pass (forward, backward). Where even the fewest
+    stages overflow, the blocks the caller did not choose are halved (block_k first) down to 16; what still
+    overflows is refused, naming the fix.
+    """
+    Hp = padded_head_dim(H)
+    tuned_q, tuned_k, tuned_warps = TUNED.get(Hp, (128, 64, 4 if Hp <= 64 else 8))
     bq = min(check_block_size("block_q", block_q) if block_q is not None else tuned_q, T)
     bk = min(check_block_size("block_k", block_k) if block_k is not None else tuned_k, S)
     if T % bq or S % bk:
         raise ValueError(
             f"T={T} and S={S} must be multiples of block_q={bq} and block_k={bk}; pad the sequences or pick "
-            f"blocks that divide them (q {tuple(q.shape)}, k {tuple(k.shape)})."
+            f"blocks that divide them ({shapes})."
         )
-    plan = _Plan(
-        causal=check_flag("is_causal", is_causal),
-        scale=resolve_scale(scale, H),
-        block_q=bq,
-        block_k=bk,
-        bwd_q=_bwd_block(bq),
-        bwd_k=_bwd_block(bk),
-        num_warps=check_block_size("num_warps", num_warps) if num_warps is not None else tuned_warps,
-        num_stages=check_block_size("num_stages", num_stages),
-        interpret=jax.default_backend() != "gpu" if interpret is None else bool(interpret),
+    fit = functools.partial(
+        _fit,
+        stages=check_block_size("num_stages", num_stages) if num_stages is not None else None,
+        H=H,
+        dtype=jnp.dtype(dtype),
+        limit=limit,
+        shapes=shapes,
     )
-    out, lse2 = _flash(q, k, v, plan)
-    return (out, lse2 * (1.0 / LOG2E)) if return_lse else out
+    bq, bk, stages = fit(KERNELS[:1], [bq, bk], [i for i, given in ((1, block_k), (0, block_q)) if given is None])
+    bwd_q, bwd_k, bwd_stages = fit(KERNELS[1:], [_bwd_block(bq), _bwd_block(bk)], [0, 1])  # never the caller's
+    warps = check_block_size("num_warps", num_warps) if num_warps is not None else tuned_warps
+    return dict(block_q=bq, block_k=bk, bwd_q=bwd_q, bwd_k=bwd_k, num_stages=stages, bwd_stages=bwd_stages,
+                num_warps=warps)  # fmt: skip
+
+
+def _fit(kernels, blocks, free, *, stages, H, dtype, limit, shapes) -> tuple[int, int, int]:
+    """(block_q, block_k, stages) at which every kernel of one pass fits: ``blocks`` as given, the ones indexed by
+    ``free`` halved in that order while even the fewest stages overflow; ``ValueError`` when nothing frees room."""
+    Hp, size = padded_head_dim(H), dtype.itemsize
+    while True:
+        n = stages if stages is not None else _most_stages(kernels, blocks, Hp, size, limit)
+        over = [name for name in kernels if smem_bytes(name, *blocks, Hp, n, size) > limit]
+        if not over:
+            return blocks[0], blocks[1], n
+        halvable = [i for i in free if blocks[i] > 16 and blocks[i] % 2 == 0]
+        if not halvable:
+            raise ValueError(_smem_message(over[0], *blocks, H, n, dtype, limit, stages is not None, shapes))
+        blocks[halvable[0]] //= 2
+
+
+def _most_stages(kernels, blocks, head_dim, itemsize, limit) -> int:
+    """The most stages, up to :data:`MAX_STAGES`, at which every kernel fits at ``blocks`` (1 if none does)."""
+    for n in range(MAX_STAGES, 1, -1):
+        if all(smem_bytes(name, *blocks, head_dim, n, itemsize) <= limit for name in kernels):
+            return n
+    return 1
+
+
+def _smem_message(kernel, bq, bk, H, stages, dtype, limit, stages_given, shapes) -> str:
+    """Why these blocks and stages cannot run: the argument, the bytes, the arithmetic and what would fit."""
+    Hp, size = padded_head_dim(H), dtype.itemsize
+    need = smem_bytes(kernel, bq, bk, Hp, stages, size)
+    once, looped = {"forward": (bq, bk), "backward dK/dV": (2 * bk, bq), "backward dQ": (2 * bq, bk)}[kernel]
+    head = f"head_dim {H}" + (f" (padded to {Hp})" if Hp != H else "")
+    lead = f"num_stages={stages}" if stages_given else f"block_q={bq}, block_k={bk} (even at one stage)"
+    fixes = []
+    fewer = [n for n in range(stages - 1, 0, -1) if smem_bytes(kernel, bq, bk, Hp, n, size) <= limit]
+    if stages_given and fewer:
+        fixes.append(f"num_stages={fewer[0]} (or None: the most that fit)")
+    # halve the block the loop streams first (block_k in the forward and dQ, block_q in dK/dV), then the other
+    order = ("block_q", "block_k") if kernel == "backward dK/dV" else ("block_k", "block_q")
+    blocks = {"block_q": bq, "block_k": bk}
+    for name in order:
+        while blocks[name] > 16 and smem_bytes(kernel, blocks["block_q"], blocks["block_k"], Hp, stages, size) > limit:
+            blocks[name] //= 2
+        if smem_bytes(kernel, blocks["block_q"], blocks["block_k"], Hp, stages, size) <= limit:
+            fixes.append(" and ".join(f"{n}={b}" for n, b in blocks.items() if b != {"block_q": bq, "block_k": bk}[n]))
+            break
+    return (
+        f"{lead}: the {kernel} kernel at {head}, {dtype.name}, blocks ({bq}, {bk}) and {stages} stage(s) needs "
+        f"{need} bytes of shared memory per program ({size} · {Hp} · ({once} + 2 · {stages} · {looped})), more than "
+        f"the {limit} this GPU allows ({shapes}). Pass " + (" or ".join(fixes) or "a smaller head_dim") + "."
+    )
 
 
 def _bwd_block(block: int) -> int:
     return BWD_BLOCK if block > BWD_BLOCK and block % BWD_BLOCK == 0 else block
 
 
-def _params(plan: _Plan, warps: int | None = None) -> dict:
+def _params(plan: _Plan, stages: int) -> dict:
     if plan.interpret:
         return {}
     from jax.experimental.pallas import triton as plgpu
 
-    return {"compiler_params": plgpu.CompilerParams(num_warps=warps or plan.num_warps, num_stages=plan.num_stages)}
+    return {"compiler_params": plgpu.CompilerParams(num_warps=plan.num_warps, num_stages=stages)}
 
 
 @functools.partial(jax.jit, static_argnums=3)  # calls with the same shapes and plan share one lowering
@@ -254,7 +413,7 @@ def _forward(q, k, v, plan: _Plan):
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, N, T), jnp.float32)],
         interpret=plan.interpret,
         name="our_flash_forward",
-        **_params(plan),
+        **_params(plan, plan.num_stages),
     )
     return tuple(call(q, k, v))
 
@@ -296,7 +455,7 @@ def _backward(q, k, v, d_out, lse2, delta, plan: _Plan):
         out_shape=[jax.ShapeDtypeStruct((B, S, N, H), dkv_dtype)] * 2,
         interpret=plan.interpret,
         name="our_flash_backward_dkv",
-        **_params(plan),
+        **_params(plan, plan.bwd_stages),
     )(q, k, v, d_out, lse2, delta)
     if G > 1:  # GQA: sum over the query heads that share each kv head
         dk = dk.reshape(B, S, K, G, H).sum(axis=3).astype(k.dtype)
@@ -312,7 +471,7 @@ def _backward(q, k, v, d_out, lse2, delta, plan: _Plan):
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         interpret=plan.interpret,
         name="our_flash_backward_dq",
-        **_params(plan),
+        **_params(plan, plan.bwd_stages),
     )(q, k, v, d_out, lse2, delta)
     return dq, dk, dv
 
@@ -324,16 +483,25 @@ def why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
     """Why our kernel cannot run this problem here (it times only on a GPU), or None."""
     if jax.default_backend() != "gpu":
         return "our Pallas kernel is timed on a GPU only (on a CPU it runs in Pallas's slow interpreter, for tests)."
-    return _block_why_not(shape, dtype, *TUNED.get(shape.head_dim, (128, 64, 0))[:2])
+    return _why_not_here(shape, dtype, smem_limit())
 
 
-def _block_why_not(shape, dtype, bq, bk):
+def _why_not_here(shape: AttentionShape, dtype, limit: int) -> str | None:
+    """Why :func:`flash_attention`, at its default blocks and stages, refuses this problem on a GPU that allows
+    ``limit`` bytes of shared memory per program, or None."""
+    if reason := _dtype_why_not(dtype) or head_dim_why_not(shape.head_dim):
+        return reason
+    try:
+        _configure(shape.seq_q, shape.seq_kv, shape.head_dim, dtype, block_q=None, block_k=None, num_warps=None,
+                   num_stages=None, limit=limit, shapes=f"T={shape.seq_q}, S={shape.seq_kv}")  # fmt: skip
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def _dtype_why_not(dtype) -> str | None:
     if jnp.dtype(dtype).name not in ("bfloat16", "float16"):
         return f"it takes bfloat16/float16 (tensor-core) inputs, not {jnp.dtype(dtype).name}."
-    if shape.head_dim not in (16, 32, 64, 128, 256):
-        return f"head_dim must be a power of two between 16 and 256; got {shape.head_dim}."
-    if shape.seq_q % min(bq, shape.seq_q) or shape.seq_kv % min(bk, shape.seq_kv):
-        return f"T and S must be multiples of the blocks ({bq}, {bk}); got T={shape.seq_q}, S={shape.seq_kv}."
     return None
 
 
@@ -354,4 +522,24 @@ def bundled_why_not(shape: AttentionShape, dtype, causal: bool) -> str | None:
     """Why JAX's bundled Pallas kernel cannot run this problem here, or None."""
     if jax.default_backend() != "gpu":
         return "JAX's bundled Pallas kernel lowers through Triton: it needs an NVIDIA GPU."
-    return _block_why_not(shape, dtype, 128, 128)
+    return _bundled_why_not_here(shape, dtype, smem_limit())
+
+
+BUNDLED_BLOCKS, BUNDLED_STAGES = (128, 128), 2  # mha's defaults (BlockSizes.get_default(), num_stages=2)
+
+
+def _bundled_why_not_here(shape: AttentionShape, dtype, limit: int) -> str | None:
+    """Why JAX's bundled kernel (its forward: its defaults, the same tiles as ours) does not fit, or None."""
+    if reason := _dtype_why_not(dtype):
+        return reason
+    if shape.head_dim not in (16, 32, 64, 128, 256):
+        return f"head_dim must be a power of two between 16 and 256; got {shape.head_dim}."
+    bq, bk = min(BUNDLED_BLOCKS[0], shape.seq_q), min(BUNDLED_BLOCKS[1], shape.seq_kv)
+    if shape.seq_q % bq or shape.seq_kv % bk:
+        return f"T and S must be multiples of the blocks ({bq}, {bk}); got T={shape.seq_q}, S={shape.seq_kv}."
+    if (need := smem_bytes("forward", bq, bk, shape.head_dim, BUNDLED_STAGES, jnp.dtype(dtype).itemsize)) > limit:
+        return (
+            f"at head_dim {shape.head_dim} its forward (blocks ({bq}, {bk}), {BUNDLED_STAGES} stages) needs {need} "
+            f"bytes of shared memory per program, more than the {limit} this GPU allows."
+        )
+    return None

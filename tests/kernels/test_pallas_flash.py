@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attention_tutorial.inputs import AttentionShape
-from attention_tutorial.kernels.pallas_flash import _block_why_not, flash_attention, jax_bundled_mha
+from attention_tutorial.kernels import pallas_flash as pf
+from attention_tutorial.kernels.pallas_flash import (
+    HOPPER_SMEM_BYTES,
+    _bundled_why_not_here,
+    _why_not_here,
+    flash_attention,
+    jax_bundled_mha,
+    smem_bytes,
+)
 from attention_tutorial.kernels.reference import naive_attention, reference_attention
 from attention_tutorial.measure.compiled import kernels_used
 from tests.kernels.test_reference import normal_qkv
@@ -188,9 +196,119 @@ def test_bad_scale_is_refused():
 
 
 def test_why_not_names_dtype_and_head_dim():
-    assert "bfloat16" in _block_why_not(AttentionShape(1, 128, 128, 1, 1, 64), jnp.float32, 128, 64)
-    assert "power of two" in _block_why_not(AttentionShape(1, 128, 128, 1, 1, 96), jnp.bfloat16, 128, 64)
-    assert _block_why_not(AttentionShape(1, 256, 256, 1, 1, 128), jnp.bfloat16, 128, 64) is None
+    def why(head_dim, dtype=jnp.bfloat16, t=128):
+        return _why_not_here(AttentionShape(1, t, t, 1, 1, head_dim), dtype, HOPPER_SMEM_BYTES)
+
+    assert "bfloat16" in why(64, jnp.float32)
+    for head_dim in (100, 4, 264, 512):
+        assert "head_dim must be a multiple of 8 between 8 and 256" in why(head_dim)
+    for head_dim in (8, 64, 80, 96, 128, 192, 256):
+        assert why(head_dim) is None and why(head_dim, t=4096) is None
+
+
+def check_head_dim_case(head_dim, causal, *, t=32, s=32, n=2, kv=1, block=16):
+    """Values, log-sum-exp and gradients of the interpreted kernel at ``head_dim`` (padded inside) against float64."""
+    q, k, v = normal_qkv(1, t, n, head_dim, seq_kv=s, kv_heads=kv, seed=head_dim + causal)
+
+    def fn(q, k, v):
+        return flash_attention(q, k, v, is_causal=causal, block_q=block, block_k=block, interpret=True)
+
+    out, lse = flash_attention(q, k, v, is_causal=causal, block_q=block, block_k=block, interpret=True, return_lse=True)
+    assert out.shape == q.shape
+    np.testing.assert_allclose(out, reference_attention(q, k, v, is_causal=causal), atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(lse, reference_lse(q, k, is_causal=causal), atol=1e-5, rtol=1e-5)
+    assert_grads_close(fn, q, k, v, causal=causal, tol=5e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [80, 96])
+def test_interpreted_padded_head_dims_match_float64(head_dim, causal):
+    """80 and 96 run zero-padded to 128 with the scale 1/sqrt(head_dim): values, lse and gradients (GQA, T > S)."""
+    check_head_dim_case(head_dim, causal, t=32, s=16)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_interpreted_head_dim_192_matches_float64(causal):
+    """192 runs padded to 256, where the default forward and backward drop to two stages."""
+    check_head_dim_case(192, causal)
+
+
+@pytest.mark.parametrize("head_dim", [4, 20, 100, 264, 512])
+def test_head_dims_the_kernel_cannot_take_are_refused(head_dim):
+    q, k, v = normal_qkv(1, 32, 1, head_dim)
+    with pytest.raises(ValueError, match=rf"head_dim must be a multiple of 8 between 8 and 256; got {head_dim}"):
+        flash_attention(q, k, v, interpret=True)
+
+
+def test_padded_head_dims():
+    assert [pf.padded_head_dim(h) for h in (8, 16, 64, 80, 96, 128, 136, 192, 256)] == [
+        16, 16, 64, 128, 128, 128, 256, 256, 256,
+    ]  # fmt: skip
+
+
+def test_smem_arithmetic_matches_what_the_compiler_reported():
+    """The H200's compiler asked for 262144 bytes for the forward at H = 256, blocks (128, 64), 3 stages, bfloat16:
+    q once (128 x 256) and k, v (64 x 256 each) three times, two bytes each; Hopper allows 232448."""
+    assert smem_bytes("forward", 128, 64, 256, 3) == 2 * 256 * (128 + 3 * 2 * 64) == 262144 > HOPPER_SMEM_BYTES
+    assert HOPPER_SMEM_BYTES == 232448 == 227 * 1024
+    assert smem_bytes("forward", 128, 128, 128, 3) == 229376 <= HOPPER_SMEM_BYTES  # the tuned H = 128 forward fits
+    assert smem_bytes("backward dK/dV", 32, 64, 256, 2) == 2 * 256 * (2 * 64 + 2 * 2 * 32)
+    assert smem_bytes("backward dQ", 32, 64, 256, 2) == 2 * 256 * (2 * 32 + 2 * 2 * 64)
+    assert smem_bytes("forward", 64, 64, 128, 3, itemsize=4) == 2 * smem_bytes("forward", 64, 64, 128, 3)
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        smem_bytes("backward", 64, 64, 128, 3)
+
+
+def test_a_config_that_overflows_shared_memory_is_refused_before_compiling():
+    q, k, v = normal_qkv(1, 128, 1, 256, dtype=jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"num_stages=3: the forward kernel .* needs 262144 bytes .* 232448 .*"
+                                         r"q \(1, 128, 1, 256\).* Pass num_stages=2"):  # fmt: skip
+        flash_attention(q, k, v, block_q=128, block_k=64, num_stages=3, interpret=True)
+    q, k, v = normal_qkv(1, 256, 1, 256, dtype=jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"block_q=256, block_k=256 \(even at one stage\).*393216.*Pass block_k=64"):
+        flash_attention(q, k, v, block_q=256, block_k=256, interpret=True)
+
+
+def test_blocks_left_to_the_kernel_shrink_until_they_fit():
+    """The forward's blocks the caller did not choose, and the backward's (never the caller's), are halved until
+    the stages fit; here num_stages=4 at H = 192 (padded to 256)."""
+    plan = pf._configure(1024, 1024, 192, jnp.bfloat16, block_q=128, block_k=None, num_warps=None, num_stages=4,
+                         limit=HOPPER_SMEM_BYTES, shapes="")  # fmt: skip
+    assert (plan["block_q"], plan["block_k"], plan["num_stages"], plan["bwd_stages"]) == (128, 32, 4, 4)
+    assert smem_bytes("forward", 128, 32, 256, 4) <= HOPPER_SMEM_BYTES < smem_bytes("forward", 128, 64, 256, 4)
+    for name in pf.KERNELS[1:]:
+        assert smem_bytes(name, plan["bwd_q"], plan["bwd_k"], 256, 4) <= HOPPER_SMEM_BYTES
+    with pytest.raises(ValueError, match=r"num_stages=4: the forward kernel .* Pass num_stages=2 .* or block_k=32"):
+        pf._configure(1024, 1024, 192, jnp.bfloat16, block_q=128, block_k=64, num_warps=None, num_stages=4,
+                      limit=HOPPER_SMEM_BYTES, shapes="")  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+def test_default_configs_fit_hopper_at_every_head_dim(dtype):
+    """Every head dim the kernel takes gets blocks and stages whose every kernel fits 227 KiB, with 3 stages
+    wherever they fit; at 192 and 256 (padded) the forward and backward drop to 2 stages."""
+    size = jnp.dtype(dtype).itemsize
+    for head_dim in range(8, 257, 8):
+        hp = pf.padded_head_dim(head_dim)
+        plan = pf._configure(4096, 4096, head_dim, dtype, block_q=None, block_k=None, num_warps=None, num_stages=None,
+                             limit=HOPPER_SMEM_BYTES, shapes="")  # fmt: skip
+        fwd = [("forward", plan["block_q"], plan["block_k"], plan["num_stages"])]
+        bwd = [(name, plan["bwd_q"], plan["bwd_k"], plan["bwd_stages"]) for name in pf.KERNELS[1:]]
+        for name, bq, bk, stages in fwd + bwd:
+            assert smem_bytes(name, bq, bk, hp, stages, size) <= HOPPER_SMEM_BYTES, (head_dim, name)
+            deeper = stages + 1 <= pf.MAX_STAGES and smem_bytes(name, bq, bk, hp, stages + 1, size) <= HOPPER_SMEM_BYTES
+            assert not deeper or name != "forward", (head_dim, name)  # the forward takes every stage that fits
+    if dtype != jnp.float32:
+        plan = pf._configure(4096, 4096, 256, dtype, block_q=None, block_k=None, num_warps=None, num_stages=None,
+                             limit=HOPPER_SMEM_BYTES, shapes="")  # fmt: skip
+        assert (plan["block_q"], plan["block_k"], plan["num_stages"], plan["bwd_stages"]) == (128, 64, 2, 2)
+
+
+def test_jax_bundled_kernel_check_refuses_what_does_not_fit():
+    shape = AttentionShape(1, 1024, 1024, 4, 4, 256)
+    assert "327680 bytes of shared memory" in _bundled_why_not_here(shape, jnp.bfloat16, HOPPER_SMEM_BYTES)
+    assert _bundled_why_not_here(shape._replace(head_dim=128), jnp.bfloat16, HOPPER_SMEM_BYTES) is None
+    assert "power of two" in _bundled_why_not_here(shape._replace(head_dim=96), jnp.bfloat16, HOPPER_SMEM_BYTES)
 
 
 @pytest.mark.gpu
@@ -220,6 +338,63 @@ def test_gpu_gradients_match_float64(causal, head_dim, dtype):
             return flash_attention(q, k, v, is_causal=causal)
 
         assert_grads_close(fn, q, kk, v, causal=causal, tol=3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [80, 96, 192, 256])
+def test_gpu_head_dims_match_float64(head_dim, causal):
+    """The compiled kernel at its default blocks and stages: 80 and 96 padded to 128, 192 padded to 256, and 256
+    (two stages), forward and backward, against float64 (GQA; T = S, then T < S)."""
+    for t, s in ((256, 256), (128, 256)):
+        q, k, v = normal_qkv(1, t, 4, head_dim, seq_kv=s, kv_heads=2, dtype=jnp.bfloat16, seed=head_dim + t)
+        fn = jax.jit(lambda q, k, v: flash_attention(q, k, v, is_causal=causal))
+        out = np.asarray(fn(q, k, v), np.float32)
+        assert out.shape == q.shape and np.isfinite(out).all()
+        np.testing.assert_allclose(out, reference_attention(q, k, v, is_causal=causal), atol=1e-2, rtol=1e-2)
+        assert_grads_close(lambda q, k, v: flash_attention(q, k, v, is_causal=causal), q, k, v, causal=causal,
+                           tol=3e-2)  # fmt: skip
+
+
+def compiler_request(kernel, block_q, block_k, head_dim, stages):
+    """The shared memory the GPU's compiler reports for one of our kernels at these blocks and stages, by compiling
+    it past our check (None when it fits)."""
+    x = jnp.zeros((1, 256, 1, head_dim), jnp.bfloat16)
+    row = jnp.zeros((1, 1, 256), jnp.float32)
+    plan = pf._Plan(causal=False, scale=0.1, block_q=block_q, block_k=block_k, bwd_q=block_q, bwd_k=block_k,
+                    num_warps=4, num_stages=stages, bwd_stages=stages, interpret=False)  # fmt: skip
+    try:
+        if kernel == "forward":
+            jax.block_until_ready(pf._forward(x, x, x, plan))
+        else:
+            jax.block_until_ready(pf._backward(x, x, x, x, row, row, plan))
+    except Exception as e:  # XLA's compile error: "Shared memory size limit exceeded: requested N, available: M"
+        found = re.search(r"requested (\d+), available: (\d+)", str(e))
+        assert found, str(e)[-2000:]
+        return int(found[1]), int(found[2])
+    return None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("kernel", "block_q", "block_k", "head_dim", "stages"),
+    [
+        ("forward", 128, 64, 256, 3),
+        ("forward", 256, 64, 256, 3),
+        ("forward", 64, 128, 256, 2),
+        ("forward", 128, 128, 128, 4),
+        ("backward dK/dV", 64, 32, 256, 4),  # only dK/dV overflows at these blocks
+        ("backward dQ", 32, 64, 256, 4),  # only dQ overflows
+    ],
+)
+def test_gpu_compiler_asks_for_the_estimated_shared_memory(kernel, block_q, block_k, head_dim, stages):
+    """Configurations past the limit, compiled past our check: the compiler asks for exactly :func:`smem_bytes`."""
+    want = smem_bytes(kernel, block_q, block_k, head_dim, stages)
+    assert want > HOPPER_SMEM_BYTES
+    request = compiler_request(kernel, block_q, block_k, head_dim, stages)
+    assert request is not None and request[0] == want, (request, want)
+    if jax.devices()[0].compute_capability == "9.0":
+        assert request[1] == HOPPER_SMEM_BYTES
 
 
 @pytest.mark.gpu
