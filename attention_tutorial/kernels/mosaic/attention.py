@@ -38,6 +38,7 @@ def mosaic_flash_attention(
     config: MosaicConfig | None = None,
     probe: Probe | None = None,
     return_lse: bool = False,
+    deterministic: bool = False,
 ):
     """Our Mosaic GPU FlashAttention: q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H), differentiable. Hopper only
     (on a CPU it runs inside :func:`~attention_tutorial.kernels.mosaic.interpret.interpret`).
@@ -65,10 +66,16 @@ def mosaic_flash_attention(
 
     The backward (``jax.custom_vjp``; :mod:`~attention_tutorial.kernels.mosaic.backward`) recomputes the weights from
     the saved log-sum-exp in warp-specialised kernels (``config.bwd_dq``: dQ by a pass of its own or by atomic adds).
+    ``deterministic=True``: the same inputs give the same gradient bits every run (dQ by a pass of its own where the
+    config says atomic adds, whose summation order varies).
     ``probe`` (:class:`~attention_tutorial.kernels.mosaic.budget.Probe`): ways to measure the kernels, never for use.
     """
     B, T, S, N, K, H = attention_shape(q, k, v)
     cfg = config or default_config(H)
+    if not isinstance(deterministic, bool):
+        raise ValueError(f"deterministic must be True or False; got {deterministic!r:.60}.")
+    if deterministic and cfg.bwd_dq != "pass":
+        cfg = dataclasses.replace(cfg, bwd_dq="pass")
     probe = probe or NO_PROBE
     if reason := problem(AttentionShape(B, T, S, N, K, H), q.dtype, cfg, probe):
         raise ValueError(f"mosaic_flash_attention: {reason}")

@@ -184,3 +184,32 @@ def test_gpu_head_dims_between_the_kernels_run_padded(head_dim, grads):
         pytest.skip(reason)
     check_masked(dict(is_causal=True), band(1, 600, 600, right=0), T=600, S=600, N=2, K=1, H=head_dim, grads=grads,
                  run=contextlib.nullcontext)  # fmt: skip
+
+
+def test_deterministic_makes_dq_by_a_pass(monkeypatch):
+    """H = 64 makes dQ by atomic adds by default; deterministic=True takes the pass (the same bits every run)."""
+    from attention_tutorial.kernels.mosaic import attention as mod
+
+    seen = []
+    monkeypatch.setattr(mod, "_attention", lambda q, k, v, arrays, plan: seen.append(plan.cfg) or (q, None))
+    q, k, v = make_qkv(1, 128, 2, 64, dtype=jnp.bfloat16)
+    assert default_config(64).bwd_dq == "atomic"
+    mosaic_flash_attention(q, k, v)
+    mosaic_flash_attention(q, k, v, deterministic=True)
+    assert [c.bwd_dq for c in seen] == ["atomic", "pass"]
+    with pytest.raises(ValueError, match="deterministic must be True or False"):
+        mosaic_flash_attention(q, k, v, deterministic="yes")
+
+
+@pytest.mark.gpu
+def test_gpu_deterministic_gradients_are_the_same_bits_twice():
+    if reason := why_not(AttentionShape(2, 1024, 1024, 4, 4, 64), jnp.bfloat16, True):
+        pytest.skip(reason)
+    q, k, v = make_qkv(2, 1024, 4, 64, dtype=jnp.bfloat16, seed=3)
+
+    def loss(q, k, v):
+        return mosaic_flash_attention(q, k, v, is_causal=True, deterministic=True).astype(jnp.float32).sum()
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    for a, b in zip(grad(q, k, v), grad(q, k, v)):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
