@@ -335,19 +335,21 @@ def _fit(kernels, blocks, free, *, stages, H, dtype, limit, shapes) -> tuple[int
     Hp, size = padded_head_dim(H), dtype.itemsize
     while True:
         n = stages if stages is not None else _most_stages(kernels, blocks, Hp, size, limit)
-        over = [name for name in kernels if smem_bytes(name, *blocks, Hp, n, size) > limit]
+        over = [name for name in kernels if smem_bytes(name, blocks[0], blocks[1], Hp, n, size) > limit]
         if not over:
             return blocks[0], blocks[1], n
         halvable = [i for i in free if blocks[i] > 16 and blocks[i] % 2 == 0]
         if not halvable:
-            raise ValueError(_smem_message(over[0], *blocks, H, n, dtype, limit, stages is not None, shapes))
+            raise ValueError(
+                _smem_message(over[0], blocks[0], blocks[1], H, n, dtype, limit, stages is not None, shapes)
+            )
         blocks[halvable[0]] //= 2
 
 
 def _most_stages(kernels, blocks, head_dim, itemsize, limit) -> int:
     """The most stages, up to :data:`MAX_STAGES`, at which every kernel fits at ``blocks`` (1 if none does)."""
     for n in range(MAX_STAGES, 1, -1):
-        if all(smem_bytes(name, *blocks, head_dim, n, itemsize) <= limit for name in kernels):
+        if all(smem_bytes(name, blocks[0], blocks[1], head_dim, n, itemsize) <= limit for name in kernels):
             return n
     return 1
 
