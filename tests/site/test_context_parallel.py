@@ -53,7 +53,13 @@ def built():
 def printed():
     """Everything the page's cells printed in the last docs build."""
     cells = json.loads(_executed(".ipynb").read_text())["cells"]
-    return "".join("".join(o.get("text", "")) for c in cells for o in c.get("outputs", ()) if o.get("name") == "stdout")
+    lines = (
+        "".join(o.get("text", "")).splitlines()
+        for c in cells
+        for o in c.get("outputs", ())
+        if o.get("name") == "stdout"
+    )
+    return "\n".join(dict.fromkeys(line for out in lines for line in out))  # each line once
 
 
 def num(text):
