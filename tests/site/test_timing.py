@@ -1,83 +1,47 @@
-"""The timing page's numbers: calls summarised, the figure's points, dispatch against the call, host against device."""
+"""The timing page: its figure and tables, and the numbers its cells computed in the last docs build."""
+
+import ast
+import json
+import os
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
+from attention_tutorial.measure import profile
+from attention_tutorial.measure.timing import summarize
 from attention_tutorial.results import store
 from attention_tutorial.site import timing
 
-TIMES = timing.CallTimes(
-    compile_s=0.25,
-    warmup_ms=(9.0, 1.1, 1.0),
-    no_wait_ms=0.05,
-    waited_ms=(1.2, 1.3, 1.25),
-    samples_ms=(1.0, 1.02, 0.98, 1.01, 0.99, 1.5, 1.0, 1.0, 1.03, 0.97),
-    inner=10,
-)
+TIMES = {"compile_s": 0.25, "warmup_ms": (9.0, 1.1, 1.0), "no_wait_ms": 0.05, "waited_ms": (1.2, 1.3, 1.25),
+         "samples_ms": (1.0, 1.02, 0.98, 1.01, 0.99, 1.5, 1.0, 1.0, 1.03, 0.97), "inner": 10}  # fmt: skip
+DATA = store.recorded()
+EXECUTED = Path(__file__).resolve().parents[2] / "docs" / "_build" / "jupyter_execute"
 
 
-def test_summary_of_the_calls():
-    s = timing.summarize_calls(TIMES)
-    p10, median, p90 = np.percentile(TIMES.samples_ms, [10, 50, 90])
-    assert (s.median_ms, s.p10_ms, s.p90_ms) == pytest.approx((median, p10, p90))
-    assert s.spread_pct == pytest.approx(100 * (p90 - p10) / median)
-    assert s.mean_over_median == pytest.approx(np.mean(TIMES.samples_ms) / median)  # the one 1.5 ms sample pulls it
-    assert s.mean_over_median > 1.04 and s.slowest_over_median == pytest.approx(1.5 / median)
-    assert s.no_wait_pct == pytest.approx(100 * 0.05 / 1.25)
-    assert s.compile_calls == pytest.approx(250 / median)
-    assert s.first_over_median == pytest.approx(9.0 / median)
-    assert s.dispatch_ms == pytest.approx(1.25 - median) and s.samples == 10
-    assert s.returned_early  # 0.05 ms of a 1.25 ms waited call: the call returned before its result was ready
-
-
-def test_an_unwaited_clock_near_a_waited_call_is_synchronous_dispatch():
-    sync = timing.CallTimes(0.1, (1.5,), 1.48, (1.41, 1.40, 1.45), (1.4, 1.42), inner=10)
-    s = timing.summarize_calls(sync)
-    assert s.no_wait_pct == pytest.approx(100 * 1.48 / 1.41) and not s.returned_early
-    half = timing.CallTimes(0.1, (1.0,), 0.5, (1.0,), (1.0,), inner=1)  # exactly half: not early
-    assert not timing.summarize_calls(half).returned_early
-
-
-def test_call_times_from_a_five_ways_result_and_from_the_recording():
-    rec = {"compile_s": 0.25, "warmup_ms": [9.0, 1.1, 1.0], "no_wait_ms": 0.05, "waited_ms": [1.2, 1.3, 1.25],
-           "samples_ms": list(TIMES.samples_ms), "inner": 10, "device": "NVIDIA H200"}  # fmt: skip
-    assert timing.CallTimes.from_record(rec) == TIMES
-    with pytest.raises(ValueError, match="no_wait_ms"):
-        timing.CallTimes.from_record({k: v for k, v in rec.items() if k != "no_wait_ms"})
-    times, kept = timing.recorded_calls({"lessons": {"gqa": [], "timing": rec}})
-    assert times == TIMES and kept["device"] == "NVIDIA H200"
-    assert timing.recorded_calls({"lessons": {"gqa": []}}) is None and timing.recorded_calls(None) is None
-
-
-def test_the_recorded_timing_lesson_returns_early_on_the_gpu():
-    data = store.recorded()
-    found = timing.recorded_calls(data and data["provenance"])
-    if found is None:
-        pytest.skip("the timing lesson is not recorded yet")
-    times, rec = found
-    assert rec["backend"] == "gpu"
-    assert timing.summarize_calls(times).returned_early  # asynchronous dispatch: the page's first lesson holds
-
-
-def test_a_waited_call_faster_than_the_pipelined_one_has_no_negative_dispatch():
-    fast = timing.CallTimes(0.1, (1.0,), 0.01, (0.5,), (1.0, 1.0), inner=2)
-    assert timing.summarize_calls(fast).dispatch_ms == 0.0
-
-
-@pytest.mark.parametrize("bad", [{"samples_ms": ()}, {"waited_ms": (1.0, float("nan"))}, {"warmup_ms": (-1.0,)}])
-def test_call_times_refuse_missing_or_bad_times(bad):
-    fields = {**TIMES.__dict__, **bad}
-    with pytest.raises(ValueError, match=next(iter(bad))):
-        timing.CallTimes(**fields)
-    with pytest.raises(ValueError, match="inner"):
-        timing.CallTimes(**{**TIMES.__dict__, "inner": 0})
+@pytest.fixture(scope="module")
+def built():
+    """What the page's cells glued in the last docs build, as Python values (Markdown as its text)."""
+    path = EXECUTED / "timing.glue.json"
+    if not path.exists():
+        if os.environ.get("ATTENTION_TUTORIAL_REQUIRE_HTML"):
+            pytest.fail(f"no executed page at {path}: build the docs first")
+        pytest.skip("the site is not built (nox -s docs)")
+    if DATA is None:
+        pytest.skip("no recorded results")
+    out = {}
+    for key, output in json.loads(path.read_text()).items():
+        data = output["data"]
+        if "text/markdown" in data or "image/png" not in data:  # a figure is left out
+            out[key] = data["text/markdown"] if "text/markdown" in data else ast.literal_eval(data["text/plain"])
+    return out
 
 
 def test_the_figure_draws_every_call_in_order_from_zero_and_zooms_on_waited_and_pipelined():
     fig = timing.calls_figure(TIMES)
     full, zoom = fig.axes
-    s = timing.summarize_calls(TIMES)
+    mid, p10, p90 = summarize(TIMES["samples_ms"])
 
     def points(ax):
         return [line for line in ax.lines if line.get_linestyle() == "None"]
@@ -87,31 +51,18 @@ def test_the_figure_draws_every_call_in_order_from_zero_and_zooms_on_waited_and_
     assert list(xs) == list(range(17))  # one x per call, in the order they ran; the compilation is not a call
     assert max(np.concatenate([line.get_ydata() for line in points(full)])) == pytest.approx(9.0)  # not 250 ms
     assert full.get_yscale() == zoom.get_yscale() == "linear" and full.get_ylim()[0] == 0
-    assert list(points(full)[3].get_ydata()) == list(TIMES.samples_ms)
+    assert list(points(full)[3].get_ydata()) == list(TIMES["samples_ms"])
     waited, samples = points(zoom)  # the zoom holds the waited calls and the samples only, at the same xs
     assert list(waited.get_xdata()) == [4, 5, 6] and list(samples.get_xdata()) == list(range(7, 17))
     low, high = zoom.get_ylim()
-    assert 0 < low < min(TIMES.samples_ms) and max(TIMES.samples_ms + TIMES.waited_ms) < high < 9.0
+    assert 0 < low < min(TIMES["samples_ms"]) and max(TIMES["samples_ms"] + TIMES["waited_ms"]) < high < 9.0
     for ax in (full, zoom):
         (median,) = [c for c in ax.collections if c.get_label().startswith("median")]
-        assert median.get_segments()[0][0][1] == pytest.approx(s.median_ms)
+        assert median.get_segments()[0][0][1] == pytest.approx(mid)
         (band,) = [c for c in ax.collections if c.get_label().startswith("p10")]
         ys = band.get_paths()[0].vertices[:, 1]
-        assert (ys.min(), ys.max()) == pytest.approx((s.p10_ms, s.p90_ms))
+        assert (ys.min(), ys.max()) == pytest.approx((p10, p90))
     plt.close(fig)
-
-
-def test_one_stall_drags_the_mean_not_the_median():
-    st = timing.one_stall(TIMES, factor=10.0)
-    median = float(np.median(TIMES.samples_ms))
-    stalled = [*TIMES.samples_ms[:-1], 10 * median]
-    assert st.mean_ms == pytest.approx(np.mean(TIMES.samples_ms)) and st.median_ms == pytest.approx(median)
-    assert st.stalled_mean_ms == pytest.approx(np.mean(stalled)) and st.stalled_median_ms == pytest.approx(
-        np.median(stalled)
-    )
-    assert st.mean_rise_pct > 80 and abs(st.median_rise_pct) < 2  # 9 × the median over 10 samples moves the mean
-    with pytest.raises(ValueError, match="factor"):
-        timing.one_stall(TIMES, factor=0)
 
 
 def test_the_listing_keeps_the_five_steps_and_drops_the_argument_checks():
@@ -125,108 +76,9 @@ def test_the_listing_keeps_the_five_steps_and_drops_the_argument_checks():
     assert ".lower(*args).compile()" in text and "block_until_ready" in text and text.rstrip().endswith("}")
 
 
-def test_dispatch_share_counts_calls_whose_dispatch_outlasts_them():
-    recs = [{"status": "ok", "median_ms": 0.05, "dispatch_ms": 0.08}, {"status": "ok", "median_ms": 1.0,
-            "dispatch_ms": 0.1}, {"status": "unsupported"}]  # fmt: skip
-    d = timing.dispatch_share(recs)
-    assert (d.over, d.ok) == (1, 2) and d.largest_ratio == pytest.approx(1.6)
-    assert timing.dispatch_share([]) == timing.DispatchShare(0, 0, None)
-    named = [{"status": "ok", "impl": "cudnn", "dtype": "bfloat16", "median_ms": 0.08, "dispatch_ms": 0.14},
-             {"status": "ok", "impl": "default", "dtype": "bfloat16", "median_ms": 0.05, "dispatch_ms": 0.1}, *recs]  # fmt: skip
-    d = timing.dispatch_share(named)
-    assert [(x.impl, x.dispatch_ms, x.call_ms) for x in d.slow] == [("default", 0.1, 0.05), ("cudnn", 0.14, 0.08),
-                                                                   (None, 0.08, 0.05)]  # largest ratio first  # fmt: skip
-    assert d.over == len(d.slow) == 3 and d.slow[0].ratio == pytest.approx(d.largest_ratio)
-
-
-def test_dispatch_share_of_the_recorded_codelab_shape():
-    data = store.recorded()
-    if data is None:
-        pytest.skip("no recorded results")
-    recs = store.select(data["records"], grid="seed_shape", status="ok")
-    d = timing.dispatch_share(recs)
-    assert d.ok == len(recs) == 7
-    assert d.over == sum(r["single_call_ms"] - r["median_ms"] > r["median_ms"] for r in recs)
-    assert all(x.dispatch_ms > x.call_ms for x in d.slow) and d.slow, "the page names the calls dispatch outlasts"
-
-
-def test_versus_uses_the_spreads():
-    recs = [{"impl": "cudnn", "status": "ok", "dtype": "bfloat16", "median_ms": 0.08, "p10_ms": 0.075, "p90_ms": 0.09},
-            {"impl": "xla", "status": "ok", "dtype": "bfloat16", "median_ms": 0.05, "p10_ms": 0.04, "p90_ms": 0.056},
-            {"impl": "xla", "status": "ok", "dtype": "float32", "median_ms": 0.5, "p10_ms": 0.4, "p90_ms": 0.6}]  # fmt: skip
-    assert timing.versus(recs, dtype="bfloat16") == timing.Versus(0.08, 0.05, "slower")
-    close = [{**recs[0], "p10_ms": 0.05}, recs[1]]  # the ranges overlap: on par
-    assert timing.versus(close, dtype="bfloat16").word == "on par"
-    assert timing.versus(recs, dtype="float16") is None and timing.versus(recs, a="te") is None
-
-
-def test_cudnn_against_xla_at_the_recorded_codelab_shape():
-    data = store.recorded()
-    if data is None:
-        pytest.skip("no recorded results")
-    recs = store.select(data["records"], grid="seed_shape", status="ok", dtype="bfloat16")
-    v = timing.versus(recs)
-    (c,), (x,) = ([r for r in recs if r["impl"] == i] for i in ("cudnn", "xla"))
-    assert (v.a_ms, v.b_ms) == pytest.approx((c["median_ms"], x["median_ms"]))
-    assert v.word == ("slower" if c["p10_ms"] > x["p90_ms"] else "faster" if c["p90_ms"] < x["p10_ms"] else "on par")
-
-
-@pytest.mark.parametrize("n, word", [(3, "a few"), (40, "dozens"), (553, "hundreds"), (999, "hundreds"),
-                                     (1000, "thousands")])  # fmt: skip
-def test_count_word(n, word):
-    assert timing.count_word(n) == word
-
-
 def _rec(impl, ratio, dev_ms, source="device", causal=False, **kw):
     return {"impl": impl, "causal": causal, "status": "ok", "device_ratio": ratio, "device_ms": dev_ms,
             "time_source": source, **kw}  # fmt: skip
-
-
-def test_agreement_from_the_separate_timing_run():
-    recs = [_rec("cudnn", 1.012, 2.0), _rec("xla", 0.975, 5.0, causal=True), _rec("te", 1.5, 0.2)]
-    a = timing.agreement(recs)
-    assert (a.long, a.worst_impl, a.worst_causal, a.within, a.same_calls) == (2, "xla", True, True, False)
-    assert a.worst_pct == pytest.approx(2.5) and a.short == 1 and a.short_ratio == (1.5, 1.5)
-    assert a.separate == pytest.approx((1 / 1.012, 1 / 0.975)) and a.busy is None
-    assert (a.inside, a.outliers) == (2, ()) and a.inside_pct == pytest.approx(2.5)
-    kernels = [{"name": "k", "us": 2900.0, "count": 3.0, "kind": "kernel"}, {"name": "g", "us": 1.0, "count": 1.0,
-               "kind": "graph"}, {"name": "Memset", "us": 100.0, "count": 2.0, "kind": "memset"}]  # fmt: skip
-    worse = timing.agreement([*recs, _rec("mosaic", 1.04, 3.0, kernels=kernels, device_span_ms=3.2)])
-    assert worse.worst_impl == "mosaic" and worse.worst_pct == pytest.approx(4.0) and not worse.within
-    (out,) = worse.outliers
-    assert (out.impl, out.launches, out.at_least) == ("mosaic", 5.0, False)  # kernels and memsets, not the graph
-    assert out.idle == pytest.approx(1 - 3.0 / 3.2) and out.gap_pct == pytest.approx(4.0)
-
-
-def test_agreement_prefers_the_same_profiled_calls():
-    recs = [_rec("cudnn", 1.08, 2.0, traced_wall_ms=2.02, device_span_ms=2.01),
-            _rec("xla", 0.95, 4.0, traced_wall_ms=4.08, device_span_ms=4.4)]  # fmt: skip
-    a = timing.agreement(recs)
-    assert a.same_calls and a.worst_impl == "xla" and a.worst_pct == pytest.approx(2.0) and a.within
-    assert a.busy == pytest.approx((4.0 / 4.4, 2.0 / 2.01)) and a.separate == pytest.approx((1 / 1.08, 1 / 0.95))
-
-
-def test_agreement_on_a_cpu_tests_nothing_long():
-    a = timing.agreement([_rec("xla", 1.2, 3.0, "host"), _rec("blockwise", 0.9, 0.5, "host")])
-    assert (a.long, a.source, a.short, a.short_ratio, a.within) == (0, "host", 2, (0.9, 1.2), False)
-    assert timing.agreement([{"status": "unsupported"}]).source is None
-
-
-def test_the_recorded_device_time_agrees_within_the_target_on_the_same_calls():
-    data = store.recorded()
-    if data is None:
-        pytest.skip("no recorded results")
-    recs = store.select(data["records"], grid="device_time")
-    a = timing.agreement(recs)
-    long = [r for r in recs if r.get("status") == "ok" and r["device_ms"] >= timing.MIN_MS]
-    gaps = [100 * abs(r["traced_wall_ms"] / r["device_ms"] - 1) for r in long]
-    assert a.long == len(long) and a.same_calls and a.worst_pct == pytest.approx(max(gaps))
-    assert a.within == (max(gaps) <= timing.AGREE_PCT)
-    assert a.inside == sum(g <= timing.AGREE_PCT for g in gaps) and a.inside + len(a.outliers) == a.long
-    assert a.outliers, "the timing page names the exception to the target: reword it for a recording without one"
-    for out in a.outliers:  # a call outside the target left the GPU idle between many kernels
-        (r,) = [r for r in long if (r["impl"], r["causal"]) == (out.impl, out.causal)]
-        assert out.idle == pytest.approx(1 - r["device_ms"] / r["device_span_ms"]) and out.launches > 10
 
 
 def test_device_row_formats_a_record():
@@ -254,12 +106,64 @@ def test_host_kernel_rows_keep_the_long_traced_calls_longest_first():
     assert all(tuple(r) == timing.HOST_KERNEL_COLUMNS for r in rows)
 
 
-def test_the_recorded_host_kernel_rows_are_the_calls_the_agreement_counts():
-    data = store.recorded()
-    if data is None:
-        pytest.skip("no recorded results")
-    recs = store.select(data["records"], grid="device_time")
-    rows, a = timing.host_kernel_rows(recs), timing.agreement(recs)
-    assert len(rows) == a.long
-    gaps = sorted(abs(float(r["host / kernels"]) - 1) * 100 for r in rows)
-    assert gaps[a.inside - 1] == pytest.approx(a.inside_pct, abs=0.06)  # the open table shows what the text says
+# --- the built page: its numbers are the recorded ones
+
+
+def test_the_five_steps_quote_the_recorded_calls(built):
+    rec = DATA["provenance"]["lessons"]["timing"]
+    assert rec["backend"] == "gpu"
+    median, p10, p90 = summarize(rec["samples_ms"])
+    waited = summarize(rec["waited_ms"])[0]
+    assert rec["no_wait_ms"] < 0.5 * waited  # asynchronous dispatch: the page's first lesson holds
+    assert built["t_wait"].startswith("**3. Wait for the result.** Without a wait")
+    assert f"{100 * rec['no_wait_ms'] / waited:.1f} %" in built["t_wait"]
+    assert built["t_compile"] == f"{rec['compile_s']:.2f} s"
+    assert built["t_compile_calls"] == f"{rec['compile_s'] * 1e3 / median:,.0f}"
+    assert built["t_first"] == f"{rec['warmup_ms'][0] / median:.1f}×"
+    assert (built["t_median"], built["t_p10"], built["t_p90"]) == (f"{median:.3g} ms", f"{p10:.3g}", f"{p90:.3g} ms")
+    assert built["t_spread"] == f"{100 * (p90 - p10) / median:.1f} %"
+    assert built["t_dispatch"] == f"{max(waited - median, 0) * 1e3:.0f} µs" and waited > median
+    assert built["t_samples"] == str(len(rec["samples_ms"]))
+    assert built["t_source"].startswith(f"Measured on an {rec['device'].removeprefix('NVIDIA ')}")
+
+
+def test_one_stall_drags_the_mean_not_the_median(built):
+    samples = np.asarray(DATA["provenance"]["lessons"]["timing"]["samples_ms"])
+    stalled = np.append(samples[:-1], 10 * np.median(samples))
+    assert built["t_stall"] == "10" and built["t_mean_ms"] == f"{samples.mean():.4g} ms"
+    assert built["t_stall_mean"] == f"{100 * (stalled.mean() / samples.mean() - 1):.0f} %"
+    assert built["t_stall_median"] == f"{100 * (np.median(stalled) / np.median(samples) - 1):.1f} %"
+    assert float(built["t_stall_mean"].split()[0]) > 10 * abs(float(built["t_stall_median"].split()[0]))
+
+
+def test_the_codelab_shape_names_the_calls_dispatch_outlasts(built):
+    recs = store.select(DATA["records"], grid="seed_shape", status="ok")
+    slow = [r for r in recs if r["dispatch_ms"] > r["median_ms"]]
+    assert len(recs) == 7 and slow, "the page names the calls dispatch outlasts"
+    assert f"for {len(slow)} of the {len(recs)} implementations" in built["t_seed"]
+    for r in slow:
+        assert f"dispatch {1e3 * r['dispatch_ms']:.0f} µs, call {1e3 * r['median_ms']:.0f} µs" in built["t_seed"]
+    (c,), (x,) = (store.select(recs, impl=i, dtype="bfloat16") for i in ("cudnn", "xla"))
+    word = "slower" if c["p10_ms"] > x["p90_ms"] else "faster" if c["p90_ms"] < x["p10_ms"] else "on par"
+    assert f"cuDNN is {word}" in built["t_seed"]
+    assert f"({1e3 * c['median_ms']:.0f} µs against {1e3 * x['median_ms']:.0f} µs" in built["t_seed"]
+
+
+def test_the_recorded_device_time_agrees_within_three_percent_but_one(built):
+    recs = store.select(DATA["records"], grid="device_time")
+    long = [r for r in recs if r.get("status") == "ok" and r["device_ms"] >= timing.MIN_MS]
+    gaps = [100 * abs(r["traced_wall_ms"] / r["device_ms"] - 1) for r in long]
+    assert gaps == pytest.approx([profile.agreement_pct(r) for r in long])
+    inside = [g for g in gaps if g <= 3.0]
+    assert f"the {len(long)}, the two clocks agree within {max(inside):.1f} %" in built["t_dev_agree"]
+    out = max((r for r in long if profile.agreement_pct(r) > 3.0), key=profile.agreement_pct)
+    idle = 1 - out["device_ms"] / out["device_span_ms"]
+    assert f"idle for {100 * idle:.0f} %" in built["t_dev_agree"]
+    assert f"reads {profile.agreement_pct(out):.1f} % more" in built["t_dev_agree"]
+    assert len(inside) + 1 == len(long)  # one exception, which the page names
+    rows = timing.host_kernel_rows(recs)
+    assert len(rows) == len(long)
+    shown = sorted(abs(float(r["host / kernels"]) - 1) * 100 for r in rows)
+    assert shown[len(inside) - 1] == pytest.approx(max(inside), abs=0.06)  # the open table shows what the text says
+    separate = [1 / r["device_ratio"] for r in long]
+    assert built["t_dev_separate"] == f"{100 * min(separate):.0f}–{100 * max(separate):.0f} %"
