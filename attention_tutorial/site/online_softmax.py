@@ -1,24 +1,18 @@
-"""What "How can softmax run one tile at a time?" needs: the online softmax traced step by step, the tiles a query
-block walks, the tiled version checked against float64 and the naive gradients, the compiled memory of the naive and
-the tiled versions, and the naive version's HBM bytes and time at one recorded point. The IO argument it recalls is
-the scaling page's (:mod:`attention_tutorial.measure.roofline`).
-
-Shapes as everywhere: B batch, T queries, S keys, N query heads, K kv heads, H head dim.
+"""The figures of "How can softmax run one tile at a time?": the online softmax traced step by step, and the tiles a
+query block walks. The page's checks (the tiled version against float64 and the naive gradients, the compiled
+memory, the naive version's HBM bytes at one recorded point) run in its own cells.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
-from ..measure.roofline import Roof, io_point
 from ..results.plotting import GREY, PALETTE
-from .claims import Claim, growth_terms
 
 # --- the online softmax, one row ------------------------------------------------------------------------------------
 
@@ -144,125 +138,3 @@ def tiles_figure(n_q: int = 6, n_k: int = 6, *, query_block: int = 3):
                         Patch(color=colours["other"], label="tiles of the other query blocks")],
                loc="outside lower center", ncol=2, fontsize=8, frameon=False)  # fmt: skip
     return fig
-
-
-# --- exact: against float64 and the naive gradients ---------------------------------------------------------------
-
-
-def exactness(*, batch: int = 2, seq: int = 300, heads: int = 8, kv_heads: int = 2, head_dim: int = 64,
-              block: int = 64, seed: int = 0) -> list[dict]:  # fmt: skip
-    """blockwise_attention in float32, without and with the causal mask: ``out_err``, the largest absolute difference
-    of its output from the float64 reference, and ``grad_err``, the largest absolute difference of its dq, dk and dv
-    from naive_attention's, for one random output gradient. T = S = ``seq`` need not be a multiple of ``block``."""
-    import jax
-    import jax.numpy as jnp
-
-    from ..inputs import make_qkv
-    from ..kernels.blockwise import blockwise_attention
-    from ..kernels.reference import naive_attention, reference_attention
-
-    q, k, v = make_qkv(batch, seq, heads, head_dim, kv_heads=kv_heads, seed=seed)
-    d_out = jax.random.normal(jax.random.key(seed + 1), q.shape)  # an output gradient to pull back
-
-    @functools.partial(jax.jit, static_argnames="causal")
-    def both(q, k, v, d_out, causal):  # the tiled output, and the two gradients for d_out
-        tiled = functools.partial(blockwise_attention, is_causal=causal, block_q=block, block_k=block)
-        out, tiled_back = jax.vjp(tiled, q, k, v)
-        _, naive_back = jax.vjp(functools.partial(naive_attention, is_causal=causal), q, k, v)
-        return out, tiled_back(d_out), naive_back(d_out)
-
-    rows = []
-    for causal in (False, True):
-        out, tiled_grads, naive_grads = both(q, k, v, d_out, causal)
-        out_err = np.max(np.abs(np.asarray(out) - reference_attention(q, k, v, is_causal=causal)))
-        grad_err = max(jnp.max(jnp.abs(a - b)) for a, b in zip(tiled_grads, naive_grads))
-        rows.append({"causal": causal, "out_err": float(out_err), "grad_err": float(grad_err)})
-    return rows
-
-
-# --- memory: what the compiler keeps ------------------------------------------------------------------------------
-
-
-def memory_growth(records) -> dict[tuple[str, str], Claim]:
-    """{(impl, pass): how its compiled temporaries grow with T} from records with impl, pass, seq_q, temp_bytes
-    (:func:`attention_tutorial.site.claims.growth_terms`: the word, and the growth per doubling as value, low,
-    high)."""
-    out = {}
-    for key in dict.fromkeys((r["impl"], r["pass"]) for r in records):
-        rs = sorted((r for r in records if (r["impl"], r["pass"]) == key), key=lambda r: r["seq_q"])
-        if len(rs) < 2:
-            raise ValueError(f"memory_growth needs at least two T per (impl, pass); {key} has {len(rs)}.")
-        out[key] = growth_terms([r["seq_q"] for r in rs], [r["temp_bytes"] for r in rs], var="T")
-    return out
-
-
-# --- time: what the naive version moves ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class IOBudget:
-    """The naive version and a fused kernel at one recorded forward point: the HBM bytes each must move (the naive
-    one's split into the B·N·T·S scores, ``bytes_per_score`` each, and q, k, v and the output, all a fused kernel
-    moves), the naive bytes' time at the measured read ceiling, the FLOPs' time at the rate of the bf16 matmul
-    measured on the card (a reference, the same for both), and both measured medians (ms)."""
-
-    batch: int
-    heads: int
-    seq_q: int
-    seq_kv: int
-    bytes_per_score: int
-    io_bytes: int
-    naive_ms: float
-    fused_ms: float
-    bytes_ms: float
-    matmul_ms: float
-
-    @property
-    def scores(self) -> int:
-        return self.batch * self.heads * self.seq_q * self.seq_kv
-
-    @property
-    def score_bytes(self) -> int:
-        return self.scores * self.bytes_per_score
-
-    @property
-    def naive_bytes(self) -> int:
-        return self.score_bytes + self.io_bytes
-
-    @property
-    def ratio(self) -> float:
-        """How many times the fused kernel's bytes the naive version moves."""
-        return self.naive_bytes / self.io_bytes
-
-    @property
-    def memory_share(self) -> float:
-        """The naive bytes' time at the read ceiling over the naive version's measured time: a floor on the share
-        of its time spent moving bytes."""
-        return self.bytes_ms / self.naive_ms
-
-    @property
-    def memory_word(self) -> str:
-        """The share said in words that stay true for a floor: "more than half", or "at least N %"."""
-        return "more than half" if self.memory_share > 0.5 else f"at least {100 * self.memory_share:.0f} %"
-
-    @property
-    def fused_matmul_share(self) -> float:
-        """The FLOPs' time at the measured matmul's rate over the fused kernel's measured time."""
-        return self.matmul_ms / self.fused_ms
-
-
-def io_budget(naive: dict, fused: dict, roof: Roof) -> IOBudget:
-    """:class:`IOBudget` of two ok forward records at the same problem: ``naive``, a path that writes the scores
-    (:data:`~attention_tutorial.measure.grids.MATERIALISE_SCORES`), and ``fused``, one that does not."""
-    fields = ("batch", "seq_q", "seq_kv", "heads", "kv_heads", "head_dim", "dtype", "causal")
-    if any(naive.get(f) != fused.get(f) for f in fields):
-        raise ValueError(f"io_budget compares one problem: the records differ in "
-                         f"{[f for f in fields if naive.get(f) != fused.get(f)]}.")  # fmt: skip
-    n, f = io_point(naive), io_point(fused)
-    scores = naive["batch"] * naive["heads"] * naive["seq_q"] * naive["seq_kv"]
-    extra = n.bytes - f.bytes
-    if extra <= 0 or extra % scores:
-        raise ValueError(f"io_budget needs a naive path that writes the scores and a fused one that does not; got "
-                         f"{n.impl!r} ({n.bytes} bytes) and {f.impl!r} ({f.bytes} bytes).")  # fmt: skip
-    return IOBudget(naive["batch"], naive["heads"], naive["seq_q"], naive["seq_kv"], extra // scores, f.bytes,
-                    n.median_ms, f.median_ms, roof.bytes_ms(n), roof.matmul_ms(n))  # fmt: skip

@@ -1,16 +1,25 @@
-"""The online-softmax page's numbers: the running max and sum against direct sums, the tiles a causal loop computes
-and how the figure colours them, the tiled version's errors, memory growth words, and the naive version's bytes and
-times against bytes and FLOPs counted here by hand."""
+"""The online-softmax page: the running max and sum against direct sums, the tiles a causal loop computes and how
+the figures draw them; and the numbers its cells computed in the last docs build (the tiled version's errors, the
+memory growth, the naive version's bytes and times) against bytes and FLOPs counted here by hand from the committed
+results."""
 
+import ast
 import itertools
+import json
+import os
+import re
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from matplotlib.colors import to_hex
 
-from attention_tutorial.measure.roofline import Roof
+from attention_tutorial.results import store
 from attention_tutorial.site import online_softmax as page
+
+DATA = store.recorded()
+EXECUTED = Path(__file__).resolve().parents[2] / "docs" / "_build" / "jupyter_execute"
 
 
 @pytest.fixture(autouse=True)
@@ -105,68 +114,71 @@ def test_skipped_tiles_have_the_legends_colour_in_every_row_and_the_followed_row
         assert len(outline) == 1 and outline[0].get_xy() == (0, 2) and outline[0].get_width() == 6  # row 3 of 6
 
 
-def test_the_tiled_version_agrees_with_float64_and_the_naive_gradients():
-    rows = page.exactness(batch=1, seq=40, heads=4, kv_heads=2, head_dim=8, block=16)  # 40: not a multiple of 16
-    assert [r["causal"] for r in rows] == [False, True]
-    for r in rows:
-        assert 0 < r["out_err"] < 1e-5 and 0 <= r["grad_err"] < 1e-5  # float32 rounding (claims.TOLERANCES)
+# --- the built page against hand counts
 
 
-def _temps(impl, pass_, f):
-    return [{"impl": impl, "pass": pass_, "seq_q": t, "temp_bytes": f(t)} for t in (512, 1024, 2048, 4096)]
+@pytest.fixture(scope="module")
+def built():
+    """What the page's cells glued in the last docs build, as Python values (Markdown as its text)."""
+    path = EXECUTED / "online_softmax.glue.json"
+    if not path.exists():
+        if os.environ.get("ATTENTION_TUTORIAL_REQUIRE_HTML"):
+            pytest.fail(f"no executed page at {path}: build the docs first")
+        pytest.skip("the site is not built (nox -s docs)")
+    out = {}
+    for key, output in json.loads(path.read_text()).items():
+        data = output["data"]
+        if "text/markdown" in data or "image/png" not in data:  # a figure is left out
+            out[key] = data["text/markdown"] if "text/markdown" in data else ast.literal_eval(data["text/plain"])
+    return out
 
 
-def test_memory_growth_tells_quadratic_from_linear():
-    rows = [*_temps("naive", "fwd", lambda t: 6 * t * t), *_temps("blockwise", "fwd", lambda t: 1e6 + 300 * t)]
-    got = page.memory_growth(rows)
-    assert got["naive", "fwd"].word == "grows quadratically in T"
-    assert got["naive", "fwd"].value == pytest.approx(4.0)  # ×4 per doubling of T
-    assert "linear in T" in got["blockwise", "fwd"].word and got["blockwise", "fwd"].high < 2.0
-    with pytest.raises(ValueError, match="at least two T"):
-        page.memory_growth(rows[:1])
+def test_the_walk_and_the_tiles_as_the_page_counts_them(built):
+    s = np.random.default_rng(0).normal(size=12) * 3  # the page's row
+    m = [s[: 4 * (i + 1)].max() for i in range(3)]
+    jump = next(i for i in range(1, 3) if m[i] > m[i - 1])
+    assert built["jump_block"] == str(jump + 1)
+    assert built["carried_share"] == f"{100 * np.exp(m[jump - 1] - m[jump]):.0f} %"  # l, moved onto the new max
+    assert built["causal_share"] == f"{100 * 21 / 36:.0f} %"  # 6 × 6 tiles: the lower triangle and the diagonal
+    assert float(built["online_diff"]) < 1e-15
 
 
-def _fwd(impl, median_ms, **over):
-    rec = {"impl": impl, "status": "ok", "pass": "fwd", "batch": 8, "seq_q": 4096, "seq_kv": 4096, "heads": 16,
-           "kv_heads": 16, "head_dim": 128, "dtype": "bfloat16", "causal": False, "median_ms": median_ms}  # fmt: skip
-    return rec | over
+def test_the_tiled_version_agrees_with_float64_and_the_naive_gradients(built):
+    assert built["exact_shape"].startswith("B = 2, T = S = 300, N = 8 query heads sharing K = 2 kv heads, H = 64")
+    worst = float(re.match(r"[\d.e+-]+", built["exact_worst"]).group())
+    assert 0 < worst < 1e-5  # float32 rounding (claims.TOLERANCES), also for tf32 matmuls on a GPU build
+    assert built["exact_word"] == "agree to within float32 rounding"
 
 
-def test_the_io_budget_counts_the_scores_bytes_by_hand():
-    roof = Roof(peak_tflops=700.0, gbps=4500.0)
-    b = page.io_budget(_fwd("naive", 10.0), _fwd("cudnn", 2.0), roof)
-    scores = 8 * 16 * 4096 * 4096
-    assert b.scores == scores and b.bytes_per_score == 2 * (4 + 2)  # float32 score and bf16 weight, written + read
-    io = 4 * 8 * 4096 * 16 * 128 * 2  # q, k, v and the output, bf16
-    assert b.io_bytes == io and b.naive_bytes == scores * 12 + io
-    assert b.ratio == pytest.approx((scores * 12 + io) / io)
-    assert b.bytes_ms == pytest.approx((scores * 12 + io) / 4500e9 * 1e3)
-    flops = 4 * 8 * 16 * 4096 * 4096 * 128  # two matmuls, 2 FLOPs per multiply-add
-    assert b.matmul_ms == pytest.approx(flops / 700e12 * 1e3)
-    assert b.memory_share == pytest.approx(b.bytes_ms / 10.0)
-    assert b.memory_word == "more than half"  # 5.86 ms of 10
-    assert b.fused_matmul_share == pytest.approx(b.matmul_ms / 2.0)
-    slow = page.io_budget(_fwd("naive", 20.0), _fwd("cudnn", 2.0), roof)
-    assert slow.memory_word == f"at least {100 * slow.bytes_ms / 20:.0f} %"
+def test_the_naive_memory_grows_quadratically_and_the_blockwise_linearly(built):
+    assert built["mem_naive_fwd"].startswith("grows quadratically in T, ×4.0")
+    assert "linear in T" in built["mem_blockwise_fwd"] and "quadratic" not in built["mem_blockwise_fwd"]
 
 
-def test_the_io_budget_refuses_two_problems_or_two_fused_paths():
-    roof = Roof(peak_tflops=700.0, gbps=4500.0)
-    with pytest.raises(ValueError, match="differ in \\['seq_q'\\]"):
-        page.io_budget(_fwd("naive", 10.0), _fwd("cudnn", 2.0, seq_q=2048), roof)
-    with pytest.raises(ValueError, match="writes the scores"):
-        page.io_budget(_fwd("cudnn", 2.0), _fwd("cudnn", 2.0), roof)
+def test_the_io_numbers_against_bytes_and_flops_counted_by_hand(built):
+    from attention_tutorial.site.report import reference_roof
 
-
-def test_on_the_recorded_h200_the_naive_version_spends_more_than_half_its_time_moving_bytes():
-    from attention_tutorial.results import store
-    from attention_tutorial.site.report import reference, reference_roof
-
+    if DATA is None:
+        pytest.skip("no recorded results")
+    at = store.select(DATA["records"], grid="seq_long", status="ok", causal=False, batch=8, seq_q=4096)
+    (naive,), (cudnn,) = (store.select(at, impl=i) for i in ("naive", "cudnn"))
+    B, T, N, H = naive["batch"], naive["seq_q"], naive["heads"], naive["head_dim"]
+    scores = B * N * T * T
+    io = 4 * B * T * N * H * 2  # q, k, v and the output, bf16
+    moved = scores * (4 + 2) * 2 + io  # a float32 score and a bf16 weight, each written and read once
     roof = reference_roof()
-    seq, _ = reference("seq_long", status="ok", causal=False, batch=8, seq_q=4096)
-    at = {r["impl"]: r for r in store.select(seq or [], impl=("naive", "cudnn"))}
-    if not roof or len(at) < 2:
-        pytest.skip("no recorded reference installed")
-    b = page.io_budget(at["naive"], at["cudnn"], roof)
-    assert b.memory_word == "more than half" and b.matmul_ms < b.bytes_ms
-    assert b.fused_matmul_share > 0.5  # cuDNN's time is mostly its matmuls
+    assert built["io_shape"] == f"B = {B}, T = S = {T}, N = {N}, H = {H}, bf16"
+    assert built["io_arith"] == (f"{B} · {N} · {T} · {T} scores × 12 bytes = {scores * 12 / 1e9:.1f} GB, plus "
+                                 f"{io / 1e9:.2f} GB for q, k, v and the output")  # fmt: skip
+    assert built["io_naive_gb"] == f"{moved / 1e9:.1f} GB" and built["io_ratio"] == f"{moved / io:.0f}×"
+    bytes_ms = moved / (roof.gbps * 1e9) * 1e3
+    flops = 4 * B * N * T * T * H  # two matmuls, 2 FLOPs per multiply-add
+    matmul_ms = flops / (roof.peak_tflops * 1e12) * 1e3
+    assert built["io_naive_bytes_ms"] == f"{bytes_ms:.1f} ms" and built["io_naive_ms"] == f"{naive['median_ms']:.1f} ms"
+    assert built["io_memory_word"] == "more than half" and bytes_ms > naive["median_ms"] / 2 > matmul_ms
+    assert built["io_matmul_ms"] == f"{matmul_ms:.2f} ms" and built["io_cudnn_ms"] == f"{cudnn['median_ms']:.2f} ms"
+    assert (
+        built["io_cudnn_share"] == f"{100 * matmul_ms / cudnn['median_ms']:.0f} %"
+        and matmul_ms > cudnn["median_ms"] / 2
+    )
+    assert built["io_read"] == f"{roof.gbps / 1e3:.2f} TB/s" and built["io_peak"] == f"{roof.peak_tflops:.0f} TFLOP/s"

@@ -1,61 +1,34 @@
+"""The TransformerEngine page: its figures and table rows on synthetic rows a wrong number would fail; and the
+numbers its cells computed in the last docs build (TE against cuDNN, the profiles, FP8), set against the committed
+results read here independently."""
+
+import ast
+import json
+import os
+import re
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import pytest
 
+from attention_tutorial.measure.profile import DEVICE_KINDS
+from attention_tutorial.results import store
 from attention_tutorial.site import transformer_engine as page
+from attention_tutorial.site.claims import POINT_FIELDS, compare
+
+DATA = store.recorded()
+ROOT = Path(__file__).resolve().parents[2]
+EXECUTED = ROOT / "docs" / "_build" / "jupyter_execute"
 
 
-def _rec(impl, T, causal, ms, spread=0.01, **extra):
-    point = {
-        "batch": 1,
-        "seq_q": T,
-        "seq_kv": T,
-        "heads": 16,
-        "kv_heads": 16,
-        "head_dim": 128,
-        "dtype": "bfloat16",
-        "causal": causal,
-        "pass": "fwd",
-    }
-    return {
-        "impl": impl,
-        "status": "ok",
-        "median_ms": ms,
-        "p10_ms": ms * (1 - spread),
-        "p90_ms": ms * (1 + spread),
-        **point,
-        **extra,
-    }
-
-
-def test_te_vs_cudnn_pairs_points_and_reads_spreads():
-    te = [_rec("te", 1024, True, 1.0), _rec("te", 2048, True, 2.0), _rec("te", 4096, True, 9.0, status="error")]
-    cudnn = [_rec("cudnn", 1024, True, 1.0), _rec("cudnn", 2048, True, 3.0)]
-    rows = page.te_vs_cudnn(te, te + cudnn)
-    assert [r["seq_q"] for r in rows] == [1024, 2048]  # the failed TE point and unmatched points are left out
-    assert [r["ratio"] for r in rows] == pytest.approx([1.0, 1.5])
-    assert [r["word"] for r in rows] == ["on par", "faster"]
-    s = page.summary(rows)
-    assert (s.low, s.high, s.points, s.verdict) == (pytest.approx(1.0), pytest.approx(1.5), 2, "mixed")
-    assert s.words == {"on par": 1, "faster": 1}
-    assert page.summary([]) is None
-
-
-def test_fp8_speedups_and_their_figure():
-    recs = [
-        _rec("cudnn", 4096, False, 2.0),
-        _rec("cudnn_fp8_s448", 4096, False, 1.0),
-        _rec("cudnn", 4096, True, 1.0),
-        _rec("cudnn_fp8_s448", 4096, True, 1.25),
-        _rec("cudnn_fp8_s448", 8192, True, 1.0),
-    ]
-    rows = page.fp8_speedups(recs)
-    assert [(r["seq_q"], r["causal"]) for r in rows] == [(4096, False), (4096, True)]
-    assert [r["ratio"] for r in rows] == pytest.approx([2.0, 0.8])
-    assert [r["word"] for r in rows] == ["faster", "slower"]
+def test_fp8_speedup_figure_draws_each_mask():
+    rows = [{"seq_q": 4096, "causal": False, "ratio": 2.0, "low": 1.9, "high": 2.1, "word": "faster"},
+            {"seq_q": 4096, "causal": True, "ratio": 0.8, "low": 0.7, "high": 0.9, "word": "slower"}]  # fmt: skip
     fig = page.fp8_speedup_figure(rows)
     ys = [float(c.lines[0].get_ydata()[0]) for c in fig.axes[0].containers]
     assert ys == pytest.approx([2.0, 0.8])  # no mask, then causal
+    assert [c.get_label() for c in fig.axes[0].containers] == ["no mask", "causal"]
 
 
 @pytest.mark.parametrize(
@@ -76,25 +49,6 @@ def test_formats_match_the_dtypes(name, dtype):
     assert len(fig.axes[0].patches) == 3 * 4
 
 
-def test_around_kernel_splits_the_main_kernel_from_the_rest():
-    recs = [
-        {
-            "impl": "cudnn",
-            "causal": False,
-            "status": "ok",
-            "kernels": [
-                {"name": "Memset", "us": 6.0, "count": 3.0, "kind": "memset"},
-                {"name": "sdpa_flash_fprop", "us": 800.0, "count": 1.0, "kind": "kernel"},
-                {"name": "python op", "us": 50.0, "count": 1.0, "kind": "op"},
-            ],
-        },
-        {"impl": "te", "causal": False, "status": "error", "kernels": []},
-    ]
-    (a,) = page.around_kernel(recs)
-    assert (a.impl, a.main_us, a.other_us) == ("cudnn", 800.0, 6.0)  # host ops are not device work
-    assert a.other == (("Memset", 6.0),)
-
-
 def test_table_rows_round_and_join_the_range():
     rows = [
         {"seq_q": 128, "head_dim": 64, "pass": "fwd", "ratio": 0.94379, "low": 0.6055, "high": 1.1723, "word": "on par"}
@@ -111,50 +65,6 @@ def test_table_rows_round_and_join_the_range():
     ]
 
 
-def _profiled(impl, kernel_us, extra_us, ms, p10, p90, *, causal=False, name="fmha_kernel_" + "x" * 120, T=4096):
-    kernels = [{"name": name, "us": kernel_us, "count": 1.0, "kind": "kernel"},
-               {"name": "Memset 3", "us": extra_us, "count": 1.0, "kind": "memset"}]  # fmt: skip
-    return {**_rec(impl, T, causal, ms), "grid": "device_time", "kernels": kernels, "device_ms": (kernel_us + extra_us) / 1e3,
-            "p10_ms": p10, "p90_ms": p90}  # fmt: skip
-
-
-def test_device_pairs_set_two_profiles_of_one_point_side_by_side():
-    te = _profiled("te", 873.2, 3.5, 0.90, 0.89, 0.91)
-    jc = _profiled("cudnn", 835.9, 17.6, 0.95, 0.94, 0.96)  # host: TE faster, outside the spreads
-    other_shape = _profiled("cudnn", 100.0, 1.0, 0.1, 0.09, 0.11, T=1024)
-    (p,) = page.device_pairs([te, jc, other_shape])  # paired with the same shape only
-    assert p.same_kernel and not p.causal
-    assert (p.a_kernel_us, p.b_kernel_us) == (873.2, 835.9)
-    assert p.a_device_us == pytest.approx(876.7) and p.b_device_us == pytest.approx(853.5)
-    assert p.host.word == "faster" and p.host_gap_outside_kernels  # faster on the host, longer on the GPU
-    on_par = _profiled("cudnn", 835.9, 17.6, 0.905, 0.88, 0.93)  # spreads overlap: nothing to attribute
-    assert not page.device_pairs([te, on_par])[0].host_gap_outside_kernels
-    shorter = _profiled("cudnn", 900.0, 17.6, 0.95, 0.94, 0.96)  # TE faster on both: the kernels explain it
-    assert not page.device_pairs([te, shorter])[0].host_gap_outside_kernels
-    different = _profiled("cudnn", 835.9, 17.6, 0.95, 0.94, 0.96, name="another_kernel")
-    assert not page.device_pairs([te, different])[0].same_kernel
-    assert page.device_pairs([te]) == []
-    (row,) = page.device_pair_rows([p])
-    assert row["TE kernel (µs)"] == "873.2" and row["TE on the host"] == "faster" and row["mask"] == "none"
-
-
-def test_gap_by_length_and_less_time_say_it_in_percent():
-    rows = [
-        {"seq_q": 128, "ratio": 0.8, "word": "slower"},
-        {"seq_q": 128, "ratio": 1.25, "word": "faster"},
-        {"seq_q": 4096, "ratio": 1.01, "word": "on par"},
-    ]
-    assert page.less_time(1.25) == pytest.approx(20.0) and page.less_time(0.8) == pytest.approx(-25.0)
-    short, long = page.gap_by_length(rows)
-    assert (short["seq_q"], short["least"], short["most"], short["on_par"]) == (
-        128,
-        pytest.approx(-25.0),
-        pytest.approx(20.0),
-        False,
-    )
-    assert long["seq_q"] == 4096 and long["on_par"]
-
-
 def test_te_vs_cudnn_figure_draws_each_pass_and_head_size():
     rows = [
         {"seq_q": t, "head_dim": h, "pass": p, "ratio": r, "low": r - 0.01, "high": r + 0.01}
@@ -167,46 +77,6 @@ def test_te_vs_cudnn_figure_draws_each_pass_and_head_size():
     assert ax.get_ylabel() == "TE's speed / cuDNN's"
 
 
-def test_pays_from_and_same_error():
-    rows = [
-        {"seq_q": 4096, "causal": True, "word": "slower"},
-        {"seq_q": 8192, "causal": True, "word": "faster"},
-        {"seq_q": 16384, "causal": True, "word": "faster"},
-        {"seq_q": 4096, "causal": False, "word": "faster"},
-        {"seq_q": 8192, "causal": False, "word": "on par"},
-    ]
-    assert page.pays_from(rows, True) == 8192
-    assert page.pays_from(rows, False) is None  # not faster at the longest T
-    assert page.same_error(0.05939, 0.05931) and not page.same_error(0.059, 0.054)
-
-
-def test_backend_words():
-    recs = [{"status": "ok", "backend": "NVTE_F16_arbitrary_seqlen"}] * 3 + [{"status": "error", "backend": "x"}]
-    assert page.backend_words(recs) == ("cuDNN's flash-attention backend", 3, True)
-    assert page.backend_words([]) is None
-
-
-def test_te_call_listing_spells_out_the_package_arguments():
-    import ast
-    import inspect
-    import math
-
-    from attention_tutorial import AttentionShape
-    from attention_tutorial.kernels import te
-
-    H, N, K = 128, 32, 8
-    config = te.te_config(AttentionShape(8, 4096, 4096, N, K, H), causal=True)
-    call = next(
-        n
-        for n in ast.walk(ast.parse(page.TE_CALL))
-        if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("Attention")
-    )
-    given = {kw.arg: eval(ast.unparse(kw.value), {"math": math, "H": H, "N": N, "K": K}) for kw in call.keywords}
-    assert given == config
-    assert "apply({}, q, k, v, deterministic=True)" in page.TE_CALL
-    assert "apply({}, q, k, v, deterministic=True)" in inspect.getsource(te.te_attention)
-
-
 def test_the_fp8_check_finds_a_cast_on_cpu():
     import jax
     import jax.numpy as jnp
@@ -216,3 +86,131 @@ def test_the_fp8_check_finds_a_cast_on_cpu():
     x = jnp.ones((2, 16, 2, 8), jnp.bfloat16)
     assert te.hlo_fp8_types(lambda q: q.astype(jnp.float8_e4m3fn).astype(jnp.bfloat16), x) == ("f8e4m3fn",)
     assert te.hlo_fp8_types(lambda q: jax.nn.dot_product_attention(q, q, q), x) == ()
+
+
+# --- the built page against the committed results
+
+
+@pytest.fixture(scope="module")
+def built():
+    """What the page's cells glued in the last docs build, as Python values (Markdown as its text)."""
+    path = EXECUTED / "transformer_engine.glue.json"
+    if not path.exists():
+        if os.environ.get("ATTENTION_TUTORIAL_REQUIRE_HTML"):
+            pytest.fail(f"no executed page at {path}: build the docs first")
+        pytest.skip("the site is not built (nox -s docs)")
+    if DATA is None:
+        pytest.skip("no recorded results")
+    out = {}
+    for key, output in json.loads(path.read_text()).items():
+        data = output["data"]
+        if "text/markdown" in data or "image/png" not in data:  # a figure is left out
+            out[key] = data["text/markdown"] if "text/markdown" in data else ast.literal_eval(data["text/plain"])
+    return out
+
+
+def _ok(**where):
+    return store.select(DATA["records"], status="ok", **where)
+
+
+def _at(records, rec, impl):  # the records of ``impl`` at ``rec``'s point, matched field by field
+    return [r for r in records if r["impl"] == impl and all(r.get(f) == rec.get(f) for f in POINT_FIELDS)]
+
+
+def _less(cudnn_ms, te_ms):  # percent less time TE takes, by hand
+    return 100 * (1 - te_ms / cudnn_ms)
+
+
+def test_te_against_cudnn_point_by_point(built):
+    te = _ok(grid="te", impl="te")
+    pairs = [(r, _at(_ok(), r, "cudnn")) for r in te]
+    pairs = [(r, c) for r, c in pairs if c]
+    assert built["te_points"] == str(len(pairs)) == "20"
+    words = [compare([r], c).word for r, c in pairs]
+    assert built["te_tally"] == f"faster at {words.count('faster')}, on par at {words.count('on par')}"
+    saved = {}
+    for r, c in pairs:
+        saved.setdefault(r["seq_q"], []).append(_less(np.median([x["median_ms"] for x in c]), r["median_ms"]))
+    lo, hi = min(map(min, saved.values())), max(map(max, saved.values()))
+    assert built["te_span"] == f"from {abs(lo):.0f} % {'less' if lo >= 0 else 'more'} to {hi:.0f} % less"
+    assert built["te_gap_t"] == str(min(saved)) == "128" and built["te_gap_most"] == f"{max(saved[128]):.0f} % less"
+    longest = max(saved)
+    assert built["te_long_t"] == str(longest) and built["te_long_gap"].endswith(f"{max(saved[longest]):.0f} % less")
+    long_words = {compare([r], c).word for r, c in pairs if r["seq_q"] == longest}
+    assert (long_words == {"on par"}) == (built["te_long_word"] == "within the range over runs")
+    assert built["te_short_t"] == "128" and built["te_short_pct"].count("H = ") == 4
+    assert built["te_table"].count("\n| 128 |") == 4  # every point is a row
+
+
+def test_te_runs_cudnns_kernel_and_launches_less_around_it(built):
+    te = _ok(grid="te", impl="te")
+    assert built["te_backends"] == "NVTE_F16_arbitrary_seqlen" and built["te_backend_count"] == f"all {len(te)}"
+    assert built["te_backend_words"] == page.BACKENDS["NVTE_F16_arbitrary_seqlen"]
+    prof = {(r["impl"], r["causal"]): r for r in _ok(grid="device_time", impl=("te", "cudnn"))}
+
+    def around(r):  # everything but the longest kernel, device work only
+        work = sorted((k["us"] for k in r["kernels"] if k["kind"] in DEVICE_KINDS), reverse=True)
+        return work[0], sum(work[1:])
+
+    assert built["around_cudnn"] == f"{around(prof['cudnn', False])[1]:.1f}"
+    assert built["around_te"] == f"{around(prof['te', False])[1]:.1f}"
+    assert num(built["around_te"]) < num(built["around_cudnn"])
+    assert built["around_main"] == f"{around(prof['cudnn', False])[0]:.0f}"
+    assert built["te_profile_t"] == "4096" and built["te_same_kernel"] == "the very same kernel as JAX's cuDNN path"
+    for causal in (False, True):
+        word = compare([prof["te", causal]], [prof["cudnn", causal]]).word
+        row = next(
+            line for line in built["te_profile"].split("\n") if line.startswith(f"| {'causal' if causal else 'none'} |")
+        )
+        assert row.endswith(f"| {word} |")
+    assert "outside the kernels" not in built["te_profile"]
+
+
+def num(text):
+    return float(text.replace(",", "").rstrip("×% "))
+
+
+def test_autocast_leaves_attention_in_bf16_and_makes_the_gemm_fp8(built):
+    (auto,) = _ok(grid="fp8", impl="te_autocast")
+    assert auto["fp8_types_in_hlo"] == [] and auto["max_abs_diff_vs_bf16"] == 0
+    assert (built["auto_fp8_types"], built["auto_diff"]) == (
+        "holds no FP8 element type",
+        "is the same as bf16's, bit for bit",
+    )
+    b16, f8 = (_ok(grid="fp8", impl=i)[0] for i in ("te_dense_bf16", "te_dense_fp8"))
+    assert built["dense_speedup"] == f"{b16['median_ms'] / f8['median_ms']:.2f}" and num(built["dense_speedup"]) > 1
+    assert built["dense_types"] == "f8e4m3fn" and built["dense_fp8_tflops"] == f"{f8['tflops']:.0f}"
+    assert (built["dense_err_fp8"], built["dense_err_bf16"]) == (f"{f8['rel_error']:.3f}", f"{b16['rel_error']:.4f}")
+    peak = DATA["provenance"]["grids"]["fp8"]["matmul_bf16_tflops"]
+    assert built["dense_fp8_pct2"] == f"{100 * f8['tflops'] / (2 * peak):.0f}"
+
+
+def test_fp8_attention_pays_on_long_sequences(built):
+    fp8 = _ok(grid="fp8")
+    words = {}
+    for f in store.select(fp8, impl="cudnn_fp8_s448"):
+        c = compare([f], store.select(fp8, impl="cudnn", seq_q=f["seq_q"], causal=f["causal"]))
+        words[f["causal"], f["seq_q"]] = c.word
+    assert {w for (causal, _), w in words.items() if not causal} == {"faster"}
+    assert built["fp8_from_full"] == "at every recorded T" and built["fp8_below_full"] == "nothing"
+    causal = sorted((t, w) for (c, t), w in words.items() if c)
+    first = next(t for t, _ in causal if all(w == "faster" for u, w in causal if u >= t))
+    assert built["fp8_from_causal"] == f"from T = {first}" and first > causal[0][0]
+    assert re.fullmatch(r"\d+ % more time at T = \d+ \(slower\)", built["fp8_below_causal"])
+    err = {i: store.select(fp8, impl=i, causal=False, seq_q=4096)[0]["rel_error"]
+           for i in ("cudnn", "cudnn_fp8_s1", "cudnn_fp8_s448")}  # fmt: skip
+    assert all(built[f"err_{i}"] == f"{e:.3f}" for i, e in err.items())
+    assert err["cudnn"] < err["cudnn_fp8_s448"] / 10  # FP8's error: E4M3's mantissa, not bf16's
+    assert built["p_scale_verdict"] == "the P scale makes no difference, with or without a mask"
+
+
+def test_the_page_shows_the_packages_own_te_call():
+    import inspect
+
+    from attention_tutorial.kernels import te
+
+    source = (ROOT / "docs" / "transformer_engine.md").read_text()
+    assert ":pyobject: te_attention" in source and ":pyobject: cudnn_fp8_attention" in source
+    body = inspect.getsource(te.te_attention)
+    assert "DotProductAttention(**te_config(shape, is_causal))" in body
+    assert "apply({}, q, k, v, deterministic=True)" in body
