@@ -1,8 +1,5 @@
-import ast
 import json
-import os
 import re
-from pathlib import Path
 
 import jax
 import matplotlib.pyplot as plt
@@ -17,8 +14,8 @@ from attention_tutorial.measure.ring_cost import SPEEDUP_MIN, ring_costs
 from attention_tutorial.results import store
 from attention_tutorial.site import context_parallel as site
 from attention_tutorial.site.report import live_check
+from tests.built_pages import executed, glued
 
-EXECUTED = Path(__file__).resolve().parents[2] / "docs" / "_build" / "jupyter_execute"
 RECORDED = store.select((store.recorded() or {"records": []})["records"], experiment="context_parallel")
 
 
@@ -29,11 +26,7 @@ def _close_figures():
 
 
 def _executed(suffix):
-    path = EXECUTED / f"context_parallel{suffix}"
-    if not path.exists():
-        if os.environ.get("ATTENTION_TUTORIAL_REQUIRE_HTML"):
-            pytest.fail(f"no executed page at {path}: build the docs first")
-        pytest.skip("the site is not built (nox -s docs)")
+    path = executed(f"context_parallel{suffix}")
     if not RECORDED:
         pytest.skip("no recorded results")
     return path
@@ -42,11 +35,8 @@ def _executed(suffix):
 @pytest.fixture(scope="module")
 def built():
     """What the page's cells glued in the last docs build, as Python values (Markdown as its text)."""
-    out = {}
-    for key, output in json.loads(_executed(".glue.json").read_text()).items():
-        data = output["data"]
-        out[key] = data["text/markdown"] if "text/markdown" in data else ast.literal_eval(data["text/plain"])
-    return out
+    _executed(".glue.json")  # skips without the build or the records
+    return glued("context_parallel")
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,6 @@
 decode and masks records against the byte and FLOP models, and the numbers the page's cells computed in the last
 docs build, set against the committed results read here independently."""
 
-import ast
-import json
-import os
 from itertools import pairwise
 from pathlib import Path
 
@@ -20,25 +17,15 @@ from attention_tutorial.results.plotting import label
 from attention_tutorial.site import heads
 from attention_tutorial.site.claims import TOLERANCES, compare, growth, same_point
 from attention_tutorial.site.report import read_ceiling
+from tests.built_pages import glued
 
 DATA = store.recorded(store.REFERENCE_GPU)
-EXECUTED = Path(__file__).resolve().parents[2] / "docs" / "_build" / "jupyter_execute"
 
 
 @pytest.fixture(scope="module")
 def built():
     """What the page's cells glued in the last docs build, as Python values (Markdown as its text)."""
-    path = EXECUTED / "heads_decode_masks.glue.json"
-    if not path.exists():
-        if os.environ.get("ATTENTION_TUTORIAL_REQUIRE_HTML"):
-            pytest.fail(f"no executed page at {path}: build the docs first")
-        pytest.skip("the site is not built (nox -s docs)")
-    out = {}
-    for key, output in json.loads(path.read_text()).items():
-        data = output["data"]
-        if "text/markdown" in data or "image/png" not in data:  # a figure is left out
-            out[key] = data["text/markdown"] if "text/markdown" in data else ast.literal_eval(data["text/plain"])
-    return out
+    return glued("heads_decode_masks")
 
 
 def _recs(**where):
@@ -203,7 +190,6 @@ def test_masks_cost_figure_bars_are_the_medians_and_a_failure_is_named():
 
 def test_the_page_s_mask_table_lists_every_kind_the_package_builds():
     """The masks table is written in the page: one row per kind of ``MASK_KINDS`` (``"none"`` is the causal row)."""
-    from pathlib import Path
 
     from attention_tutorial.kernels.masks import MASK_KINDS
 

@@ -3,12 +3,8 @@ the figures draw them; and the numbers its cells computed in the last docs build
 memory growth, the naive version's bytes and times) against bytes and FLOPs counted here by hand from the committed
 results."""
 
-import ast
 import itertools
-import json
-import os
 import re
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -17,9 +13,9 @@ from matplotlib.colors import to_hex
 
 from attention_tutorial.results import store
 from attention_tutorial.site import online_softmax as page
+from tests.built_pages import glued
 
 DATA = store.recorded()
-EXECUTED = Path(__file__).resolve().parents[2] / "docs" / "_build" / "jupyter_execute"
 
 
 @pytest.fixture(autouse=True)
@@ -120,17 +116,7 @@ def test_skipped_tiles_have_the_legends_colour_in_every_row_and_the_followed_row
 @pytest.fixture(scope="module")
 def built():
     """What the page's cells glued in the last docs build, as Python values (Markdown as its text)."""
-    path = EXECUTED / "online_softmax.glue.json"
-    if not path.exists():
-        if os.environ.get("ATTENTION_TUTORIAL_REQUIRE_HTML"):
-            pytest.fail(f"no executed page at {path}: build the docs first")
-        pytest.skip("the site is not built (nox -s docs)")
-    out = {}
-    for key, output in json.loads(path.read_text()).items():
-        data = output["data"]
-        if "text/markdown" in data or "image/png" not in data:  # a figure is left out
-            out[key] = data["text/markdown"] if "text/markdown" in data else ast.literal_eval(data["text/plain"])
-    return out
+    return glued("online_softmax")
 
 
 def test_the_walk_and_the_tiles_as_the_page_counts_them(built):

@@ -2,13 +2,9 @@
 on synthetic records a wrong number would fail; and the numbers its cells computed in the last docs build, set against
 the committed results read here independently."""
 
-import ast
 import itertools
-import json
 import math
-import os
 import re
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pytest
@@ -20,9 +16,9 @@ from attention_tutorial.results import store
 from attention_tutorial.results.plotting import label
 from attention_tutorial.site import scaling as page
 from attention_tutorial.site.claims import compare
+from tests.built_pages import glued
 
 DATA = store.recorded()
-EXECUTED = Path(__file__).resolve().parents[2] / "docs" / "_build" / "jupyter_execute"
 
 
 def rec(impl, ms, lo=None, hi=None, **kw):
@@ -38,18 +34,9 @@ def _recs(**where):
 @pytest.fixture(scope="module")
 def built():
     """What the page's cells glued in the last docs build, as Python values (Markdown as its text)."""
-    path = EXECUTED / "scaling.glue.json"
-    if not path.exists():
-        if os.environ.get("ATTENTION_TUTORIAL_REQUIRE_HTML"):
-            pytest.fail(f"no executed page at {path}: build the docs first")
-        pytest.skip("the site is not built (nox -s docs)")
+    out = glued("scaling")
     if DATA is None:
         pytest.skip("no recorded results")
-    out = {}
-    for key, output in json.loads(path.read_text()).items():
-        data = output["data"]
-        if "text/markdown" in data or "image/png" not in data:  # a figure is left out
-            out[key] = data["text/markdown"] if "text/markdown" in data else ast.literal_eval(data["text/plain"])
     return out
 
 

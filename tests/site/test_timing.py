@@ -1,9 +1,6 @@
 """The timing page: its figure and tables, and the numbers its cells computed in the last docs build."""
 
 import ast
-import json
-import os
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -13,28 +10,19 @@ from attention_tutorial.measure import profile
 from attention_tutorial.measure.timing import summarize
 from attention_tutorial.results import store
 from attention_tutorial.site import timing
+from tests.built_pages import glued
 
 TIMES = {"compile_s": 0.25, "warmup_ms": (9.0, 1.1, 1.0), "no_wait_ms": 0.05, "waited_ms": (1.2, 1.3, 1.25),
          "samples_ms": (1.0, 1.02, 0.98, 1.01, 0.99, 1.5, 1.0, 1.0, 1.03, 0.97), "inner": 10}  # fmt: skip
 DATA = store.recorded()
-EXECUTED = Path(__file__).resolve().parents[2] / "docs" / "_build" / "jupyter_execute"
 
 
 @pytest.fixture(scope="module")
 def built():
     """What the page's cells glued in the last docs build, as Python values (Markdown as its text)."""
-    path = EXECUTED / "timing.glue.json"
-    if not path.exists():
-        if os.environ.get("ATTENTION_TUTORIAL_REQUIRE_HTML"):
-            pytest.fail(f"no executed page at {path}: build the docs first")
-        pytest.skip("the site is not built (nox -s docs)")
+    out = glued("timing")
     if DATA is None:
         pytest.skip("no recorded results")
-    out = {}
-    for key, output in json.loads(path.read_text()).items():
-        data = output["data"]
-        if "text/markdown" in data or "image/png" not in data:  # a figure is left out
-            out[key] = data["text/markdown"] if "text/markdown" in data else ast.literal_eval(data["text/plain"])
     return out
 
 
@@ -66,7 +54,6 @@ def test_the_figure_draws_every_call_in_order_from_zero_and_zooms_on_waited_and_
 
 
 def test_the_listing_keeps_the_five_steps_and_drops_the_argument_checks():
-    import ast
 
     text = timing.five_ways_listing()
     ast.parse(text)

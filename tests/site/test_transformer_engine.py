@@ -2,9 +2,6 @@
 numbers its cells computed in the last docs build (TE against cuDNN, the profiles, FP8), set against the committed
 results read here independently."""
 
-import ast
-import json
-import os
 import re
 from pathlib import Path
 
@@ -16,10 +13,10 @@ from attention_tutorial.measure.profile import DEVICE_KINDS
 from attention_tutorial.results import store
 from attention_tutorial.site import transformer_engine as page
 from attention_tutorial.site.claims import POINT_FIELDS, compare
+from tests.built_pages import glued
 
 DATA = store.recorded()
 ROOT = Path(__file__).resolve().parents[2]
-EXECUTED = ROOT / "docs" / "_build" / "jupyter_execute"
 
 
 def test_fp8_speedup_figure_draws_each_mask():
@@ -94,18 +91,9 @@ def test_the_fp8_check_finds_a_cast_on_cpu():
 @pytest.fixture(scope="module")
 def built():
     """What the page's cells glued in the last docs build, as Python values (Markdown as its text)."""
-    path = EXECUTED / "transformer_engine.glue.json"
-    if not path.exists():
-        if os.environ.get("ATTENTION_TUTORIAL_REQUIRE_HTML"):
-            pytest.fail(f"no executed page at {path}: build the docs first")
-        pytest.skip("the site is not built (nox -s docs)")
+    out = glued("transformer_engine")
     if DATA is None:
         pytest.skip("no recorded results")
-    out = {}
-    for key, output in json.loads(path.read_text()).items():
-        data = output["data"]
-        if "text/markdown" in data or "image/png" not in data:  # a figure is left out
-            out[key] = data["text/markdown"] if "text/markdown" in data else ast.literal_eval(data["text/plain"])
     return out
 
 
