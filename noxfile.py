@@ -43,9 +43,18 @@ def docs(session: nox.Session) -> None:
     if "--clean" in session.posargs:
         shutil.rmtree(ROOT / "docs" / "_build", ignore_errors=True)
     session.run(
-        "python", "-m", "sphinx", "-T", "-W", "--keep-going", "-b", "html", "docs", str(HTML),
+        "python",
+        "-m",
+        "sphinx",
+        "-T",
+        "-W",
+        "--keep-going",
+        "-b",
+        "html",
+        "docs",
+        str(HTML),
         env={"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")},
-    )  # fmt: skip
+    )
     session.log(f"site: {HTML / 'index.html'}")
 
 
@@ -110,8 +119,27 @@ def package(session: nox.Session) -> None:
     session.run(py, "-m", "pip", "install", "-q", str(wheel), external=True)
     session.chdir(tmp)  # away from the checkout, so that `python -m attention_tutorial` imports the installed wheel
     session.run(py, "-m", "attention_tutorial", "env", external=True)
-    session.run(py, "-m", "attention_tutorial", "bench", "--impl", "xla", "-B", "1", "-T", "128", "-N", "2",
-                "-H", "32", "--dtype", "float32", "--repeats", "3", external=True)  # fmt: skip
+    session.run(
+        py,
+        "-m",
+        "attention_tutorial",
+        "bench",
+        "--impl",
+        "xla",
+        "-B",
+        "1",
+        "-T",
+        "128",
+        "-N",
+        "2",
+        "-H",
+        "32",
+        "--dtype",
+        "float32",
+        "--repeats",
+        "3",
+        external=True,
+    )
     session.run(py, "-c", SMOKE, external=True)
 
 

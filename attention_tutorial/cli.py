@@ -29,8 +29,11 @@ from pathlib import Path
 from typing import Any
 
 # The core grids ``compare`` runs, with the axis each is plotted against and the fields that make its lines.
-COMPARE_X = {"seq_long": ("seq_q", ("impl", "causal")), "batch": ("batch", ("impl",)),
-             "decode": ("seq_kv", ("impl", "kv_heads"))}  # fmt: skip
+COMPARE_X = {
+    "seq_long": ("seq_q", ("impl", "causal")),
+    "batch": ("batch", ("impl",)),
+    "decode": ("seq_kv", ("impl", "kv_heads")),
+}
 
 
 # --- Ctrl-C ------------------------------------------------------------------------------------------------------
@@ -138,11 +141,18 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="measure a bf16 matmul first and report %% of its rate (a reference on this card, not a roof)",
     )
-    b.add_argument("--save", metavar="JSON", help="save the records and the environment to this .json file after "
-                   "every point (merged into an existing result file of this device and versions)")  # fmt: skip
+    b.add_argument(
+        "--save",
+        metavar="JSON",
+        help="save the records and the environment to this .json file after "
+        "every point (merged into an existing result file of this device and versions)",
+    )
     b.add_argument("--plot", metavar="PNG", help="plot TFLOP/s against T here (png, pdf, svg, ...)")
-    b.add_argument("--force", action="store_true", help="replace a --save file that is not a result file of this "
-                   "device and versions (its old contents are lost)")  # fmt: skip
+    b.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a --save file that is not a result file of this device and versions (its old contents are lost)",
+    )
     b.add_argument("--progress", action="store_true", help="show a progress bar")
 
     r = sub.add_parser(
@@ -150,8 +160,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--grids", nargs="*", default=list(GRID_NAMES), choices=GRID_NAMES)
     r.add_argument("--extras", nargs="*", default=["fp8", "kernel_code"], choices=list(EXTRAS))
-    r.add_argument("--race", nargs="+", default=list(RACE_GROUPS), choices=RACE_GROUPS, metavar="GROUP",
-                   help=f"with --extras race: which races to run ({', '.join(RACE_GROUPS)}; all by default)")  # fmt: skip
+    r.add_argument(
+        "--race",
+        nargs="+",
+        default=list(RACE_GROUPS),
+        choices=RACE_GROUPS,
+        metavar="GROUP",
+        help=f"with --extras race: which races to run ({', '.join(RACE_GROUPS)}; all by default)",
+    )
     r.add_argument("--out", help="result file (default: attention_tutorial/results/data/<gpu>.json)")
     r.add_argument("--repeats", type=int, default=20, help="timed calls per point (at least 1)")
     r.add_argument("--max-seconds", type=float, default=1.0, help="cap on timed seconds per point (above 0)")
@@ -221,8 +237,14 @@ def _record(args) -> int:
         return _refuse(problems)
     try:
         with _interruptible():
-            path = record(args.grids, out=args.out, repeats=args.repeats, max_seconds=args.max_seconds,
-                          extras=tuple(args.extras), race_groups=tuple(args.race))  # fmt: skip
+            path = record(
+                args.grids,
+                out=args.out,
+                repeats=args.repeats,
+                max_seconds=args.max_seconds,
+                extras=tuple(args.extras),
+                race_groups=tuple(args.race),
+            )
     except KeyboardInterrupt:
         print("interrupted: the result file keeps every grid written before", file=sys.stderr)
         return 130
@@ -304,13 +326,16 @@ def check_outputs(save, plot, *, force=False, provenance=None) -> list[str]:
         try:
             store.load(save)
         except store.ResultFileError as err:
-            problems.append(f"--save {save} exists and is not a result file ({err}); refusing to overwrite it: "
-                            "choose another path, or pass --force to replace it")  # fmt: skip
+            problems.append(
+                f"--save {save} exists and is not a result file ({err}); refusing to overwrite it: "
+                "choose another path, or pass --force to replace it"
+            )
         else:
             why = store.check_merge(save, provenance) if provenance else None
             if why:
-                problems.append(f"--save {save}: {why.split('; ')[0]}; choose another path, or pass --force to "
-                                "replace it")  # fmt: skip
+                problems.append(
+                    f"--save {save}: {why.split('; ')[0]}; choose another path, or pass --force to replace it"
+                )
     return problems
 
 
@@ -325,8 +350,23 @@ def _plot_formats() -> set[str]:
     return set(FigureCanvasAgg(Figure()).get_supported_filetypes())
 
 
-BENCH_COLUMNS = ["impl", "batch", "seq_q", "seq_kv", "heads", "kv_heads", "head_dim", "dtype", "causal", "mask", "pass",
-                 "median_ms", "p10_ms", "p90_ms", "tflops"]  # fmt: skip
+BENCH_COLUMNS = [
+    "impl",
+    "batch",
+    "seq_q",
+    "seq_kv",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "dtype",
+    "causal",
+    "mask",
+    "pass",
+    "median_ms",
+    "p10_ms",
+    "p90_ms",
+    "tflops",
+]
 
 
 class _SaveFailed(Exception):
@@ -349,33 +389,58 @@ def _bench(args) -> int:
         prov = provenance(env, {}, command)
 
         def grid_entry(seconds, peak):
-            return {args.grid: {"created": timestamp(), "seconds": seconds, "command": command,
-                                "matmul_bf16_tflops": peak, **{k: env[k] for k in GRID_VERSIONS}}}  # fmt: skip
+            return {
+                args.grid: {
+                    "created": timestamp(),
+                    "seconds": seconds,
+                    "command": command,
+                    "matmul_bf16_tflops": peak,
+                    **{k: env[k] for k in GRID_VERSIONS},
+                }
+            }
 
         if args.grid:
             prov["grids"] = grid_entry(0.0, None)
         problems = check_outputs(args.save, args.plot, force=args.force, provenance=prov)
-        sizes = {"--batch": args.batch, "--seq": args.seq, "--seq-kv": [args.seq_kv] if args.seq_kv is not None else [],
-                 "--heads": args.heads, "--kv-heads": [args.kv_heads] if args.kv_heads is not None else [],
-                 "--head-dim": args.head_dim}  # fmt: skip
+        sizes = {
+            "--batch": args.batch,
+            "--seq": args.seq,
+            "--seq-kv": [args.seq_kv] if args.seq_kv is not None else [],
+            "--heads": args.heads,
+            "--kv-heads": [args.kv_heads] if args.kv_heads is not None else [],
+            "--head-dim": args.head_dim,
+        }
         problems += [f"{flag} {n}: sizes must be positive integers" for flag, vs in sizes.items() for n in vs if n < 1]
         problems += _count_problems(args, ("--repeats", args.repeats))
         if args.kv_heads and args.kv_heads > 0 and not args.grid:
-            problems += [f"--kv-heads {args.kv_heads}: --heads {n} is not a multiple of it; give K dividing every N"
-                         for n in args.heads if n > 0 and n % args.kv_heads]  # fmt: skip
+            problems += [
+                f"--kv-heads {args.kv_heads}: --heads {n} is not a multiple of it; give K dividing every N"
+                for n in args.heads
+                if n > 0 and n % args.kv_heads
+            ]
         if args.grid:
-            problems += [f"{_words(args, name)}: --grid {args.grid} fixes its own points; drop one of the two"
-                         for name in _given(args, GRID_FIXES)]  # fmt: skip
+            problems += [
+                f"{_words(args, name)}: --grid {args.grid} fixes its own points; drop one of the two"
+                for name in _given(args, GRID_FIXES)
+            ]
         if problems:
             return _refuse(problems)
         if args.grid:
             pts = points(args.grid)
         else:
             pts = grid(
-                args.impl, seq_q=args.seq, batch=args.batch, heads=args.heads, head_dim=args.head_dim,
-                kv_heads=(args.kv_heads,), seq_kv=(args.seq_kv,), dtype=args.dtype,
-                causal=(False, True) if args.both_masks else (args.causal,), passes=args.passes, masks=args.mask,
-            )  # fmt: skip
+                args.impl,
+                seq_q=args.seq,
+                batch=args.batch,
+                heads=args.heads,
+                head_dim=args.head_dim,
+                kv_heads=(args.kv_heads,),
+                seq_kv=(args.seq_kv,),
+                dtype=args.dtype,
+                causal=(False, True) if args.both_masks else (args.causal,),
+                passes=args.passes,
+                masks=args.mask,
+            )
         started, replace = time.perf_counter(), args.force
 
         def keep(rec):  # save after every point: an interrupted sweep keeps what it measured
@@ -408,8 +473,9 @@ def _bench(args) -> int:
         failed = str(err)
     _bench_report(args, recs, pts, peak, saved=saved, interrupted=interrupted, device=device)
     if failed:
-        print(f"error: --save {args.save}: {failed}; {saved} of the {len(recs)} points above were saved",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"error: --save {args.save}: {failed}; {saved} of the {len(recs)} points above were saved", file=sys.stderr
+        )
         return 1
     if interrupted:
         return 130
@@ -496,13 +562,17 @@ def compare_figure(name, live, live_prov, recorded, ref_prov, *, x="seq_q", by=(
             ax.text(0.5, 0.5, "no measured points", ha="center", va="center", transform=ax.transAxes)
         words = f"{name}, {where}: {store.describe(prov, name)}; {shape_words(ok, x=x, by=by)}"
         ax.set_title(_fill(words, 75), fontsize=8)
-    diffs = differences(live, recorded, fields=("dtype", x, "batch", "seq_kv", "heads", "kv_heads", "head_dim",
-                                                "mask", "pass"))  # fmt: skip
+    diffs = differences(
+        live, recorded, fields=("dtype", x, "batch", "seq_kv", "heads", "kv_heads", "head_dim", "mask", "pass")
+    )
     here, there = store.describe(live_prov).split(", JAX")[0], store.describe(ref_prov).split(", JAX")[0]
     if here != there:
         diffs.insert(0, f"device {here} vs {there}")
-    verdict = ("Not like for like (left vs right): " + "; ".join(diffs) + "; y scales differ") if diffs else (
-        "Like for like: the same points on both sides")  # fmt: skip
+    verdict = (
+        ("Not like for like (left vs right): " + "; ".join(diffs) + "; y scales differ")
+        if diffs
+        else ("Like for like: the same points on both sides")
+    )
     fig.suptitle(_fill(verdict, 130), fontsize=10)
     return fig
 
@@ -531,8 +601,11 @@ def _compare(args) -> int:
         return _refuse(problems)
     ref = store.recorded(args.reference)
     if ref is None:
-        print(f"error: --reference {args.reference}: no recorded results of that name in {store.RESULTS_DIR}; "
-              f"choose one of {[p.stem for p in store.result_files()]}", file=sys.stderr)  # fmt: skip
+        print(
+            f"error: --reference {args.reference}: no recorded results of that name in {store.RESULTS_DIR}; "
+            f"choose one of {[p.stem for p in store.result_files()]}",
+            file=sys.stderr,
+        )
         return 2
     env = environment()
     here = store.slug(env["gpu"]) if env["gpu"] else env["backend"]
@@ -555,8 +628,14 @@ def _compare(args) -> int:
                 live = run_sweep(points(name, live=True), repeats=args.repeats, max_seconds=0.3)
             for rec in live:
                 rec["grid"] = name
-            prov["grids"] = {name: {"created": timestamp(), "seconds": round(time.perf_counter() - t0, 1),
-                                    "command": prov["command"], **{k: env[k] for k in GRID_VERSIONS}}}  # fmt: skip
+            prov["grids"] = {
+                name: {
+                    "created": timestamp(),
+                    "seconds": round(time.perf_counter() - t0, 1),
+                    "command": prov["command"],
+                    **{k: env[k] for k in GRID_VERSIONS},
+                }
+            }
             data = store.save(saved, prov, live, replace_grids=True)  # each grid is run whole
             recorded = store.select(ref["records"], grid=name)
             fig = compare_figure(name, live, data["provenance"], recorded, ref["provenance"], x=x, by=by)

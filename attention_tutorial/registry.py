@@ -140,8 +140,10 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
 def get(name: str) -> Implementation:
     """The implementation called ``name``; ``ValueError`` lists the known names otherwise."""
     if not isinstance(name, str):
-        raise ValueError(f"implementation name must be a str; got {type(name).__name__} {name!r:.60}. "
-                         f"Choose from {sorted(IMPLEMENTATIONS)}.")  # fmt: skip
+        raise ValueError(
+            f"implementation name must be a str; got {type(name).__name__} {name!r:.60}. "
+            f"Choose from {sorted(IMPLEMENTATIONS)}."
+        )
     try:
         return IMPLEMENTATIONS[name]
     except KeyError:

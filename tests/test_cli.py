@@ -14,8 +14,25 @@ from attention_tutorial import cli, results
 from attention_tutorial.cli import main
 from attention_tutorial.measure import sweep
 
-SMALL = ["bench", "--impl", "xla", "naive", "--seq", "32", "64", "-B", "1", "-N", "2", "-H", "16", "--dtype", "float32",
-         "--repeats", "3"]  # fmt: skip
+SMALL = [
+    "bench",
+    "--impl",
+    "xla",
+    "naive",
+    "--seq",
+    "32",
+    "64",
+    "-B",
+    "1",
+    "-N",
+    "2",
+    "-H",
+    "16",
+    "--dtype",
+    "float32",
+    "--repeats",
+    "3",
+]
 
 
 def test_env_prints_json(capsys):
@@ -34,11 +51,39 @@ def test_bench_prints_table_and_saves_a_valid_file_and_merges_into_it(tmp_path, 
     assert data["provenance"]["backend"] == jax.default_backend() and "--save" in data["provenance"]["command"]
     assert png.stat().st_size > 1000
     # a second run merges: the same points are replaced, a new one is added, nothing else is lost
-    assert main(["bench", "--impl", "xla", "--seq", "32", "128", "-B", "1", "-N", "2", "-H", "16", "--dtype", "float32",
-                 "--repeats", "3", "--save", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "bench",
+                "--impl",
+                "xla",
+                "--seq",
+                "32",
+                "128",
+                "-B",
+                "1",
+                "-N",
+                "2",
+                "-H",
+                "16",
+                "--dtype",
+                "float32",
+                "--repeats",
+                "3",
+                "--save",
+                str(out),
+            ]
+        )
+        == 0
+    )
     recs = results.load(out)["records"]
     assert sorted((r["impl"], r["seq_q"]) for r in recs) == [
-        ("naive", 32), ("naive", 64), ("xla", 32), ("xla", 64), ("xla", 128)]  # fmt: skip
+        ("naive", 32),
+        ("naive", 64),
+        ("xla", 32),
+        ("xla", 64),
+        ("xla", 128),
+    ]
 
 
 def test_bench_checks_both_paths_before_measuring(tmp_path, capsys, monkeypatch):
@@ -164,8 +209,9 @@ def test_compare_runs_a_tiny_grid_here_and_plots_it_beside_the_recorded_h200(tmp
     text = capsys.readouterr().out
     assert "seq_long: 2/2 points ok here" in text and "recorded:     NVIDIA H200" in text
     assert (tmp_path / "compare-seq_long.png").stat().st_size > 5000
-    saved = results.load(tmp_path / f"{jax.default_backend()}.json" if jax.default_backend() != "gpu" else
-                         next(tmp_path.glob("*.json")))  # fmt: skip
+    saved = results.load(
+        tmp_path / f"{jax.default_backend()}.json" if jax.default_backend() != "gpu" else next(tmp_path.glob("*.json"))
+    )
     assert [r["seq_q"] for r in saved["records"]] == [16, 32] and "seq_long" in saved["provenance"]["grids"]
 
 
@@ -197,8 +243,14 @@ def test_every_command_s_help_works(capsys):
 def _command(*args, **kw):
     """``python -m attention_tutorial ARGS`` as a child process, on the CPU, run from a clean folder."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "JAX_PLATFORMS": "cpu"}
-    return subprocess.Popen([sys.executable, "-m", "attention_tutorial", *args], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "attention_tutorial", *args],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kw,
+    )
 
 
 def test_bench_help_from_the_command_line():
@@ -211,8 +263,24 @@ def test_bench_help_from_the_command_line():
 @pytest.mark.slow  # two processes measure 4 points each: about 10 s on two cores
 def test_two_benches_saving_to_one_file_keep_every_point(tmp_path):
     out = tmp_path / "same.json"
-    common = ["bench", "--impl", "xla", "naive", "-B", "1", "-N", "2", "-H", "16", "--dtype", "float32", "--repeats",
-              "3", "--save", str(out)]  # fmt: skip
+    common = [
+        "bench",
+        "--impl",
+        "xla",
+        "naive",
+        "-B",
+        "1",
+        "-N",
+        "2",
+        "-H",
+        "16",
+        "--dtype",
+        "float32",
+        "--repeats",
+        "3",
+        "--save",
+        str(out),
+    ]
     procs = [_command(*common, "--seq", *seqs, cwd=tmp_path) for seqs in (("32", "64"), ("48", "96"))]
     for proc in procs:
         _, err = proc.communicate(timeout=300)
@@ -221,8 +289,29 @@ def test_two_benches_saving_to_one_file_keep_every_point(tmp_path):
     assert sorted((r["impl"], r["seq_q"]) for r in recs) == [(i, t) for i in ("naive", "xla") for t in (32, 48, 64, 96)]
 
 
-SWEEP = ["bench", "--impl", "xla", "naive", "--seq", "32", "64", "128", "256", "512", "1024", "-B", "1", "-N", "2",
-         "-H", "16", "--dtype", "float32", "--repeats", "20"]  # fmt: skip
+SWEEP = [
+    "bench",
+    "--impl",
+    "xla",
+    "naive",
+    "--seq",
+    "32",
+    "64",
+    "128",
+    "256",
+    "512",
+    "1024",
+    "-B",
+    "1",
+    "-N",
+    "2",
+    "-H",
+    "16",
+    "--dtype",
+    "float32",
+    "--repeats",
+    "20",
+]
 
 
 def _table_rows(text):
@@ -263,9 +352,24 @@ def test_ctrl_c_after_the_first_point_prints_and_keeps_what_was_measured(tmp_pat
 
 
 def test_an_interrupted_run_s_plot_says_it_is_partial_and_names_device_dtype_and_shape():
-    recs = [{"impl": "xla", "batch": 8192 // t, "seq_q": t, "seq_kv": t, "heads": 16, "kv_heads": 4, "head_dim": 128,
-             "dtype": "bfloat16", "causal": False, "mask": "none", "pass": "fwd", "status": "ok", "tflops": t / 100}
-            for t in (1024, 2048, 4096)]  # fmt: skip
+    recs = [
+        {
+            "impl": "xla",
+            "batch": 8192 // t,
+            "seq_q": t,
+            "seq_kv": t,
+            "heads": 16,
+            "kv_heads": 4,
+            "head_dim": 128,
+            "dtype": "bfloat16",
+            "causal": False,
+            "mask": "none",
+            "pass": "fwd",
+            "status": "ok",
+            "tflops": t / 100,
+        }
+        for t in (1024, 2048, 4096)
+    ]
     fig = cli.bench_figure(recs, device="NVIDIA H200", partial=(3, 8))
     title = fig._suptitle.get_text().replace("\xa0", " ").replace("\n", " ")
     assert title.startswith("PARTIAL (interrupted): 3 of 8 points")
@@ -283,8 +387,15 @@ def test_compare_labels_every_difference_and_says_when_like_is_set_against_like(
     ref = results.recorded()
     recorded = results.select(ref["records"], grid="seq_long", impl="xla", causal=False)
     live = [{**r, "dtype": "float32", "seq_q": r["seq_q"] // 16, "seq_kv": r["seq_kv"] // 16} for r in recorded]
-    cpu = {**ref["provenance"], "backend": "cpu", "gpu": None, "driver": None, "cudnn": None, "cpu": "x86_64",
-           "grids": {}}  # fmt: skip
+    cpu = {
+        **ref["provenance"],
+        "backend": "cpu",
+        "gpu": None,
+        "driver": None,
+        "cudnn": None,
+        "cpu": "x86_64",
+        "grids": {},
+    }
     fig = cli.compare_figure("seq_long", live, cpu, recorded, ref["provenance"], by=("impl", "causal"))
     verdict = fig._suptitle.get_text().replace("\xa0", " ").replace("\n", " ")
     assert verdict.startswith("Not like for like")

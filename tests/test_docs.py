@@ -34,8 +34,11 @@ def test_a_failing_cell_fails_the_build(tmp_path):
     )
     proc = subprocess.run(
         [sys.executable, "-m", "sphinx", "-T", "-W", "-b", "html", str(src), str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode != 0
     log = proc.stdout + proc.stderr
     assert "ExecutionError" in log and "index.md" in log  # the build names the failing page
@@ -110,8 +113,9 @@ def test_a_figure_without_alt_text_gets_the_sentence_before_it():
 
 
 def test_no_built_figure_is_described_by_its_file_name():
-    named = {p.name: re.findall(r'<img alt="([^"]*\.(?:png|svg|jpe?g))"', p.read_text(encoding="utf-8"))
-             for p in _pages()}  # fmt: skip
+    named = {
+        p.name: re.findall(r'<img alt="([^"]*\.(?:png|svg|jpe?g))"', p.read_text(encoding="utf-8")) for p in _pages()
+    }
     assert not {k: v for k, v in named.items() if v}
 
 
@@ -123,14 +127,20 @@ def test_source_links_point_at_the_entrys_lines_in_the_repository():
 
     import attention_tutorial.kernels.reference as reference
 
-    url = source_url("https://github.com/o/r/", "abc123", "py", {"module": reference.__name__,
-                                                                 "fullname": "naive_attention"})  # fmt: skip
+    url = source_url(
+        "https://github.com/o/r/", "abc123", "py", {"module": reference.__name__, "fullname": "naive_attention"}
+    )
     lines, first = inspect.getsourcelines(reference.naive_attention)
-    assert url == (f"https://github.com/o/r/blob/abc123/attention_tutorial/kernels/reference.py"
-                   f"#L{first}-L{first + len(lines) - 1}")  # fmt: skip
+    assert url == (
+        f"https://github.com/o/r/blob/abc123/attention_tutorial/kernels/reference.py#L{first}-L{first + len(lines) - 1}"
+    )
     assert "def naive_attention(" in lines[0]
-    method = source_url("https://github.com/o/r", "main", "py", {"module": "attention_tutorial.inputs",
-                                                                 "fullname": "AttentionShape.flops"})  # fmt: skip
+    method = source_url(
+        "https://github.com/o/r",
+        "main",
+        "py",
+        {"module": "attention_tutorial.inputs", "fullname": "AttentionShape.flops"},
+    )
     assert method is None or "/blob/main/attention_tutorial/inputs.py#L" in method
     assert (
         source_url("https://github.com/o/r", "main", "py", {"module": reference.__name__, "fullname": "F32_MAX"})

@@ -13,9 +13,25 @@ VERSION = re.compile(r"^\d+\.\d+(\.\d+)?([.+-]?\w+)*$")  # 0.10.2, 9.19.0, 2.8.0
 
 def test_environment_report_values():
     env = environment()
-    expected_keys = {"backend", "devices", "gpu", "compute_capability", "driver", "gpu_memory_mib", "jax", "jaxlib",
-                     "jax_cuda_plugin", "cudnn", "transformer_engine", "flax", "python", "cpu", "created", "commit",
-                     "dirty"}  # fmt: skip
+    expected_keys = {
+        "backend",
+        "devices",
+        "gpu",
+        "compute_capability",
+        "driver",
+        "gpu_memory_mib",
+        "jax",
+        "jaxlib",
+        "jax_cuda_plugin",
+        "cudnn",
+        "transformer_engine",
+        "flax",
+        "python",
+        "cpu",
+        "created",
+        "commit",
+        "dirty",
+    }
     assert set(env) == expected_keys
     assert env["backend"] == jax.default_backend() in ("cpu", "gpu")
     assert env["devices"] == [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()] and env["devices"]

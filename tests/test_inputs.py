@@ -97,9 +97,18 @@ def test_make_qkv_rejects_bad_sizes(kwargs, message):
 
 @pytest.mark.parametrize(
     ("scale", "expected"),
-    [(None, 0.25), (0.5, 0.5), (2, 2.0), (np.float32(0.125), 0.125), (np.int64(3), 3.0), (jnp.bfloat16(0.5), 0.5),
-     (np.array(0.75), 0.75), (0.0, 0.0), (-1.5, -1.5)],
-)  # fmt: skip
+    [
+        (None, 0.25),
+        (0.5, 0.5),
+        (2, 2.0),
+        (np.float32(0.125), 0.125),
+        (np.int64(3), 3.0),
+        (jnp.bfloat16(0.5), 0.5),
+        (np.array(0.75), 0.75),
+        (0.0, 0.0),
+        (-1.5, -1.5),
+    ],
+)
 def test_resolve_scale_accepts_real_numbers(scale, expected):
     value = resolve_scale(scale, 16)
     assert type(value) is float and value == expected
@@ -107,11 +116,18 @@ def test_resolve_scale_accepts_real_numbers(scale, expected):
 
 @pytest.mark.parametrize(
     ("scale", "message"),
-    [(float("nan"), "must be finite"), (float("inf"), "must be finite"), (np.float32("-inf"), "must be finite"),
-     (True, "real number; got bool"), ("0.125", "real number; got str"), (1 + 2j, "real number; got complex"),
-     (np.complex64(1), "real scalar"), (np.array([0.1, 0.2]), r"real scalar; got shape \(2,\)"),
-     ([0.1], "real number; got list")],
-)  # fmt: skip
+    [
+        (float("nan"), "must be finite"),
+        (float("inf"), "must be finite"),
+        (np.float32("-inf"), "must be finite"),
+        (True, "real number; got bool"),
+        ("0.125", "real number; got str"),
+        (1 + 2j, "real number; got complex"),
+        (np.complex64(1), "real scalar"),
+        (np.array([0.1, 0.2]), r"real scalar; got shape \(2,\)"),
+        ([0.1], "real number; got list"),
+    ],
+)
 def test_resolve_scale_refuses_with_the_fix(scale, message):
     with pytest.raises(ValueError, match=message) as err:
         resolve_scale(scale, 16)
@@ -130,9 +146,15 @@ def test_check_block_size_accepts_positive_ints(value):
 
 @pytest.mark.parametrize(
     ("value", "message"),
-    [(0, "positive integer.*got 0"), (-64, "got -64"), (64.0, r"got float 64.0. Pass an int, e.g. block_k=int"),
-     (True, "got bool"), ("64", "got str"), (None, "got NoneType")],
-)  # fmt: skip
+    [
+        (0, "positive integer.*got 0"),
+        (-64, "got -64"),
+        (64.0, r"got float 64.0. Pass an int, e.g. block_k=int"),
+        (True, "got bool"),
+        ("64", "got str"),
+        (None, "got NoneType"),
+    ],
+)
 def test_check_block_size_refuses_with_the_fix(value, message):
     with pytest.raises(ValueError, match=message):
         check_block_size("block_k", value)
@@ -147,10 +169,15 @@ def test_python_lists_get_a_short_clear_error():
 
 @pytest.mark.parametrize(
     ("args", "kwargs", "message"),
-    [((1.5, 8, 4, 16), {}, "batch must be an int; got float"), ((1, 8, True, 16), {}, "heads must be an int; got bool"),
-     ((1, 8, 4, 16), {"seed": 0.5}, "seed must be an int"), ((1, 8, 4, 16), {"dtype": "float"}, "jax_enable_x64"),
-     ((1, 8, 4, 16), {"dtype": "nonsense"}, "floating type"), ((1, 8, 4, np.int64(16)), {"seq_kv": -1}, "at least 1")],
-)  # fmt: skip
+    [
+        ((1.5, 8, 4, 16), {}, "batch must be an int; got float"),
+        ((1, 8, True, 16), {}, "heads must be an int; got bool"),
+        ((1, 8, 4, 16), {"seed": 0.5}, "seed must be an int"),
+        ((1, 8, 4, 16), {"dtype": "float"}, "jax_enable_x64"),
+        ((1, 8, 4, 16), {"dtype": "nonsense"}, "floating type"),
+        ((1, 8, 4, np.int64(16)), {"seq_kv": -1}, "at least 1"),
+    ],
+)
 def test_make_qkv_refuses_bad_values(args, kwargs, message):
     with pytest.raises(ValueError, match=message):
         make_qkv(*args, **kwargs)
@@ -167,11 +194,15 @@ def test_make_qkv_refuses_more_than_the_device_memory_instead_of_aborting():
 
 @pytest.mark.parametrize(
     ("shape", "dtype", "message"),
-    [(AttentionShape(1, 8, 8, 6, 4, 16), "float32", "multiple of kv_heads"),
-     (AttentionShape(1, 0, 8, 4, 4, 16), "float32", "at least 1"), ((1, 8, 8, 4, 4), "float32", "6 ints"),
-     ((1, 8, 8, 4, 4, 16.0), "float32", "6 ints"), (AttentionShape(1, 8, 8, 4, 4, 16), "int8", "floating point"),
-     (AttentionShape(1, 8, 8, 4, 4, 16), "nonsense", "floating dtype")],
-)  # fmt: skip
+    [
+        (AttentionShape(1, 8, 8, 6, 4, 16), "float32", "multiple of kv_heads"),
+        (AttentionShape(1, 0, 8, 4, 4, 16), "float32", "at least 1"),
+        ((1, 8, 8, 4, 4), "float32", "6 ints"),
+        ((1, 8, 8, 4, 4, 16.0), "float32", "6 ints"),
+        (AttentionShape(1, 8, 8, 4, 4, 16), "int8", "floating point"),
+        (AttentionShape(1, 8, 8, 4, 4, 16), "nonsense", "floating dtype"),
+    ],
+)
 def test_invalid_reason_names_the_problem(shape, dtype, message):
     assert re.search(message, invalid_reason(shape, dtype))
 
@@ -202,10 +233,19 @@ def test_check_int_names_the_argument_the_value_and_the_fix(value, message):
 
 @pytest.mark.parametrize(
     ("value", "kw", "ok"),
-    [(1e-3, {"positive": True}, True), (0, {"non_negative": True}, True), (np.float32(2), {}, True),
-     (0.0, {"positive": True}, False), (-1, {"non_negative": True}, False), (float("nan"), {}, False),
-     (float("inf"), {}, False), (True, {}, False), ("1e-3", {}, False), (None, {}, False)],
-)  # fmt: skip
+    [
+        (1e-3, {"positive": True}, True),
+        (0, {"non_negative": True}, True),
+        (np.float32(2), {}, True),
+        (0.0, {"positive": True}, False),
+        (-1, {"non_negative": True}, False),
+        (float("nan"), {}, False),
+        (float("inf"), {}, False),
+        (True, {}, False),
+        ("1e-3", {}, False),
+        (None, {}, False),
+    ],
+)
 def test_check_number_refuses_what_is_not_a_finite_number_in_range(value, kw, ok):
     from attention_tutorial.inputs import check_number
 

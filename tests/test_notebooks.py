@@ -295,8 +295,11 @@ def test_a_built_page_gives_its_notebook_the_glued_values_and_site_links(tmp_pat
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ATTENTION_TUTORIAL_REPO_REF": "abc123"}
     proc = subprocess.run(
         [sys.executable, "-m", "sphinx", "-q", "-b", "html", str(src), str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=600, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     nb = nbformat.read(tmp_path / "out" / "_notebooks" / "index.ipynb", as_version=4)
     md = _markdown(nb)
@@ -315,8 +318,11 @@ def _wheel(tmp_path) -> Path:
             shutil.copy(ROOT / name, src / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(ROOT / "attention_tutorial", src / "attention_tutorial", ignore=ignore)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"), str(src)],
-                   check=True, timeout=600)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"), str(src)],
+        check=True,
+        timeout=600,
+    )
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     return wheel
 
@@ -339,8 +345,9 @@ def _run_fresh(tmp_path, names, extra_cells=None):
     system_site = ["--system-site-packages"] if os.environ.get("ATTENTION_TUTORIAL_NB_SYSTEM_SITE") == "1" else []
     subprocess.run([sys.executable, "-m", "venv", *system_site, str(venv)], check=True, timeout=300)
     py = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-    subprocess.run([str(py), "-m", "pip", "install", "-q", str(_wheel(tmp_path)), "nbclient", "ipykernel"],
-                   check=True, timeout=900)  # fmt: skip
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", str(_wheel(tmp_path)), "nbclient", "ipykernel"], check=True, timeout=900
+    )
     work = tmp_path / "work"  # away from the checkout: the kernel imports the installed wheel
     work.mkdir()
     paths = {}
@@ -351,10 +358,19 @@ def _run_fresh(tmp_path, names, extra_cells=None):
         paths[name] = work / f"{name}.ipynb"
         nbformat.write(nb, paths[name])
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env |= {"JUPYTER_PATH": str(venv / "share" / "jupyter"), "JUPYTER_DATA_DIR": str(tmp_path / "jupyter"),
-            "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter")}  # fmt: skip
-    proc = subprocess.run([str(py), "-c", RUNNER, *map(str, paths.values())], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=1800)  # fmt: skip
+    env |= {
+        "JUPYTER_PATH": str(venv / "share" / "jupyter"),
+        "JUPYTER_DATA_DIR": str(tmp_path / "jupyter"),
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter"),
+    }
+    proc = subprocess.run(
+        [str(py), "-c", RUNNER, *map(str, paths.values())],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     done = {}
     for name, path in paths.items():
@@ -394,11 +410,13 @@ def test_two_notebooks_run_top_to_bottom_in_a_fresh_environment_with_only_the_wh
 def test_the_measured_timeline_and_the_ablations_show_in_notebooks_run_from_the_wheel(tmp_path):
     """The recorded warpgroup timeline and the runs without exp2 ship in the wheel: the kernel pages' notebooks,
     run in a fresh venv with only the wheel, draw the timeline and read the ablations."""
-    check = ("from attention_tutorial.measure.ablations import ablation_ratios\n"
-             "from attention_tutorial.results import recorded\n"
-             "data = recorded('nvidia-h200')\n"
-             "print('ABLATIONS', len(ablation_ratios(data['records'])))\n"
-             "print('TIMELINE', *sorted(data['provenance'].get('timeline', {})))")  # fmt: skip
+    check = (
+        "from attention_tutorial.measure.ablations import ablation_ratios\n"
+        "from attention_tutorial.results import recorded\n"
+        "data = recorded('nvidia-h200')\n"
+        "print('ABLATIONS', len(ablation_ratios(data['records'])))\n"
+        "print('TIMELINE', *sorted(data['provenance'].get('timeline', {})))"
+    )
     done, _ = _run_fresh(tmp_path, ["pallas_kernels", "flash3"], {"pallas_kernels": [check], "flash3": [check]})
     for name, nb in done.items():
         last = _text(nb.cells[-1])

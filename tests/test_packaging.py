@@ -140,13 +140,27 @@ def _sdist_builder(tmp_path) -> Path:
 @pytest.mark.slow
 def test_the_sdist_carries_the_package_and_its_data_and_none_of_the_tests(tmp_path):
     src = tmp_path / "src"  # a copy of what the repository tracks, so the checkout is left as it is
-    ignore = shutil.ignore_patterns(".git", ".nox", "_build", "jupyter_execute", "__pycache__", "*.egg-info", "build",
-                                    "dist", ".venv", ".pytest_cache", ".ruff_cache", ".mypy_cache", ".hypothesis")  # fmt: skip
+    ignore = shutil.ignore_patterns(
+        ".git",
+        ".nox",
+        "_build",
+        "jupyter_execute",
+        "__pycache__",
+        "*.egg-info",
+        "build",
+        "dist",
+        ".venv",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".mypy_cache",
+        ".hypothesis",
+    )
     shutil.copytree(ROOT, src, ignore=ignore)
     py = _sdist_builder(tmp_path)
     build = "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
-    proc = subprocess.run([str(py), "-c", build, str(tmp_path / "dist")], cwd=src, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [str(py), "-c", build, str(tmp_path / "dist")], cwd=src, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with tarfile.open(tmp_path / "dist" / proc.stdout.strip().splitlines()[-1]) as sdist:
         names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}

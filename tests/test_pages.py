@@ -104,8 +104,10 @@ def main(paths: list[str]) -> int:
         )
         over = words > MAX_WORDS or tables > MAX_TABLES
         worst |= over
-        print(f"{Path(path).stem:28} {words:6d} words {tables:3d} tables{'  OVER' if over else ''}"
-              f"{'  lab words: ' + ', '.join(lab) if lab else ''}")  # fmt: skip
+        print(
+            f"{Path(path).stem:28} {words:6d} words {tables:3d} tables{'  OVER' if over else ''}"
+            f"{'  lab words: ' + ', '.join(lab) if lab else ''}"
+        )
     return int(worst)
 
 

@@ -36,8 +36,11 @@ def test_the_pattern_catches_bookkeeping():
 def test_no_bookkeeping_in_the_product(path):
     if path == Path(__file__):
         return
-    hits = [f"{n}: {line.strip()[:100]}" for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
-            if BOOKKEEPING.search(line) or BOOKKEEPING.search(path.name)]  # fmt: skip
+    hits = [
+        f"{n}: {line.strip()[:100]}"
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if BOOKKEEPING.search(line) or BOOKKEEPING.search(path.name)
+    ]
     assert not hits, f"{path.relative_to(ROOT)} speaks of its history:\n" + "\n".join(hits)
 
 

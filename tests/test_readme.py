@@ -37,8 +37,9 @@ def _commands() -> list[tuple[list[str], str]]:
 def test_the_python_example_runs_on_a_cpu_and_prints_what_the_readme_says(tmp_path):
     (example,) = _blocks("python")
     assert 'implementation="cudnn"' not in example  # cuDNN is named in the prose, for a GPU
-    proc = subprocess.run([sys.executable, "-c", example], cwd=tmp_path, env=CPU, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", example], cwd=tmp_path, env=CPU, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     first, second = proc.stdout.strip().splitlines()
     backend, shape = re.match(r"^(\w+) (\([\d, ]+\))", first).groups()
@@ -59,21 +60,39 @@ def test_each_command_parses_and_either_runs_on_a_cpu_or_says_it_needs_a_gpu():
 
 
 @pytest.mark.slow  # the bench times its points as a user's run would: half a minute on two cores
-@pytest.mark.parametrize("argv", [a for a, c in _commands() if "GPU" not in c and a[0] in ("env", "bench") and "--grid" not in a],
-                         ids=lambda a: " ".join(a[:3]))  # fmt: skip
+@pytest.mark.parametrize(
+    "argv",
+    [a for a, c in _commands() if "GPU" not in c and a[0] in ("env", "bench") and "--grid" not in a],
+    ids=lambda a: " ".join(a[:3]),
+)
 def test_the_quick_commands_run_on_a_cpu(argv, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "attention_tutorial", *argv], cwd=tmp_path, env=CPU,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "attention_tutorial", *argv],
+        cwd=tmp_path,
+        env=CPU,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("argv", [a for a, c in _commands() if "GPU" not in c and ("--grid" in a or a[0] == "compare")],
-                         ids=lambda a: " ".join(a[:3]))  # fmt: skip
+@pytest.mark.parametrize(
+    "argv",
+    [a for a, c in _commands() if "GPU" not in c and ("--grid" in a or a[0] == "compare")],
+    ids=lambda a: " ".join(a[:3]),
+)
 def test_the_grid_commands_run_on_a_cpu_and_write_what_they_name(argv, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "attention_tutorial", *argv], cwd=tmp_path, env=CPU,
-                          capture_output=True, text=True, timeout=1800)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "attention_tutorial", *argv],
+        cwd=tmp_path,
+        env=CPU,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for flag in ("--save", "--plot", "--out"):
         if flag in argv:
@@ -91,8 +110,15 @@ def test_the_readme_gives_the_site_and_the_repository_once_as_pyproject_sets_the
 
 def test_the_readme_troubleshoots_the_first_hour():
     section = README.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
-    for needed in ("JAX_PLATFORMS=cpu", "nvidia-smi", "[cuda12]", "[cuda13]", "transformer_engine.jax",
-                   "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE"):  # fmt: skip
+    for needed in (
+        "JAX_PLATFORMS=cpu",
+        "nvidia-smi",
+        "[cuda12]",
+        "[cuda13]",
+        "transformer_engine.jax",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION",
+        "XLA_PYTHON_CLIENT_PREALLOCATE",
+    ):
         assert needed in section, needed
     timings = README.split("Typical timings", 1)[1].split("\n\n", 2)[1]
     rows = [r for r in timings.splitlines() if r.startswith("| `") or r.startswith("| GPU")]

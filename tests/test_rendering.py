@@ -40,8 +40,10 @@ def test_the_scanner_catches_each_defect():
     )
     assert problems(legend) == ["literal double backticks (reStructuredText shown raw)"]
     assert problems(r"<td>__cublas\(lt\)matmul</td>") == [r"a stray \( or \) escape (a $…$ pair read as math)"]
-    clean = (r'<p>fine <span class="math notranslate nohighlight">\(x\)</span> <code>``ok``</code></p>'
-             "<pre>| not | a table |</pre><table><tr><td>a</td></tr></table>")  # fmt: skip
+    clean = (
+        r'<p>fine <span class="math notranslate nohighlight">\(x\)</span> <code>``ok``</code></p>'
+        "<pre>| not | a table |</pre><table><tr><td>a</td></tr></table>"
+    )
     assert problems(clean) == []
 
 
@@ -60,6 +62,10 @@ def test_float64_cells_pin_the_cpu_device():
     # a GPU build runs every page on the GPU, where cuBLASLt has no float64 GEMM ("GEMM is not supported by
     # cublasLt"): every float64 block in a page must put its arrays on the CPU device
     pages = sorted((Path(__file__).resolve().parents[1] / "docs").glob("*.md"))
-    bad = [f"{p.name}:{i}" for p in pages for i, line in enumerate(p.read_text().splitlines(), 1)
-           if "jax.enable_x64(" in line and "default_device(" not in line]  # fmt: skip
+    bad = [
+        f"{p.name}:{i}"
+        for p in pages
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if "jax.enable_x64(" in line and "default_device(" not in line
+    ]
     assert pages and not bad, f"float64 blocks without jax.default_device(jax.devices('cpu')[0]): {bad}"

@@ -10,8 +10,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_compile_probe_names_the_host_and_the_seconds():
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "compile_probe.py")], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "compile_probe.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = proc.stdout.strip().splitlines()[-1]
     assert re.match(r"host: .+, \d+ cores, load [\d.]+, [\d.]+, [\d.]+; ", line), line
@@ -22,13 +27,17 @@ def test_cell_times_assigns_each_kernels_cells_to_the_page_it_ran():
     sys.path.insert(0, str(ROOT / "tools"))
     from cell_times import cells_by_page, pages_in_order
 
-    log = ("reading sources... [ 10%] a\n/x/a.md: Executed notebook in 3.2 seconds [mystnb]\n"
-           "reading sources... [ 20%] api\nreading sources... [ 30%] b\n"
-           "/x/b.md: Executed notebook in 1.0 seconds [mystnb]\n")  # fmt: skip
+    log = (
+        "reading sources... [ 10%] a\n/x/a.md: Executed notebook in 3.2 seconds [mystnb]\n"
+        "reading sources... [ 20%] api\nreading sources... [ 30%] b\n"
+        "/x/b.md: Executed notebook in 1.0 seconds [mystnb]\n"
+    )
     assert pages_in_order(log) == ["a", "b"]
     cells = [{"pid": 7, "seconds": 1.0}, {"pid": 7, "seconds": 2.0}, {"pid": 3, "seconds": 0.5}]
     assert {p: [c["seconds"] for c in cs] for p, cs in cells_by_page(cells, ["a", "b"]).items()} == {
-        "a": [1.0, 2.0], "b": [0.5]}  # fmt: skip
+        "a": [1.0, 2.0],
+        "b": [0.5],
+    }
 
 
 def test_cell_times_lists_the_slowest_compilations_by_name(tmp_path, capsys):
@@ -37,9 +46,17 @@ def test_cell_times_lists_the_slowest_compilations_by_name(tmp_path, capsys):
 
     log = tmp_path / "build.log"
     log.write_text("reading sources... [ 10%] a\n/x/a.md: Executed notebook in 3.2 seconds [mystnb]\n")
-    cells = [{"pid": 7, "seconds": 3.0, "compiles": 2, "compile_s": 2.5, "first_line": "x = f(q)",
-              "programs": [["jit_f", 0.6], ["jit_grad", 1.9]]},
-             {"pid": 7, "seconds": 0.1, "compiles": 0, "compile_s": 0.0, "first_line": "print(x)"}]  # fmt: skip
+    cells = [
+        {
+            "pid": 7,
+            "seconds": 3.0,
+            "compiles": 2,
+            "compile_s": 2.5,
+            "first_line": "x = f(q)",
+            "programs": [["jit_f", 0.6], ["jit_grad", 1.9]],
+        },
+        {"pid": 7, "seconds": 0.1, "compiles": 0, "compile_s": 0.0, "first_line": "print(x)"},
+    ]
     (tmp_path / "cells.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cells))
     assert main([str(tmp_path / "cells.jsonl"), str(log), "5"]) == 0
     listed = capsys.readouterr().out.split("compiled function")[1].splitlines()[1:]
@@ -68,8 +85,9 @@ def test_tune_tables_try_configurations_that_fit_their_shapes():
         fwd = {label: fn.keywords["config"] for label, fn in tune.candidates("registers", False, h)}
         assert sorted(cfg.registers for cfg in fwd.values()) == [232, 232, 240, 240]
         assert all(problem(shape(h), jnp.bfloat16, cfg) is None for cfg in fwd.values())
-        assert all(dataclasses.replace(cfg, registers=232) == default_config(h, pipeline=cfg.pipeline)
-                   for cfg in fwd.values())  # fmt: skip
+        assert all(
+            dataclasses.replace(cfg, registers=232) == default_config(h, pipeline=cfg.pipeline) for cfg in fwd.values()
+        )
     fp8 = {label: fn.keywords for label, fn in tune.candidates("fp8", True)}
     assert len(fp8) == len(tune.FP8)
     assert all(fp8_problem(shape(128), kw["config"], kw["probe"]) is None for kw in fp8.values())

@@ -45,8 +45,11 @@ def main(argv: list[str]) -> int:
     with open(argv[1], errors="replace") as f:
         by_page = cells_by_page(lines, pages_in_order(f.read()))
     n = int(argv[2]) if len(argv) == 3 else 30
-    rows = [(c["seconds"], c["compiles"], c["compile_s"], page, c["first_line"])
-            for page, cells in by_page.items() for c in cells]  # fmt: skip
+    rows = [
+        (c["seconds"], c["compiles"], c["compile_s"], page, c["first_line"])
+        for page, cells in by_page.items()
+        for c in cells
+    ]
     print(f"{'s':>6} {'compiles':>8} {'compile s':>9}  page: first line")
     for s, k, ks, page, first in sorted(rows, reverse=True)[:n]:
         print(f"{s:6.1f} {k:8} {ks:9.1f}  {page}: {first[:70]}")
@@ -56,8 +59,12 @@ def main(argv: list[str]) -> int:
     }
     for page, (s, k, ks) in sorted(totals.items(), key=lambda kv: -kv[1][0]):
         print(f"{s:6.1f} {k:8} {ks:9.1f}  {page}")
-    programs = [(sec, page, name, c["first_line"]) for page, cells in by_page.items() for c in cells
-                for name, sec in c.get("programs", [])]  # fmt: skip
+    programs = [
+        (sec, page, name, c["first_line"])
+        for page, cells in by_page.items()
+        for c in cells
+        for name, sec in c.get("programs", [])
+    ]
     if programs:
         print(f"\n{'s':>6}  page: compiled function (cell's first line)")
         for sec, page, name, first in sorted(programs, reverse=True)[:n]:

@@ -55,8 +55,10 @@ def run_page(page: str, out_dir: str) -> int:
     for i, (cell, t) in enumerate(zip(code, ran)):  # the cells ran in order; after a failure, no more lines
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
         first = next((line for line in cell.source.splitlines() if line.strip()), "")[:60]
-        print(f"cell {i:2}: {'error' if errors else 'ok   '} {t['seconds']:6.1f} s  {t['compiles']:4} compiles "
-              f"{t['compile_s']:5.1f} s  {first}")  # fmt: skip
+        print(
+            f"cell {i:2}: {'error' if errors else 'ok   '} {t['seconds']:6.1f} s  {t['compiles']:4} compiles "
+            f"{t['compile_s']:5.1f} s  {first}"
+        )
     nbformat.write(nb, out)
     n, secs = sum(t["compiles"] for t in ran), sum(t["compile_s"] for t in ran)
     print(f"{page}: {len(code)} code cells, rc={rc}, {time.time() - start:.0f} s, {n} compiles ({secs:.0f} s) -> {out}")

@@ -39,8 +39,16 @@ from attention_tutorial.kernels.pallas_flash import flash_attention
 from attention_tutorial.measure.flops import attention_flops
 from attention_tutorial.measure.fp8 import WRONG_ABOVE, rel_error
 
-PALLAS = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 4), (64, 128, 4, 2),
-          (128, 128, 8, 3), (128, 64, 8, 4)]  # fmt: skip
+PALLAS = [
+    (128, 64, 8, 3),
+    (128, 128, 8, 2),
+    (128, 64, 4, 3),
+    (64, 64, 4, 3),
+    (128, 32, 4, 4),
+    (64, 128, 4, 2),
+    (128, 128, 8, 3),
+    (128, 64, 8, 4),
+]
 MOSAIC = [(128, 2), (128, 3), (64, 2), (64, 4)]
 # (bwd_block_q, bwd_block_kv, bwd_stages, bwd_dq): the default first; 128 query rows per warpgroup fit the registers at
 # H = 64 only (dQ's accumulator is 128 × H float32), 128 keys neither (dK and dV together: 2 × 128 × H); dQ by
@@ -55,14 +63,23 @@ BWD_TILES = [
     (64, 128, 2, "pass"),
 ]
 # (label, MosaicConfig fields) of each way of making dQ, at the default registers and at 240; the default first
-BWD_DQ_CONFIGS = [(f"dQ {dq.replace('_', ' ')}" + (", 240 registers" if regs == 240 else ""),
-                   {"bwd_dq": dq, "bwd_registers": regs})
-                  for dq in ("pass", "atomic") for regs in (232, 240)]  # fmt: skip
+BWD_DQ_CONFIGS = [
+    (f"dQ {dq.replace('_', ' ')}" + (", 240 registers" if regs == 240 else ""), {"bwd_dq": dq, "bwd_registers": regs})
+    for dq in ("pass", "atomic")
+    for regs in (232, 240)
+]
 PIPE = [(128, 2, False), (128, 2, True), (64, 2, True), (64, 3, True), (64, 4, True)]  # 128 × 3 stages: no room
 # (p_via, MosaicConfig fields other than the default's, the fraction of p's exponentials on the FMA units);
 # block_kv = 256 needs more registers than the kernel budgets
-FP8 = [("registers", {}, 0), ("registers", {"stages": 3}, 0), ("registers", {"stages": 4}, 0), ("smem", {}, 0),
-       ("registers", {"registers": 240}, 0), ("registers", {}, 0.25), ("registers", {}, 0.5)]  # fmt: skip
+FP8 = [
+    ("registers", {}, 0),
+    ("registers", {"stages": 3}, 0),
+    ("registers", {"stages": 4}, 0),
+    ("smem", {}, 0),
+    ("registers", {"registers": 240}, 0),
+    ("registers", {}, 0.25),
+    ("registers", {}, 0.5),
+]
 
 
 def candidates(kernel, causal, head_dim=128):
@@ -124,8 +141,9 @@ def main(kernel, out):
                 except Exception as err:  # a configuration that does not compile or fit is reported, not fatal
                     tf = None
                     print(f"H={H} {label}: {type(err).__name__}: {str(err)[:160]}")
-                rows.append({"kernel": kernel, "B": B, "T": T, "N": N, "H": H, "causal": causal, "config": label,
-                             "tflops": tf})  # fmt: skip
+                rows.append(
+                    {"kernel": kernel, "B": B, "T": T, "N": N, "H": H, "causal": causal, "config": label, "tflops": tf}
+                )
                 print(f"H={H:3d} causal={causal!s:5} {label:28s} {tf and round(tf)}", flush=True)
                 save(rows, out)
 
@@ -173,8 +191,19 @@ def backward(out):
                 except Exception as err:  # reported, not fatal
                     ms = None
                     print(f"T={T} {name}: {type(err).__name__}: {str(err)[:300]}", flush=True)
-                rows.append({"impl": name, "B": B, "T": T, "N": N, "H": H, "causal": causal, "pass": "fwd+bwd",
-                             "median_ms": ms, "tflops": ms and flops / ms / 1e9})  # fmt: skip
+                rows.append(
+                    {
+                        "impl": name,
+                        "B": B,
+                        "T": T,
+                        "N": N,
+                        "H": H,
+                        "causal": causal,
+                        "pass": "fwd+bwd",
+                        "median_ms": ms,
+                        "tflops": ms and flops / ms / 1e9,
+                    }
+                )
                 print(rows[-1], flush=True)
                 save(rows, out)
 
@@ -216,8 +245,20 @@ def backward_tiles(out, kernel="bwd_tiles"):
                 except Exception as exc:  # a configuration that does not compile or fit is reported, not fatal
                     tf = err = None
                     print(f"H={H} {label}: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
-                rows.append({"kernel": kernel, "B": B, "T": T, "N": N, "H": H, "causal": causal, "config": label,
-                             "pass": "fwd+bwd", "tflops": tf, "rel_error_vs_cudnn": err})  # fmt: skip
+                rows.append(
+                    {
+                        "kernel": kernel,
+                        "B": B,
+                        "T": T,
+                        "N": N,
+                        "H": H,
+                        "causal": causal,
+                        "config": label,
+                        "pass": "fwd+bwd",
+                        "tflops": tf,
+                        "rel_error_vs_cudnn": err,
+                    }
+                )
                 print(
                     f"H={H:3d} causal={causal!s:5} {label:34s} {tf and round(tf)}  err {err and f'{err:.2g}'}",
                     flush=True,
@@ -225,8 +266,9 @@ def backward_tiles(out, kernel="bwd_tiles"):
                 save(rows, out)
 
 
-TUNING_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "attention_tutorial", "results", "data",
-                          "tuning")  # fmt: skip
+TUNING_DIR = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "attention_tutorial", "results", "data", "tuning"
+)
 
 
 def default_out(kernel: str) -> str:
@@ -251,12 +293,27 @@ def training(out):
         for r in dispatch_records(("cudnn", "mosaic"), config=config, steps=10, rounds=3):
             if r["waiting"] != "ahead":
                 continue
-            rows.append({"kernel": "train", "B": config.batch, "T": config.seq_len, "N": config.heads,
-                         "H": config.head_dim, "causal": True, "config": f"{r['impl']}, bias={bias}",
-                         "impl": r["impl"], "bias": bias, "tflops": r["tflops"], "step_ms": r["median_ms"],
-                         "p10_ms": r["p10_ms"], "p90_ms": r["p90_ms"], "rounds": r["rounds"],
-                         "mfu_datasheet_pct": r.get("mfu_datasheet_pct"), "status": r["status"],
-                         "reason": r.get("reason")})  # fmt: skip
+            rows.append(
+                {
+                    "kernel": "train",
+                    "B": config.batch,
+                    "T": config.seq_len,
+                    "N": config.heads,
+                    "H": config.head_dim,
+                    "causal": True,
+                    "config": f"{r['impl']}, bias={bias}",
+                    "impl": r["impl"],
+                    "bias": bias,
+                    "tflops": r["tflops"],
+                    "step_ms": r["median_ms"],
+                    "p10_ms": r["p10_ms"],
+                    "p90_ms": r["p90_ms"],
+                    "rounds": r["rounds"],
+                    "mfu_datasheet_pct": r.get("mfu_datasheet_pct"),
+                    "status": r["status"],
+                    "reason": r.get("reason"),
+                }
+            )
             print(
                 f"{r['impl']:7} bias={bias!s:5} {r['status']:5} {r['median_ms'] or 0:7.2f} ms/step "
                 f"MFU {r.get('mfu_datasheet_pct') or 0:.1f} %",

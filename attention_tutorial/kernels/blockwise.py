@@ -43,8 +43,17 @@ F32 = jnp.float32
 F32_MAX = float(np.finfo(np.float32).max)
 
 
-def blockwise_attention(q, k, v, *, is_causal: bool = False, scale: float | None = None,
-                        block_q: int = 512, block_k: int = 512, return_lse: bool = False):  # fmt: skip
+def blockwise_attention(
+    q,
+    k,
+    v,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+    block_q: int = 512,
+    block_k: int = 512,
+    return_lse: bool = False,
+):
     """softmax(q kᵀ·scale) v computed block by block; q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H).
 
     Causal masks align top-left, as everywhere in this package. Differentiable (custom VJP, O(T) memory).
@@ -160,8 +169,11 @@ def _forward(q, k, v, causal, scale, bq, bk):
 
             return lax.cond(_skip(i, j, bq, bk, causal), lambda c: c, update, carry), None
 
-        init = (jnp.full((B, K, G, bq), -jnp.inf, acc_t), jnp.zeros((B, K, G, bq), acc_t),
-                jnp.zeros((B, bq, K, G, H), acc_t))  # fmt: skip
+        init = (
+            jnp.full((B, K, G, bq), -jnp.inf, acc_t),
+            jnp.zeros((B, K, G, bq), acc_t),
+            jnp.zeros((B, bq, K, G, H), acc_t),
+        )
         (m, l, acc), _ = lax.scan(step, init, (jnp.arange(kb.shape[0]), kb, vb))
         l_t = l.transpose(0, 3, 1, 2)[..., None]
         empty = l_t == 0  # a row that saw no key: zeros (a NaN row keeps l = NaN and stays NaN)
@@ -185,8 +197,19 @@ def _flash_bwd(causal, scale, bq, bk, residuals, cotangents):
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
-def blockwise_backward(q, k, v, out, lse, d_out, *, is_causal: bool = False, scale: float | None = None,
-                       block_q: int = 512, block_k: int = 512):  # fmt: skip
+def blockwise_backward(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    d_out,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+    block_q: int = 512,
+    block_k: int = 512,
+):
     """(dq, dk, dv) of attention given its output ``out`` and row log-sum-exp ``lse`` (B, N, T), in float32.
 
     ``out`` and ``lse`` may belong to a larger set of keys than ``k``, ``v`` (a ring's merged result): the

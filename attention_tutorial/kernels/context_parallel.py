@@ -89,8 +89,10 @@ def layout_permutation(seq: int, devices: int, layout: str) -> np.ndarray:
     c = chunks_per_device(layout)
     n = c * devices
     if seq % n:
-        raise ValueError(f"sequence length {seq} must be a multiple of {n} ({devices} devices × {c} chunks each for "
-                         f"the {layout} layout); pad the sequence or change the number of devices.")  # fmt: skip
+        raise ValueError(
+            f"sequence length {seq} must be a multiple of {n} ({devices} devices × {c} chunks each for "
+            f"the {layout} layout); pad the sequence or change the number of devices."
+        )
     chunk = seq // n
     order = [i for d in range(devices) for i in device_chunks(d, devices, layout)]
     return np.concatenate([np.arange(i * chunk, (i + 1) * chunk) for i in order])
@@ -115,8 +117,13 @@ def causal_work(seq: int, devices: int, layout: str) -> np.ndarray:
 
 def ring_step_bytes(seq: int, devices: int, kv_heads: int, head_dim: int, dtype, *, batch: int = 1) -> int:
     """Bytes each device sends per ring step: its K and V blocks, 2·B·(T/P)·K·H·itemsize."""
-    for name, n in (("seq", seq), ("devices", devices), ("kv_heads", kv_heads), ("head_dim", head_dim),
-                    ("batch", batch)):  # fmt: skip
+    for name, n in (
+        ("seq", seq),
+        ("devices", devices),
+        ("kv_heads", kv_heads),
+        ("head_dim", head_dim),
+        ("batch", batch),
+    ):
         check_int(name, n, minimum=1)
     return 2 * batch * (seq // devices) * kv_heads * head_dim * jnp.dtype(dtype).itemsize
 
@@ -142,8 +149,7 @@ def collectives(hlo_text: str) -> dict[str, int]:
 
 def blockwise_local(q, k, v, *, is_causal: bool, scale: float, block: int = 512):
     """The default local step: blockwise attention returning (out, lse)."""
-    return blockwise_attention(q, k, v, is_causal=is_causal, scale=scale, block_q=block, block_k=block,
-                               return_lse=True)  # fmt: skip
+    return blockwise_attention(q, k, v, is_causal=is_causal, scale=scale, block_q=block, block_k=block, return_lse=True)
 
 
 def _describe(got) -> str:
@@ -156,8 +162,13 @@ def _call_local(local, q, k, v, *, is_causal, scale):
     """``local(q, k, v, is_causal=, scale=)``, its result checked against the contract: (out, lse)."""
     got = local(q, k, v, is_causal=is_causal, scale=scale)
     B, T, N, _ = q.shape
-    if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(hasattr(x, "shape") for x in got)
-            and tuple(got[0].shape) == q.shape and tuple(got[1].shape) == (B, N, T)):  # fmt: skip
+    if not (
+        isinstance(got, (tuple, list))
+        and len(got) == 2
+        and all(hasattr(x, "shape") for x in got)
+        and tuple(got[0].shape) == q.shape
+        and tuple(got[1].shape) == (B, N, T)
+    ):
         raise ValueError(
             f"local must return (out, lse) for its queries q {q.shape} (B, T, N, H): out of that shape and lse "
             f"{(B, N, T)} (B, N, T), the log-sum-exp of each row's scores, which the merges need "
@@ -170,8 +181,12 @@ def _call_local_bwd(local_bwd, q, k, v, out, lse, d_out, *, is_causal, scale):
     """``local_bwd(q, k, v, out, lse, d_out, is_causal=, scale=)``, its result checked: (dq, dk, dv)."""
     got = local_bwd(q, k, v, out, lse, d_out, is_causal=is_causal, scale=scale)
     want = (q.shape, k.shape, v.shape)
-    if not (isinstance(got, (tuple, list)) and len(got) == 3 and all(hasattr(x, "shape") for x in got)
-            and tuple(tuple(x.shape) for x in got) == want):  # fmt: skip
+    if not (
+        isinstance(got, (tuple, list))
+        and len(got) == 3
+        and all(hasattr(x, "shape") for x in got)
+        and tuple(tuple(x.shape) for x in got) == want
+    ):
         raise ValueError(
             f"local_bwd must return (dq, dk, dv) of the shapes of q, k, v {want} (blockwise_backward returns them); "
             f"it returned {_describe(got)}."
@@ -242,8 +257,15 @@ def _ring_forward(q, k, v, axis, devices, layout, causal, scale, local):
     for step in range(devices):
         nxt = lax.ppermute(kv, axis, perm) if step < devices - 1 else None  # issued before this step's compute
         src = (me - step) % devices  # whose K/V block this device holds now
-        part = _pairs(q, device_chunks(me, devices, layout), *kv, device_chunks(src, devices, layout), causal, scale,  # type: ignore[call-arg, misc]
-                      local)  # fmt: skip
+        part = _pairs(
+            q,
+            device_chunks(me, devices, layout),
+            *kv,
+            device_chunks(src, devices, layout),
+            causal,
+            scale,  # type: ignore[call-arg, misc]
+            local,
+        )
         acc = part if acc is None else merge(acc, part)
         kv = nxt
     return acc
@@ -274,8 +296,18 @@ def _ring_vjp_bwd(axis, devices, layout, causal, scale, local, local_bwd, res, d
     for step in range(devices):
         nxt = lax.ppermute(kv, axis, perm) if step < devices - 1 else None
         src = (me - step) % devices
-        dq_s, dk_s, dv_s = _pairs_bwd(q, device_chunks(me, devices, layout), *kv, device_chunks(src, devices, layout),  # type: ignore[call-arg, misc]
-                                      out, lse, d_out, causal, scale, local_bwd)  # fmt: skip
+        dq_s, dk_s, dv_s = _pairs_bwd(
+            q,
+            device_chunks(me, devices, layout),
+            *kv,
+            device_chunks(src, devices, layout),  # type: ignore[call-arg, misc]
+            out,
+            lse,
+            d_out,
+            causal,
+            scale,
+            local_bwd,
+        )
         dq = dq + dq_s
         dkv = lax.ppermute((dkv[0] + dk_s, dkv[1] + dv_s), axis, perm)  # on to the block's next holder; last: home
         kv = nxt
@@ -315,8 +347,7 @@ def _pairs_bwd(q, q_ids, k, v, kv_ids, out, lse, d_out, causal, scale, local_bwd
 
 def blockwise_local_bwd(q, k, v, out, lse, d_out, *, is_causal: bool, scale: float, block: int = 512):
     """The default local step's backward: blockwise's, from a (merged) output and log-sum-exp."""
-    return blockwise_backward(q, k, v, out, lse, d_out, is_causal=is_causal, scale=scale, block_q=block,
-                              block_k=block)  # fmt: skip
+    return blockwise_backward(q, k, v, out, lse, d_out, is_causal=is_causal, scale=scale, block_q=block, block_k=block)
 
 
 def mosaic_local(q, k, v, *, is_causal: bool, scale: float):
@@ -362,17 +393,31 @@ def _allgather(q, k, v, *, axis, devices, layout, causal, scale, local):
 
     def step(acc, xs):
         kb, vb, src = xs
-        part = _pairs(q, device_chunks(me, devices, layout), kb, vb, device_chunks(src, devices, layout), True, scale,
-                      local)  # fmt: skip
+        part = _pairs(
+            q, device_chunks(me, devices, layout), kb, vb, device_chunks(src, devices, layout), True, scale, local
+        )
         return merge(acc, part), None
 
     (out, _), _ = lax.scan(step, _empty(q), (blocks(k_all), blocks(v_all), jnp.arange(devices)))
     return out.astype(q.dtype)
 
 
-def context_parallel_attention(q, k, v, *, mesh: Mesh, axis: str = "seq", strategy: str = "ring",
-                               is_causal: bool = False, layout: str = "zigzag", scale: float | None = None,
-                               local=None, local_bwd=None, block: int = 512, reorder: bool = True) -> jax.Array:  # fmt: skip
+def context_parallel_attention(
+    q,
+    k,
+    v,
+    *,
+    mesh: Mesh,
+    axis: str = "seq",
+    strategy: str = "ring",
+    is_causal: bool = False,
+    layout: str = "zigzag",
+    scale: float | None = None,
+    local=None,
+    local_bwd=None,
+    block: int = 512,
+    reorder: bool = True,
+) -> jax.Array:
     """Attention with the sequence of q, k, v sharded over ``mesh`` axis ``axis``; q (B, T, N, H) -> (B, T, N, H).
 
     ``strategy``: "ring" or "allgather". ``layout``: "zigzag" (balanced under a causal mask) or "contiguous".
@@ -412,8 +457,16 @@ def context_parallel_attention(q, k, v, *, mesh: Mesh, axis: str = "seq", strate
         local = functools.partial(blockwise_local, block=min(check_block_size("block", block), chunk))
         if strategy == "ring" and local_bwd is None:
             extra["local_bwd"] = functools.partial(blockwise_local_bwd, block=local.keywords["block"])
-    body: Callable = functools.partial(_ring if strategy == "ring" else _allgather, axis=axis, devices=devices,
-                                       layout=layout, causal=is_causal, scale=scale, local=local, **extra)  # fmt: skip
+    body: Callable = functools.partial(
+        _ring if strategy == "ring" else _allgather,
+        axis=axis,
+        devices=devices,
+        layout=layout,
+        causal=is_causal,
+        scale=scale,
+        local=local,
+        **extra,
+    )
     spec = PartitionSpec(None, axis, None, None)
     sharded = _shard_map(body, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, **_UNCHECKED)
     if not reorder:
@@ -423,8 +476,18 @@ def context_parallel_attention(q, k, v, *, mesh: Mesh, axis: str = "seq", strate
     return out[:, np.argsort(pq)]
 
 
-def emulate_ring(q, k, v, *, devices: int, is_causal: bool = False, layout: str = "zigzag",
-                 scale: float | None = None, local=None, block: int = 512) -> jax.Array:  # fmt: skip
+def emulate_ring(
+    q,
+    k,
+    v,
+    *,
+    devices: int,
+    is_causal: bool = False,
+    layout: str = "zigzag",
+    scale: float | None = None,
+    local=None,
+    block: int = 512,
+) -> jax.Array:
     """All P devices' ring steps run one after another on one device (local compute and LSE merges, no transfer).
 
     What a ring costs in compute alone, to set against one call on the whole sequence. ``devices`` (P) is the number
@@ -449,8 +512,16 @@ def emulate_ring(q, k, v, *, devices: int, is_causal: bool = False, layout: str 
         acc: Any = None
         for step in range(devices):
             src = (d - step) % devices
-            part = _pairs(qs[d], device_chunks(d, devices, layout), ks[src], vs[src],
-                          device_chunks(src, devices, layout), is_causal, scale, local)  # fmt: skip
+            part = _pairs(
+                qs[d],
+                device_chunks(d, devices, layout),
+                ks[src],
+                vs[src],
+                device_chunks(src, devices, layout),
+                is_causal,
+                scale,
+                local,
+            )
             acc = part if acc is None else merge(acc, part)
         outs.append(acc[0])
     return jnp.concatenate(outs, axis=1)[:, np.argsort(pq)].astype(q.dtype)
@@ -461,6 +532,8 @@ def sequence_mesh(devices: int | None = None, axis: str = "seq") -> Mesh:
     avail = jax.devices()
     n = len(avail) if devices is None else check_int("devices", devices, minimum=1, example="2")
     if n > len(avail):
-        raise ValueError(f"asked for {n} devices; this process has {len(avail)} ({avail[0].platform}). On a CPU, set "
-                         f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before importing jax.")  # fmt: skip
+        raise ValueError(
+            f"asked for {n} devices; this process has {len(avail)} ({avail[0].platform}). On a CPU, set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before importing jax."
+        )
     return Mesh(np.array(avail[:n]), (axis,))

@@ -66,9 +66,16 @@ def dot_product_attention(
         raise Unsupported(f"jax.nn.dot_product_attention cannot run this: {reason}")
     scale = resolve_scale(scale, shape.head_dim)
     check_scores_fit(q, k, scale, what="jax.nn.dot_product_attention")
-    opt = check_mask_args(shape, is_causal=is_causal, causal_alignment=causal_alignment, mask=mask, bias=bias,
-                          local_window_size=local_window_size, query_seq_lengths=query_seq_lengths,
-                          key_value_seq_lengths=key_value_seq_lengths)  # fmt: skip
+    opt = check_mask_args(
+        shape,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        mask=mask,
+        bias=bias,
+        local_window_size=local_window_size,
+        query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths,
+    )
     mask, is_causal = opt["mask"], opt["is_causal"]
     if segment_ids is not None:
         docs = segment_mask(segment_ids, shape.batch, shape.seq_q, shape.seq_kv)
@@ -88,16 +95,36 @@ def dot_product_attention(
         for n in ("query_seq_lengths", "key_value_seq_lengths")
     }
     window = opt["local_window_size"]
-    return _fused(q, k, v, opt["bias"], mask, lengths, scale=scale, is_causal=is_causal, local_window_size=window,
-                  implementation=implementation)  # fmt: skip
+    return _fused(
+        q,
+        k,
+        v,
+        opt["bias"],
+        mask,
+        lengths,
+        scale=scale,
+        is_causal=is_causal,
+        local_window_size=window,
+        implementation=implementation,
+    )
 
 
 # One compiled program per shape and set of options: called outside jit, the XLA path runs as one program rather
 # than op by op (on a GPU each op alone is a compilation of its own).
 @functools.partial(jax.jit, static_argnames=("scale", "is_causal", "local_window_size", "implementation"))
 def _fused(q, k, v, bias, mask, lengths, *, scale, is_causal, local_window_size, implementation):
-    return jax.nn.dot_product_attention(q, k, v, bias, mask, scale=scale, is_causal=is_causal,
-                                        local_window_size=local_window_size, implementation=implementation, **lengths)  # fmt: skip
+    return jax.nn.dot_product_attention(
+        q,
+        k,
+        v,
+        bias,
+        mask,
+        scale=scale,
+        is_causal=is_causal,
+        local_window_size=local_window_size,
+        implementation=implementation,
+        **lengths,
+    )
 
 
 def xla_why_not(shape: AttentionShape, dtype, *, device: jax.Device | None = None) -> str | None:
@@ -113,8 +140,10 @@ def xla_why_not(shape: AttentionShape, dtype, *, device: jax.Device | None = Non
     if not isinstance(device, jax.Device):
         raise ValueError(f"device must be a jax.Device (e.g. jax.devices()[0]) or None; got {device!r:.60}.")
     if name == "float16" and device.platform == "cpu":
-        return ("XLA on a CPU cannot compile a float16 matmul that accumulates in float32; use float32 or bfloat16 "
-                "on a CPU (float16 runs on a GPU).")  # fmt: skip
+        return (
+            "XLA on a CPU cannot compile a float16 matmul that accumulates in float32; use float32 or bfloat16 "
+            "on a CPU (float16 runs on a GPU)."
+        )
     return None
 
 

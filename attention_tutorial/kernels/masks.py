@@ -59,8 +59,9 @@ MASK_KINDS = ("none", "padding", "window", "dense", "bias")
 WINDOW = 256
 
 
-def mask_args(kind: str, shape: AttentionShape, dtype, *, causal: bool = False, window: int = WINDOW,
-              seed: int = 0) -> dict:  # fmt: skip
+def mask_args(
+    kind: str, shape: AttentionShape, dtype, *, causal: bool = False, window: int = WINDOW, seed: int = 0
+) -> dict:
     """The keyword arguments (arrays and static values) that express mask ``kind`` for ``shape``."""
     if not (isinstance(shape, tuple) and len(shape) == 6 and all(_is_int(n) and n > 0 for n in shape)):
         raise ValueError(f"shape must be an AttentionShape(B, T, S, N, K, H) of positive ints; got {shape!r:.80}.")
@@ -117,8 +118,17 @@ def _check_alignment(alignment) -> str:
     return alignment
 
 
-def check_mask_args(shape: AttentionShape, *, is_causal=False, causal_alignment="top_left", mask=None, bias=None,
-                    local_window_size=None, query_seq_lengths=None, key_value_seq_lengths=None) -> dict:  # fmt: skip
+def check_mask_args(
+    shape: AttentionShape,
+    *,
+    is_causal=False,
+    causal_alignment="top_left",
+    mask=None,
+    bias=None,
+    local_window_size=None,
+    query_seq_lengths=None,
+    key_value_seq_lengths=None,
+) -> dict:
     """Validate the masking keywords for ``shape``; return them normalised, or raise ``ValueError`` naming the fix.
 
     Normalised: ``mask``/``bias`` rank 4 (B|1, N|1, T|1, S|1); the window a pair of ints; lengths int32 arrays
@@ -244,8 +254,9 @@ def segment_pair(segment_ids, B: int, T: int, S: int):
         return None, None
     pair = segment_ids if isinstance(segment_ids, (tuple, list)) else (segment_ids, segment_ids)
     if len(pair) != 2:
-        raise ValueError(f"segment_ids must be one (B, T) array or a pair (q_ids (B, T), kv_ids (B, S)); got "
-                         f"{len(pair)} arrays.")  # fmt: skip
+        raise ValueError(
+            f"segment_ids must be one (B, T) array or a pair (q_ids (B, T), kv_ids (B, S)); got {len(pair)} arrays."
+        )
     out = []
     for name, ids, n in (("query", pair[0], T), ("key", pair[1], S)):
         ids = jnp.asarray(ids)

@@ -89,8 +89,9 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, causal, block_q, block_k, se
     lse_ref[...] = m + jnp.log(l) * LOG2E  # base-2 log-sum-exp of the scaled logits: the backward's residual
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, causal, block_q, block_k,
-                seq_q, scale):  # fmt: skip
+def _dkv_kernel(
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, causal, block_q, block_k, seq_q, scale
+):
     """One key block of one query head: walk the query blocks that see it; dV += Pᵀ dO, dK += dSᵀ Q · scale."""
     j = pl.program_id(0)  # which block of keys
     k, v = k_ref[...], v_ref[...]  # (block_k, H), loaded once
@@ -126,8 +127,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, causal, block_q, block_k, seq_kv,
-               scale):  # fmt: skip
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, causal, block_q, block_k, seq_kv, scale):
     """One query block: walk the key blocks it sees (as the forward does); dQ += dS K · scale."""
     i = pl.program_id(0)
     q, do = q_ref[...], do_ref[...]
@@ -168,8 +168,17 @@ MAX_HEAD_DIM = 256
 HOPPER_SMEM_BYTES = 232448  # 227 KiB: the most shared memory one program (CUDA block) may ask for on Hopper
 # The same limit per compute capability (CUDA's "maximum shared memory per block, opt-in"); a GPU not listed, and
 # Pallas's interpreter, are held to Hopper's.
-SMEM_BYTES = {"7.0": 98304, "7.5": 65536, "8.0": 166912, "8.6": 101376, "8.7": 166912, "8.9": 101376,
-              "9.0": HOPPER_SMEM_BYTES, "10.0": HOPPER_SMEM_BYTES, "12.0": 101376}  # fmt: skip
+SMEM_BYTES = {
+    "7.0": 98304,
+    "7.5": 65536,
+    "8.0": 166912,
+    "8.6": 101376,
+    "8.7": 166912,
+    "8.9": 101376,
+    "9.0": HOPPER_SMEM_BYTES,
+    "10.0": HOPPER_SMEM_BYTES,
+    "12.0": 101376,
+}
 KERNELS = ("forward", "backward dK/dV", "backward dQ")
 
 
@@ -245,9 +254,20 @@ class _Plan:
     interpret: bool
 
 
-def flash_attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, block_q: int | None = None,
-                    block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                    interpret: bool | None = None, return_lse: bool = False):  # fmt: skip
+def flash_attention(
+    q,
+    k,
+    v,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    interpret: bool | None = None,
+    return_lse: bool = False,
+):
     """Our Pallas FlashAttention: q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H), differentiable.
 
     Needs T % block_q == 0 and S % block_k == 0 (block sizes shrink to T or S when those are smaller); causal
@@ -279,9 +299,17 @@ def flash_attention(q, k, v, *, is_causal: bool = False, scale: float | None = N
     if reason := head_dim_why_not(H):
         raise ValueError(f"{reason} (q {tuple(q.shape)}, k {tuple(k.shape)})")
     fields = _configure(
-        T, S, H, jnp.dtype(q.dtype), block_q=block_q, block_k=block_k, num_warps=num_warps, num_stages=num_stages,
-        limit=smem_limit(), shapes=f"q {tuple(q.shape)}, k {tuple(k.shape)}",
-    )  # fmt: skip
+        T,
+        S,
+        H,
+        jnp.dtype(q.dtype),
+        block_q=block_q,
+        block_k=block_k,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        limit=smem_limit(),
+        shapes=f"q {tuple(q.shape)}, k {tuple(k.shape)}",
+    )
     plan = _Plan(
         causal=check_flag("is_causal", is_causal),
         scale=resolve_scale(scale, H),  # the head dim's own scale, also when it is padded
@@ -325,8 +353,9 @@ def _configure(T, S, H, dtype, *, block_q, block_k, num_warps, num_stages, limit
     bq, bk, stages = fit(KERNELS[:1], [bq, bk], [i for i, given in ((1, block_k), (0, block_q)) if given is None])
     bwd_q, bwd_k, bwd_stages = fit(KERNELS[1:], [_bwd_block(bq), _bwd_block(bk)], [0, 1])  # never the caller's
     warps = check_block_size("num_warps", num_warps) if num_warps is not None else tuned_warps
-    return dict(block_q=bq, block_k=bk, bwd_q=bwd_q, bwd_k=bwd_k, num_stages=stages, bwd_stages=bwd_stages,
-                num_warps=warps)  # fmt: skip
+    return dict(
+        block_q=bq, block_k=bk, bwd_q=bwd_q, bwd_k=bwd_k, num_stages=stages, bwd_stages=bwd_stages, num_warps=warps
+    )
 
 
 def _fit(kernels, blocks, free, *, stages, H, dtype, limit, shapes) -> tuple[int, int, int]:
@@ -398,8 +427,9 @@ def _forward(q, k, v, plan: _Plan):
     """The forward kernel: (out, lse2) with lse2 (B, N, T) the base-2 log-sum-exp of the scaled logits."""
     B, T, S, N, K, H = attention_shape(q, k, v)
     G, bq = N // K, plan.block_q
-    kernel = functools.partial(_kernel, causal=plan.causal, block_q=bq, block_k=plan.block_k, seq_kv=S,
-                               scale=plan.scale)  # fmt: skip
+    kernel = functools.partial(
+        _kernel, causal=plan.causal, block_q=bq, block_k=plan.block_k, seq_kv=S, scale=plan.scale
+    )
     call = pl.pallas_call(
         kernel,
         grid=(T // bq, B, N),
@@ -494,8 +524,18 @@ def _why_not_here(shape: AttentionShape, dtype, limit: int) -> str | None:
     if reason := _dtype_why_not(dtype) or head_dim_why_not(shape.head_dim):
         return reason
     try:
-        _configure(shape.seq_q, shape.seq_kv, shape.head_dim, dtype, block_q=None, block_k=None, num_warps=None,
-                   num_stages=None, limit=limit, shapes=f"T={shape.seq_q}, S={shape.seq_kv}")  # fmt: skip
+        _configure(
+            shape.seq_q,
+            shape.seq_kv,
+            shape.head_dim,
+            dtype,
+            block_q=None,
+            block_k=None,
+            num_warps=None,
+            num_stages=None,
+            limit=limit,
+            shapes=f"T={shape.seq_q}, S={shape.seq_kv}",
+        )
     except ValueError as e:
         return str(e)
     return None

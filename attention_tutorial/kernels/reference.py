@@ -59,9 +59,16 @@ def naive_attention(
     """
     B, T, S, N, K, H = shape = attention_shape(q, k, v)
     scale = resolve_scale(scale, H)
-    opt = check_mask_args(shape, is_causal=is_causal, causal_alignment=causal_alignment, mask=mask, bias=bias,
-                          local_window_size=local_window_size, query_seq_lengths=query_seq_lengths,
-                          key_value_seq_lengths=key_value_seq_lengths)  # fmt: skip
+    opt = check_mask_args(
+        shape,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        mask=mask,
+        bias=bias,
+        local_window_size=local_window_size,
+        query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths,
+    )
     arrays = {n: opt[n] for n in _ARRAYS}  # traced arguments; the rest shapes the program
     static = {n: opt[n] for n in opt if n not in _ARRAYS}
     return _naive(q, k, v, arrays, scale=scale, **static)
@@ -75,8 +82,12 @@ _ARRAYS = ("mask", "bias", "query_seq_lengths", "key_value_seq_lengths")
 @functools.partial(jax.jit, static_argnames=("scale", "is_causal", "causal_alignment", "local_window_size"))
 def _naive(q, k, v, arrays, *, scale, is_causal, causal_alignment, local_window_size):
     B, T, S, N, K, H = attention_shape(q, k, v)
-    opt = {**arrays, "is_causal": is_causal, "causal_alignment": causal_alignment,
-           "local_window_size": local_window_size}  # fmt: skip
+    opt = {
+        **arrays,
+        "is_causal": is_causal,
+        "causal_alignment": causal_alignment,
+        "local_window_size": local_window_size,
+    }
     qg = q.reshape(B, T, K, N // K, H)  # group the query heads by the kv head they share
 
     # 1. scores: every query against every key -> (B, N, T, S), float32 accumulation, then scaled
@@ -154,9 +165,16 @@ def reference_attention(
     """The same function in float64 NumPy, written independently with loops over heads: the tests' ground truth."""
     B, T, S, N, K, H = shape = attention_shape(q, k, v)
     scale = resolve_scale(scale, H)
-    opt = check_mask_args(shape, is_causal=is_causal, causal_alignment=causal_alignment, mask=mask, bias=bias,
-                          local_window_size=local_window_size, query_seq_lengths=query_seq_lengths,
-                          key_value_seq_lengths=key_value_seq_lengths)  # fmt: skip
+    opt = check_mask_args(
+        shape,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        mask=mask,
+        bias=bias,
+        local_window_size=local_window_size,
+        query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths,
+    )
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     ok = np.ones((B, N, T, S), bool)
     if opt["mask"] is not None:

@@ -99,14 +99,25 @@ def te_backend(shape: AttentionShape, dtype, causal: bool, training: bool = Fals
     from transformer_engine.jax.cpp_extensions.attention import FusedAttnHelper
 
     helper = FusedAttnHelper(
-        is_training=training, batch_size=shape.batch, q_dtype=jnp.dtype(dtype), kv_dtype=jnp.dtype(dtype),
-        qkv_layout=QKVLayout.BSHD_BSHD_BSHD, attn_bias_type=AttnBiasType.NO_BIAS,
+        is_training=training,
+        batch_size=shape.batch,
+        q_dtype=jnp.dtype(dtype),
+        kv_dtype=jnp.dtype(dtype),
+        qkv_layout=QKVLayout.BSHD_BSHD_BSHD,
+        attn_bias_type=AttnBiasType.NO_BIAS,
         attn_mask_type=AttnMaskType.CAUSAL_MASK if causal else AttnMaskType.NO_MASK,
-        softmax_type=AttnSoftmaxType.VANILLA_SOFTMAX, dropout_probability=0.0, q_num_heads=shape.heads,
-        kv_num_heads=shape.kv_heads, q_max_seqlen=shape.seq_q, kv_max_seqlen=shape.seq_kv,
-        head_dim_qk=shape.head_dim, head_dim_v=shape.head_dim, window_size=(-1, -1), bottom_right_diagonal=False,
+        softmax_type=AttnSoftmaxType.VANILLA_SOFTMAX,
+        dropout_probability=0.0,
+        q_num_heads=shape.heads,
+        kv_num_heads=shape.kv_heads,
+        q_max_seqlen=shape.seq_q,
+        kv_max_seqlen=shape.seq_kv,
+        head_dim_qk=shape.head_dim,
+        head_dim_v=shape.head_dim,
+        window_size=(-1, -1),
+        bottom_right_diagonal=False,
         attn_scale=1.0 / math.sqrt(shape.head_dim),
-    )  # fmt: skip
+    )
     backend, message = helper.get_fused_attn_backend()
     name = getattr(backend, "name", str(backend))
     return f"{name} ({message})" if message else name

@@ -73,10 +73,14 @@ class AblationKernel:
 
 
 KERNELS = tuple(
-    [AblationKernel(impl, H, causal, "cudnn") for H in (128, 256) for impl in ("mosaic", "mosaic_pipe")
-     for causal in (False, True)]
+    [
+        AblationKernel(impl, H, causal, "cudnn")
+        for H in (128, 256)
+        for impl in ("mosaic", "mosaic_pipe")
+        for causal in (False, True)
+    ]
     + [AblationKernel("mosaic_fp8_regs", 128, causal, "cudnn_fp8_s448") for causal in (False, True)]
-)  # fmt: skip
+)
 
 
 def kernel_variants(kernel: AblationKernel) -> tuple[str, ...]:
@@ -130,8 +134,9 @@ def why_not(kernel: AblationKernel, shape: AttentionShape) -> str | None:
     return check(shape, jnp.bfloat16, kernel.causal)
 
 
-def ablation_records(*, kernels=KERNELS, shape=SHAPE, rounds: int = ROUNDS, variants=None, peak_tflops=None,
-                     progress=False, **timing) -> list[dict]:  # fmt: skip
+def ablation_records(
+    *, kernels=KERNELS, shape=SHAPE, rounds: int = ROUNDS, variants=None, peak_tflops=None, progress=False, **timing
+) -> list[dict]:
     """Time every kernel of ``kernels`` in each of its variants (:func:`kernel_variants`, or ``variants`` for
     every kernel) beside its cuDNN baseline, ``rounds`` times over; the records of the module docstring. A pair that
     cannot run or fails is recorded with its status and reason, both sides, in every round."""
@@ -167,8 +172,10 @@ def ablation_records(*, kernels=KERNELS, shape=SHAPE, rounds: int = ROUNDS, vari
             flops = attention_flops(B, T, T, N, H, causal=kernel.causal)
             out = []
             # cuDNN first, then ours: each compiled once (cuDNN once per head dim and mask)
-            for impl, key, make in ((kernel.baseline, (kernel.baseline, H, kernel.causal), baseline_fn),
-                                    (kernel.impl, (kernel, variant), functools.partial(kernel_fn, variant=variant))):  # fmt: skip
+            for impl, key, make in (
+                (kernel.baseline, (kernel.baseline, H, kernel.causal), baseline_fn),
+                (kernel.impl, (kernel, variant), functools.partial(kernel_fn, variant=variant)),
+            ):
                 base = {**empty_record(Point(impl, *point, dtype=kernel.dtype, causal=kernel.causal)), **fields}
                 if reason:
                     out.append({**base, **reason})
@@ -193,8 +200,10 @@ def _progress_line(pair_records) -> str:
     ours = pair_records[-1]
     if all(r["status"] == "ok" for r in pair_records):
         ratio = pair_records[0]["median_ms"] / ours["median_ms"]
-        return (f"ablations round {ours['round']}: {ours['impl']} H={ours['head_dim']} causal={ours['causal']} "
-                f"{ours['variant']}: {100 * ratio:.1f} % of {pair_records[0]['impl']}")  # fmt: skip
+        return (
+            f"ablations round {ours['round']}: {ours['impl']} H={ours['head_dim']} causal={ours['causal']} "
+            f"{ours['variant']}: {100 * ratio:.1f} % of {pair_records[0]['impl']}"
+        )
     return f"ablations round {ours['round']}: {ours['impl']} {ours['variant']}: {ours['status']} ({ours.get('reason')})"
 
 
@@ -245,5 +254,13 @@ def ablation_ratios(records) -> list[AblationRatio]:
 
 
 def _pair_key(rec) -> tuple:
-    return (rec["pair"], rec["variant"], rec["round"], rec["head_dim"], rec["causal"], rec["batch"], rec["seq_q"],
-            rec["heads"])  # fmt: skip
+    return (
+        rec["pair"],
+        rec["variant"],
+        rec["round"],
+        rec["head_dim"],
+        rec["causal"],
+        rec["batch"],
+        rec["seq_q"],
+        rec["heads"],
+    )

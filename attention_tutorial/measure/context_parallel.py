@@ -31,10 +31,24 @@ from .timing import time_fn
 EXPERIMENT = "context_parallel"
 
 
-def cp_records(*, seq=(4096, 16384), batch: int = 1, heads: int = 16, kv_heads: int = 4, head_dim: int = 128,
-               dtype: str = "bfloat16", causal=(False, True), devices=(2, 4, 8), layout: str = "zigzag",
-               passes=("fwd",), block: int = 512, local: str = "blockwise", peak_tflops: float | None = None,
-               one_device_ring: bool = True, **timing) -> list[dict]:  # fmt: skip
+def cp_records(
+    *,
+    seq=(4096, 16384),
+    batch: int = 1,
+    heads: int = 16,
+    kv_heads: int = 4,
+    head_dim: int = 128,
+    dtype: str = "bfloat16",
+    causal=(False, True),
+    devices=(2, 4, 8),
+    layout: str = "zigzag",
+    passes=("fwd",),
+    block: int = 512,
+    local: str = "blockwise",
+    peak_tflops: float | None = None,
+    one_device_ring: bool = True,
+    **timing,
+) -> list[dict]:
     """Records for the local kernel, the ring on a one-device mesh (unless ``one_device_ring`` is False), and
     ``devices`` emulated ring steps.
 
@@ -55,20 +69,38 @@ def cp_records(*, seq=(4096, 16384), batch: int = 1, heads: int = 16, kv_heads: 
     records = []
     mesh = cp.sequence_mesh(1)
     for t, c, pass_ in ((t, c, p) for t in seq for c in causal for p in passes):
-        base = functools.partial(Point, batch=batch, seq_q=t, seq_kv=t, heads=heads, kv_heads=kv_heads,
-                                 head_dim=head_dim, dtype=dtype, causal=c, pass_=pass_)  # fmt: skip
+        base = functools.partial(
+            Point,
+            batch=batch,
+            seq_q=t,
+            seq_kv=t,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            causal=c,
+            pass_=pass_,
+        )
         step = cp.local_steps(local, block=min(block, t))[0]
         s1, sb1 = cp.local_steps(local, block=min(block, t // cp.chunks_per_device(layout)))  # one device's chunks
         fns: dict[str, tuple[int | None, Callable]] = {
             "cp_local": (None, lambda q, k, v, c=c, step=step: step(q, k, v, is_causal=c, scale=head_dim**-0.5)[0])
         }
         if one_device_ring:
-            fns["cp_ring_1dev"] = (1, lambda q, k, v, c=c, s=s1, sb=sb1: cp.context_parallel_attention(
-                q, k, v, mesh=mesh, is_causal=c, layout=layout, local=s, local_bwd=sb))  # fmt: skip
+            fns["cp_ring_1dev"] = (
+                1,
+                lambda q, k, v, c=c, s=s1, sb=sb1: cp.context_parallel_attention(
+                    q, k, v, mesh=mesh, is_causal=c, layout=layout, local=s, local_bwd=sb
+                ),
+            )
         for p in devices:  # the emulated ring's chunks are T / (P · chunks per device): the local step's tile fits
             sp = cp.local_steps(local, block=min(block, t // (p * cp.chunks_per_device(layout))))[0]
-            fns[f"cp_emulated_P{p}"] = (p, lambda q, k, v, c=c, p=p, sp=sp: cp.emulate_ring(
-                q, k, v, devices=p, is_causal=c, layout=layout, local=sp))  # fmt: skip
+            fns[f"cp_emulated_P{p}"] = (
+                p,
+                lambda q, k, v, c=c, p=p, sp=sp: cp.emulate_ring(
+                    q, k, v, devices=p, is_causal=c, layout=layout, local=sp
+                ),
+            )
         for impl, (p, fn) in fns.items():
             records.append({**_measure(base(impl=impl), fn, p, peak_tflops, timing), "local": local})
     return records
@@ -111,8 +143,15 @@ def best_local(shape, dtype, causal: bool = True) -> str:
 def _measure(point: Point, fn, ring_steps: int | None, peak_tflops, timing) -> dict:
     rec = {**empty_record(point), "experiment": EXPERIMENT, "devices": 1, "gpus": 1, "ring_steps": ring_steps}
     try:
-        q, k, v = make_qkv(point.batch, point.seq_q, point.heads, point.head_dim, seq_kv=point.seq_kv,
-                           kv_heads=point.kv_heads, dtype=point.dtype)  # fmt: skip
+        q, k, v = make_qkv(
+            point.batch,
+            point.seq_q,
+            point.heads,
+            point.head_dim,
+            seq_kv=point.seq_kv,
+            kv_heads=point.kv_heads,
+            dtype=point.dtype,
+        )
         if point.pass_ == "fwd+bwd":
             d_out = jax.random.normal(jax.random.key(1), q.shape, q.dtype)
             fwd = fn
@@ -129,10 +168,18 @@ def _measure(point: Point, fn, ring_steps: int | None, peak_tflops, timing) -> d
         return {**rec, **failure_fields(err)}
     finally:
         args = q = k = v = None
-    flops = attention_flops(point.batch, point.seq_q, point.seq_kv, point.heads, point.head_dim, causal=point.causal,
-                            pass_=point.pass_)  # fmt: skip
-    return timed_record(rec, t, flops=flops, peak_tflops=peak_tflops, compile_s=stats.compile_s,
-                        temp_bytes=stats.temp_bytes, repeats=t.repeats)  # fmt: skip
+    flops = attention_flops(
+        point.batch, point.seq_q, point.seq_kv, point.heads, point.head_dim, causal=point.causal, pass_=point.pass_
+    )
+    return timed_record(
+        rec,
+        t,
+        flops=flops,
+        peak_tflops=peak_tflops,
+        compile_s=stats.compile_s,
+        temp_bytes=stats.temp_bytes,
+        repeats=t.repeats,
+    )
 
 
 def overhead_table(records) -> list[dict]:
@@ -145,6 +192,15 @@ def overhead_table(records) -> list[dict]:
         if "cp_local" not in group:
             continue
         for impl, ms in sorted(group.items()):
-            rows.append({"seq_q": k[0], "causal": k[1], "pass": k[2], "local": k[3], "impl": impl, "median_ms": ms,
-                         "vs_local": float(np.round(ms / group["cp_local"], 3))})  # fmt: skip
+            rows.append(
+                {
+                    "seq_q": k[0],
+                    "causal": k[1],
+                    "pass": k[2],
+                    "local": k[3],
+                    "impl": impl,
+                    "median_ms": ms,
+                    "vs_local": float(np.round(ms / group["cp_local"], 3)),
+                }
+            )
     return rows

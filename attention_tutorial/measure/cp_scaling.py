@@ -69,12 +69,29 @@ def device_counts(devices=None) -> tuple[int, ...]:
     return tuple(sorted(counts))
 
 
-def scaling_records(devices=None, *, seqs=SEQS, weak_base: int | None = WEAK_BASE, strategies=cp.STRATEGIES,
-                    layouts=cp.LAYOUTS, passes=("fwd", "fwd+bwd"), causal=(False, True), dtype: str = "bfloat16",
-                    batch: int = SHAPE["batch"], heads: int = SHAPE["heads"], kv_heads: int = SHAPE["kv_heads"],
-                    head_dim: int = SHAPE["head_dim"], local=None, block: int = 512, te: bool = True,
-                    peak_tflops: float | None = None, profile: bool = True, profiled_calls: int = 3,
-                    budget_s: float | None = None, **timing) -> list[dict]:  # fmt: skip
+def scaling_records(
+    devices=None,
+    *,
+    seqs=SEQS,
+    weak_base: int | None = WEAK_BASE,
+    strategies=cp.STRATEGIES,
+    layouts=cp.LAYOUTS,
+    passes=("fwd", "fwd+bwd"),
+    causal=(False, True),
+    dtype: str = "bfloat16",
+    batch: int = SHAPE["batch"],
+    heads: int = SHAPE["heads"],
+    kv_heads: int = SHAPE["kv_heads"],
+    head_dim: int = SHAPE["head_dim"],
+    local=None,
+    block: int = 512,
+    te: bool = True,
+    peak_tflops: float | None = None,
+    profile: bool = True,
+    profiled_calls: int = 3,
+    budget_s: float | None = None,
+    **timing,
+) -> list[dict]:
     """Strong-scaling (``seqs``) and weak-scaling (T = ``weak_base`` · P; None: none) records on ``devices``
     (see :func:`device_counts`), for each strategy and layout, pass and mask, beside the one-device local step
     (``local``, default blockwise with ``block``) and TE's context parallelism (``te``).
@@ -98,9 +115,17 @@ def scaling_records(devices=None, *, seqs=SEQS, weak_base: int | None = WEAK_BAS
                 kind, f"te_{strategy}"
             )
             point = Point(f"{name}_P{p}_{scaling}", batch, t, t, heads, kv_heads, head_dim, dtype, c, pass_)
-            rec = {**empty_record(point), "experiment": EXPERIMENT, "devices": p, "gpus": p,
-                   "ring_steps": p if strategy == "ring" else None, "strategy": strategy, "layout": layout,
-                   "scaling": scaling, "family": "te" if kind.startswith("te") else "ours"}  # fmt: skip
+            rec = {
+                **empty_record(point),
+                "experiment": EXPERIMENT,
+                "devices": p,
+                "gpus": p,
+                "ring_steps": p if strategy == "ring" else None,
+                "strategy": strategy,
+                "layout": layout,
+                "scaling": scaling,
+                "family": "te" if kind.startswith("te") else "ours",
+            }
             key = (kind, strategy, layout, t, c, pass_, p)
             if key in done:  # the same measurement serves strong and weak scaling
                 records.append({**rec, **_timed(done[key])})
@@ -109,8 +134,17 @@ def scaling_records(devices=None, *, seqs=SEQS, weak_base: int | None = WEAK_BAS
                 reason = f"not measured: the run's time budget of {budget_s:.0f} s was spent (measure fewer points)"
                 records.append({**rec, "status": "unsupported", "reason": reason})
                 continue
-            fn = functools.partial(_measure, kind, strategy, layout, local=local, block=block, profile=profile,
-                                   profiled_calls=profiled_calls, timing=timing)  # fmt: skip
+            fn = functools.partial(
+                _measure,
+                kind,
+                strategy,
+                layout,
+                local=local,
+                block=block,
+                profile=profile,
+                profiled_calls=profiled_calls,
+                timing=timing,
+            )
             done[key] = fn(rec, shape, t, c, pass_, p, peak_tflops)
             records.append(done[key])
     return add_efficiency(records)
@@ -126,8 +160,23 @@ def _variants(p, strategies, layouts, te, causal):
     return ours + theirs
 
 
-TIMED = ("status", "reason", "median_ms", "p10_ms", "p90_ms", "tflops", "pct_peak", "peak_basis", "compile_s",
-         "temp_bytes", "repeats", "tflops_per_gpu", "single_call_ms", "dispatch_ms", "te_version")  # fmt: skip
+TIMED = (
+    "status",
+    "reason",
+    "median_ms",
+    "p10_ms",
+    "p90_ms",
+    "tflops",
+    "pct_peak",
+    "peak_basis",
+    "compile_s",
+    "temp_bytes",
+    "repeats",
+    "tflops_per_gpu",
+    "single_call_ms",
+    "dispatch_ms",
+    "te_version",
+)
 
 
 def _timed(rec: dict) -> dict:
@@ -135,8 +184,24 @@ def _timed(rec: dict) -> dict:
     return {k: v for k, v in rec.items() if k in TIMED or k.startswith(("comm_", "compute_", "overlap_"))}
 
 
-def _measure(kind, strategy, layout, rec, shape, t, causal, pass_, p, peak_tflops, *, local, block, profile,
-             profiled_calls, timing) -> dict:  # fmt: skip
+def _measure(
+    kind,
+    strategy,
+    layout,
+    rec,
+    shape,
+    t,
+    causal,
+    pass_,
+    p,
+    peak_tflops,
+    *,
+    local,
+    block,
+    profile,
+    profiled_calls,
+    timing,
+) -> dict:
     args = None
     try:
         fn, args, context = _problem(kind, strategy, layout, shape, t, causal, pass_, p, local=local, block=block)
@@ -149,13 +214,26 @@ def _measure(kind, strategy, layout, rec, shape, t, causal, pass_, p, peak_tflop
     finally:
         args = None  # free device memory before the next point
     flops = attention_flops(shape["batch"], t, t, shape["heads"], shape["head_dim"], causal=causal, pass_=pass_)
-    out = timed_record(rec, timed, flops=flops, peak_tflops=peak_tflops, compile_s=stats.compile_s,
-                       temp_bytes=stats.temp_bytes, repeats=timed.repeats, single_call_ms=timed.single_call_ms,
-                       dispatch_ms=timed.dispatch_ms, **extra)  # fmt: skip
+    out = timed_record(
+        rec,
+        timed,
+        flops=flops,
+        peak_tflops=peak_tflops,
+        compile_s=stats.compile_s,
+        temp_bytes=stats.temp_bytes,
+        repeats=timed.repeats,
+        single_call_ms=timed.single_call_ms,
+        dispatch_ms=timed.dispatch_ms,
+        **extra,
+    )
     per_gpu = out["tflops"] / p
     peak, _ = peak_for(shape["dtype"], peak_tflops)
-    return {**out, "tflops_per_gpu": per_gpu, "pct_peak": 100 * per_gpu / peak if peak else None,
-            **({"te_version": _te_version()} if kind.startswith("te") else {})}  # fmt: skip
+    return {
+        **out,
+        "tflops_per_gpu": per_gpu,
+        "pct_peak": 100 * per_gpu / peak if peak else None,
+        **({"te_version": _te_version()} if kind.startswith("te") else {}),
+    }
 
 
 def _problem(kind, strategy, layout, shape, t, causal, pass_, p, *, local, block):
@@ -182,8 +260,17 @@ def _problem(kind, strategy, layout, shape, t, causal, pass_, p, *, local, block
     sharding = NamedSharding(mesh, PartitionSpec(None, AXIS, None, None))
     args = tuple(jax.device_put(x[:, perm], sharding) for x in args)
     if kind == "cp":
-        fwd = functools.partial(cp.context_parallel_attention, mesh=mesh, axis=AXIS, strategy=strategy,
-                                is_causal=causal, layout=layout, local=local, block=block, reorder=False)  # fmt: skip
+        fwd = functools.partial(
+            cp.context_parallel_attention,
+            mesh=mesh,
+            axis=AXIS,
+            strategy=strategy,
+            is_causal=causal,
+            layout=layout,
+            local=local,
+            block=block,
+            reorder=False,
+        )
         return _with_pass(fwd, pass_), args, _nothing
     fwd, context = te_context_parallel(mesh, strategy, causal=causal, head_dim=H)
     return _with_pass(fwd, pass_), args, context
@@ -341,8 +428,12 @@ def device_timelines(path) -> dict[str, list[tuple[str, float, float]]]:
     out = {}
     for plane in data.planes:
         if plane.name.startswith("/device:GPU"):
-            out[plane.name] = [(e.name, float(e.start_ns), float(e.duration_ns))
-                               for line in plane.lines if line.name.startswith("Stream") for e in line.events]  # fmt: skip
+            out[plane.name] = [
+                (e.name, float(e.start_ns), float(e.duration_ns))
+                for line in plane.lines
+                if line.name.startswith("Stream")
+                for e in line.events
+            ]
     return out
 
 
@@ -366,10 +457,12 @@ def overlap_fields(compiled, args, *, calls: int = 3) -> dict:
     pcts = [x for x in res["overlap_pct"] if x is not None]
     traced = calls + TRACED_EXTRA  # trace() runs one untimed call inside the profiler before the timed ones
     return {
-        "comm_ms": [x / traced for x in res["comm_ms"]], "compute_ms": [x / traced for x in res["compute_ms"]],
-        "overlap_pct": res["overlap_pct"], "overlap_mean_pct": float(np.mean(pcts)) if pcts else None,
+        "comm_ms": [x / traced for x in res["comm_ms"]],
+        "compute_ms": [x / traced for x in res["compute_ms"]],
+        "overlap_pct": res["overlap_pct"],
+        "overlap_mean_pct": float(np.mean(pcts)) if pcts else None,
         "overlap_reason": None if pcts else "no NCCL or peer-copy events in the device timelines",
-    }  # fmt: skip
+    }
 
 
 def interconnect(timeout_s: float = 30.0) -> dict:

@@ -89,13 +89,19 @@ def mask_kept_positions(mask: str, shape: AttentionShape, *, causal=False, windo
         return B * kept_positions(T, S, causal=causal, window=(window, 0 if causal else window))
     if mask == "padding":
         lengths = mask_args("padding", shape, jnp.float32, causal=causal, seed=seed)
-        return kept_positions(T, S, causal=causal, q_lengths=np.asarray(lengths["query_seq_lengths"]),
-                              kv_lengths=np.asarray(lengths["key_value_seq_lengths"]))  # fmt: skip
+        return kept_positions(
+            T,
+            S,
+            causal=causal,
+            q_lengths=np.asarray(lengths["query_seq_lengths"]),
+            kv_lengths=np.asarray(lengths["key_value_seq_lengths"]),
+        )
     raise ValueError(f"unknown mask kind {mask!r}; choose from {MASK_KINDS}.")
 
 
-def attention_flops(batch, seq_q, seq_kv, heads, head_dim, *, causal=False, pass_="fwd", mask="none",
-                    window=WINDOW, seed=0) -> float:  # fmt: skip
+def attention_flops(
+    batch, seq_q, seq_kv, heads, head_dim, *, causal=False, pass_="fwd", mask="none", window=WINDOW, seed=0
+) -> float:
     """Matmul FLOPs of one attention call: 4·N·H per kept score position (all B·T·S without a mask), ×3.5 for
     fwd+bwd."""
     if pass_ not in PASSES:
@@ -141,8 +147,9 @@ def attention_bytes(batch, seq_q, seq_kv, heads, kv_heads, head_dim, dtype) -> i
     return (q_and_out + k_and_v) * item
 
 
-def materialised_bytes(batch, seq_q, seq_kv, heads, kv_heads, head_dim, dtype, *, score_dtype="float32",
-                       weight_dtype=None) -> int:  # fmt: skip
+def materialised_bytes(
+    batch, seq_q, seq_kv, heads, kv_heads, head_dim, dtype, *, score_dtype="float32", weight_dtype=None
+) -> int:
     """The fewest bytes a forward pass that materialises the scores must move: :func:`attention_bytes` plus the
     (B, N, T, S) scores written once and read once (``score_dtype``: float32, as the naive version and XLA compute
     them) and the softmax weights written once and read once (``weight_dtype``, default ``dtype``: both cast the

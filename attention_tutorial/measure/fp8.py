@@ -55,9 +55,14 @@ def cudnn_fp8_attention(q, k, v, *, is_causal=False, scale_s: float = 1.0):
     one = jnp.ones((1, 1, 1, 1), jnp.float32)
     params = {key: one for key in cudnn_attn.fp8_params_keys}
     params.update(
-        descale_q=one * dq, descale_k=one * dk, descale_v=one * dv,
-        scale_s=one * scale_s, descale_s=one / scale_s, scale_o=one / dv, descale_o=one * dv,
-    )  # fmt: skip
+        descale_q=one * dq,
+        descale_k=one * dk,
+        descale_v=one * dv,
+        scale_s=one * scale_s,
+        descale_s=one / scale_s,
+        scale_o=one / dv,
+        descale_o=one * dv,
+    )
     mask = cudnn_attn.MaskType.CAUSAL if is_causal else cudnn_attn.MaskType.NO_MASK
     out8, _, _ = cudnn_attn.dot_product_attention(
         q8,
@@ -123,35 +128,75 @@ def cudnn_fp8_records(peak=None, **timing) -> list[dict]:
 
             def run(shape=shape, causal=causal, B=B, T=T):
                 q, k, v = make_qkv(B, T, 16, 128, dtype=jnp.bfloat16, seed=T)
-                ref = jax.jit(lambda q, k, v: dot_product_attention(
-                    q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), implementation="xla",
-                    is_causal=causal))(q, k, v) if T <= REF_MAX_T else None  # fmt: skip
+                ref = (
+                    jax.jit(
+                        lambda q, k, v: dot_product_attention(
+                            q.astype(jnp.float32),
+                            k.astype(jnp.float32),
+                            v.astype(jnp.float32),
+                            implementation="xla",
+                            is_causal=causal,
+                        )
+                    )(q, k, v)
+                    if T <= REF_MAX_T
+                    else None
+                )
                 flops = attention_flops(B, T, T, 16, 128, causal=causal)
                 out = []
-                variants: list[tuple[str, str, Callable, dict]] = [("cudnn", "bfloat16", lambda q, k, v: dot_product_attention(
-                    q, k, v, implementation="cudnn", is_causal=causal), {})]  # fmt: skip
+                variants: list[tuple[str, str, Callable, dict]] = [
+                    (
+                        "cudnn",
+                        "bfloat16",
+                        lambda q, k, v: dot_product_attention(q, k, v, implementation="cudnn", is_causal=causal),
+                        {},
+                    )
+                ]
                 for s in (1.0, E4M3_MAX):
-                    variants.append((f"cudnn_fp8_s{int(s)}", "float8_e4m3fn",
-                                     lambda q, k, v, s=s: cudnn_fp8_attention(q, k, v, is_causal=causal, scale_s=s),
-                                     {"scale_s": s}))  # fmt: skip
+                    variants.append(
+                        (
+                            f"cudnn_fp8_s{int(s)}",
+                            "float8_e4m3fn",
+                            lambda q, k, v, s=s: cudnn_fp8_attention(q, k, v, is_causal=causal, scale_s=s),
+                            {"scale_s": s},
+                        )
+                    )
                 # ours: the Mosaic GPU kernel in bf16 and our FP8 forward (P scale 448, as cuDNN's best)
-                variants.append(("mosaic", "bfloat16", functools.partial(mosaic_flash_attention, is_causal=causal),
-                                 {}))  # fmt: skip
+                variants.append(("mosaic", "bfloat16", functools.partial(mosaic_flash_attention, is_causal=causal), {}))
                 for impl, p_via in FP8_PATHS.items():  # "mosaic_fp8": p via shared memory (the name predates the
                     # registers path, the kernel's default now; recorded results keep the name)
-                    variants.append((impl, "float8_e4m3fn",
-                                     functools.partial(mosaic_fp8_attention, is_causal=causal, p_via=p_via),
-                                     {"scale_s": E4M3_MAX}))  # fmt: skip
+                    variants.append(
+                        (
+                            impl,
+                            "float8_e4m3fn",
+                            functools.partial(mosaic_fp8_attention, is_causal=causal, p_via=p_via),
+                            {"scale_s": E4M3_MAX},
+                        )
+                    )
 
                 def one(impl, dtype, fn, extra):
                     err = rel_error(jax.jit(fn)(q, k, v), ref) if ref is not None else None
                     if err is not None and err > WRONG_ABOVE[dtype]:  # a wrong answer is not timed as a result
-                        raise ArithmeticError(f"wrong result: relative error {err:.3g} against float32, above "
-                                              f"{WRONG_ABOVE[dtype]} for {dtype}")  # fmt: skip
+                        raise ArithmeticError(
+                            f"wrong result: relative error {err:.3g} against float32, above "
+                            f"{WRONG_ABOVE[dtype]} for {dtype}"
+                        )
                     t = time_fn(fn, q, k, v, **timing)
                     kern = compile_stats(fn, q, k, v).attention_kernel
-                    return [_record(impl, shape, causal, dtype, t, flops=flops, peak=peak,
-                                    rel_error=err, kernel=kern, experiment="cudnn_fp8", **extra)]  # fmt: skip
+                    return [
+                        _record(
+                            impl,
+                            shape,
+                            causal,
+                            dtype,
+                            t,
+                            flops=flops,
+                            peak=peak,
+                            rel_error=err,
+                            kernel=kern,
+                            experiment="cudnn_fp8",
+                            **extra,
+                        )
+                    ]
 
                 for impl, dtype, fn, extra in variants:  # each guarded apart: one failing leaves the others standing
                     why = OURS_WHY_NOT[impl](shape, jnp.bfloat16, causal) if impl in OURS_WHY_NOT else None
@@ -185,9 +230,20 @@ def te_records(peak=None, **timing) -> list[dict]:
         plain = base(q, k, v)
         out = []
         t = time_fn(base, q, k, v, **timing)
-        out.append(_record("te", shape, True, "bfloat16", t, flops=flops, peak=peak, experiment="te_autocast",
-                           fp8_types_in_hlo=list(te.hlo_fp8_types(base, q, k, v)),
-                           kernel=compile_stats(base, q, k, v).attention_kernel))  # fmt: skip
+        out.append(
+            _record(
+                "te",
+                shape,
+                True,
+                "bfloat16",
+                t,
+                flops=flops,
+                peak=peak,
+                experiment="te_autocast",
+                fp8_types_in_hlo=list(te.hlo_fp8_types(base, q, k, v)),
+                kernel=compile_stats(base, q, k, v).attention_kernel,
+            )
+        )
         with te_jax.autocast(enabled=True, recipe=te.delayed_scaling_recipe()):
             fn = jax.jit(lambda q, k, v: te.te_attention(q, k, v, is_causal=True))
             under = fn(q, k, v)
@@ -195,9 +251,21 @@ def te_records(peak=None, **timing) -> list[dict]:
             types = list(te.hlo_fp8_types(fn, q, k, v))
             kern = compile_stats(fn, q, k, v).attention_kernel
         diff = float(jnp.max(jnp.abs(under.astype(jnp.float32) - plain.astype(jnp.float32))))
-        out.append(_record("te_autocast", shape, True, "bfloat16", t, flops=flops, peak=peak,
-                           experiment="te_autocast", fp8_types_in_hlo=types, max_abs_diff_vs_bf16=diff,
-                           kernel=kern))  # fmt: skip
+        out.append(
+            _record(
+                "te_autocast",
+                shape,
+                True,
+                "bfloat16",
+                t,
+                flops=flops,
+                peak=peak,
+                experiment="te_autocast",
+                fp8_types_in_hlo=types,
+                max_abs_diff_vs_bf16=diff,
+                kernel=kern,
+            )
+        )
         return out
 
     def dense():
@@ -219,8 +287,11 @@ def te_records(peak=None, **timing) -> list[dict]:
             w = meta.unbox(variables["params"]["kernel"]).astype(jnp.float32)  # TE boxes params with sharding axes
             ref = jnp.einsum("btk,kn->btn", x.astype(jnp.float32), w, precision="highest")
             base = _gemm(impl, "float8" if enabled else "bfloat16")
-            out.append(timed_record(base, t, flops=flops, peak_tflops=peak, fp8_types_in_hlo=types,
-                                    rel_error=rel_error(y, ref)))  # fmt: skip
+            out.append(
+                timed_record(
+                    base, t, flops=flops, peak_tflops=peak, fp8_types_in_hlo=types, rel_error=rel_error(y, ref)
+                )
+            )
             del ref, y
         return out
 

@@ -281,8 +281,10 @@ def plan(name: str, *, gpu: bool | None = None, memory: int | None = None) -> tu
     for p in points(name, gpu=gpu):
         need = footprint(p)
         if memory is not None and need > memory:
-            reason = (f"needs about {need / 2**30:.1f} GiB (inputs, outputs and score matrices, estimated) and "
-                      f"this device lets XLA use {memory / 2**30:.1f} GiB: not run")  # fmt: skip
+            reason = (
+                f"needs about {need / 2**30:.1f} GiB (inputs, outputs and score matrices, estimated) and "
+                f"this device lets XLA use {memory / 2**30:.1f} GiB: not run"
+            )
             skipped.append({**empty_record(p), "status": "oom", "reason": reason, "estimated_bytes": need})
         else:
             run.append(p)

@@ -178,8 +178,11 @@ def _cuda_tool(name: str) -> str | None:
     found = shutil.which(name)
     if found:
         return found
-    patterns = ["/usr/local/cuda*/bin/", f"{sys.prefix}/lib/python3*/site-packages/triton/backends/nvidia/bin/",
-                f"{sys.prefix}/lib/python3*/site-packages/nvidia/cu*/bin/"]  # fmt: skip
+    patterns = [
+        "/usr/local/cuda*/bin/",
+        f"{sys.prefix}/lib/python3*/site-packages/triton/backends/nvidia/bin/",
+        f"{sys.prefix}/lib/python3*/site-packages/nvidia/cu*/bin/",
+    ]
     hits = [h for p in patterns for h in sorted(glob.glob(p + name))]
     return hits[0] if hits else None
 
@@ -191,8 +194,14 @@ def _child(spec: dict, folder: str) -> None:
     if nvdisasm:  # Mosaic GPU calls nvdisasm for its SASS dump
         os.environ["PATH"] = f"{os.path.dirname(nvdisasm)}:{os.environ['PATH']}"
     Path(folder, "mosaic").mkdir(parents=True, exist_ok=True)
-    os.environ.update({"MOSAIC_GPU_DUMP_TO": f"{folder}/mosaic", "MOSAIC_GPU_DUMP_PTX": "1",
-                       "MOSAIC_GPU_DUMP_SASS": "1", "MOSAIC_GPU_DUMP_PTXAS": "1"})  # fmt: skip
+    os.environ.update(
+        {
+            "MOSAIC_GPU_DUMP_TO": f"{folder}/mosaic",
+            "MOSAIC_GPU_DUMP_PTX": "1",
+            "MOSAIC_GPU_DUMP_SASS": "1",
+            "MOSAIC_GPU_DUMP_PTXAS": "1",
+        }
+    )
     import functools
 
     import jax
@@ -225,8 +234,15 @@ def _child(spec: dict, folder: str) -> None:
 
 def kernel_code(impl: str, *, batch=4, seq_q=4096, heads=16, head_dim=128, dtype="bfloat16", causal=False) -> dict:
     """Compile ``impl`` in a fresh process with the code dumps on; its instruction counts as one record."""
-    spec = {"impl": impl, "batch": batch, "seq_q": seq_q, "heads": heads, "head_dim": head_dim, "dtype": dtype,
-            "causal": causal}  # fmt: skip
+    spec = {
+        "impl": impl,
+        "batch": batch,
+        "seq_q": seq_q,
+        "heads": heads,
+        "head_dim": head_dim,
+        "dtype": dtype,
+        "causal": causal,
+    }
     with tempfile.TemporaryDirectory() as folder:
         run = subprocess.run(
             [sys.executable, "-m", "attention_tutorial.measure.kernel_code", json.dumps(spec), folder],
@@ -239,8 +255,9 @@ def kernel_code(impl: str, *, batch=4, seq_q=4096, heads=16, head_dim=128, dtype
             return {**spec, "status": "error", "reason": (run.stderr.strip().splitlines() or ["?"])[-1], **summary}
         # ptxas's register report goes to the Mosaic GPU dump or to stderr, depending on the version
         summary["registers"] = sorted({*summary["registers"], *map(int, _REGISTERS.findall(run.stderr))})
-        summary["wgmma_serialised"] = sorted({*summary["wgmma_serialised"],
-                                              *(f"{c}: {w.strip()}" for c, w in _SERIALISED.findall(run.stderr))})  # fmt: skip
+        summary["wgmma_serialised"] = sorted(
+            {*summary["wgmma_serialised"], *(f"{c}: {w.strip()}" for c, w in _SERIALISED.findall(run.stderr))}
+        )
     return {**spec, "status": "ok", **summary}
 
 
@@ -251,13 +268,22 @@ FP8_PATHS = {"mosaic_fp8": "smem", "mosaic_fp8_regs": "registers"}
 # The kernels the recorder inspects, (impl, input dtype, causal, H): our two and JAX's two, at one shape of the
 # FlashAttention race; our pipelined Mosaic forward with and without the causal mask, beside the plain one
 # causal; both at H = 256; and our FP8 forward, both ways of handing p to p·v.
-INSPECTED = (("pallas", "bfloat16", False, 128), ("jax_pallas", "bfloat16", False, 128),
-             ("mosaic", "bfloat16", False, 128), ("jax_mosaic", "float16", False, 128),
-             ("mosaic", "bfloat16", True, 128), ("mosaic_pipe", "bfloat16", False, 128),
-             ("mosaic_pipe", "bfloat16", True, 128), ("mosaic", "bfloat16", False, 256),
-             ("mosaic_pipe", "bfloat16", False, 256), ("mosaic", "bfloat16", True, 256),
-             ("mosaic_pipe", "bfloat16", True, 256), ("mosaic_fp8_regs", "bfloat16", False, 128),
-             ("mosaic_fp8", "bfloat16", False, 128), ("mosaic_fp8_regs", "bfloat16", True, 128))  # fmt: skip
+INSPECTED = (
+    ("pallas", "bfloat16", False, 128),
+    ("jax_pallas", "bfloat16", False, 128),
+    ("mosaic", "bfloat16", False, 128),
+    ("jax_mosaic", "float16", False, 128),
+    ("mosaic", "bfloat16", True, 128),
+    ("mosaic_pipe", "bfloat16", False, 128),
+    ("mosaic_pipe", "bfloat16", True, 128),
+    ("mosaic", "bfloat16", False, 256),
+    ("mosaic_pipe", "bfloat16", False, 256),
+    ("mosaic", "bfloat16", True, 256),
+    ("mosaic_pipe", "bfloat16", True, 256),
+    ("mosaic_fp8_regs", "bfloat16", False, 128),
+    ("mosaic_fp8", "bfloat16", False, 128),
+    ("mosaic_fp8_regs", "bfloat16", True, 128),
+)
 
 
 def code_key(impl: str, dtype: str, causal: bool, head_dim: int = 128) -> str:
@@ -269,8 +295,10 @@ def code_key(impl: str, dtype: str, causal: bool, head_dim: int = 128) -> str:
 def kernel_code_records() -> dict[str, dict]:
     """``kernel_code`` for each of ``INSPECTED``, keyed by :func:`code_key` (the recorder stores them in
     provenance)."""
-    return {code_key(impl, dtype, causal, H): kernel_code(impl, dtype=dtype, causal=causal, head_dim=H)
-            for impl, dtype, causal, H in INSPECTED}  # fmt: skip
+    return {
+        code_key(impl, dtype, causal, H): kernel_code(impl, dtype=dtype, causal=causal, head_dim=H)
+        for impl, dtype, causal, H in INSPECTED
+    }
 
 
 if __name__ == "__main__":

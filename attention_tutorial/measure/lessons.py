@@ -49,8 +49,9 @@ def matmul_kind(dtype="float32") -> str:
     return "tf32" if name == "float32" and _on_gpu() else name
 
 
-def precision_rows(batch=4, seq=128, heads=8, head_dim=64, *, time_seq=None, timed: bool = True, seed=0,
-                   timing=None) -> list[dict]:  # fmt: skip
+def precision_rows(
+    batch=4, seq=128, heads=8, head_dim=64, *, time_seq=None, timed: bool = True, seed=0, timing=None
+) -> list[dict]:
     """float32 XLA attention at the default and the "highest" matmul precision.
 
     Error: the largest absolute difference from float64 at (B=batch, T=S=seq, N=heads, H=head_dim). Time: the same
@@ -68,11 +69,19 @@ def precision_rows(batch=4, seq=128, heads=8, head_dim=64, *, time_seq=None, tim
             attend = jax.jit(lambda q, k, v: dot_product_attention(q, k, v, implementation="xla"))
             err = float(np.max(np.abs(np.asarray(attend(q, k, v)) - ref)))
             t = time_fn(attend, *big, **(timing or {})) if big is not None else None
-        row = {"precision": precision, "matmuls_in": matmul_kind() if precision == "default" else "float32",
-               "max_abs_error": err, "shape": f"B={batch}, T=S={seq}, N={heads}, H={head_dim}"}  # fmt: skip
+        row = {
+            "precision": precision,
+            "matmuls_in": matmul_kind() if precision == "default" else "float32",
+            "max_abs_error": err,
+            "shape": f"B={batch}, T=S={seq}, N={heads}, H={head_dim}",
+        }
         if t is not None:
-            row.update(time_shape=f"B={batch}, T=S={time_seq}, N={heads}, H={head_dim}", median_ms=t.median_ms,
-                       p10_ms=t.p10_ms, p90_ms=t.p90_ms)  # fmt: skip
+            row.update(
+                time_shape=f"B={batch}, T=S={time_seq}, N={heads}, H={head_dim}",
+                median_ms=t.median_ms,
+                p10_ms=t.p10_ms,
+                p90_ms=t.p90_ms,
+            )
         rows.append(row)
     return rows
 
@@ -97,8 +106,15 @@ def _forced_cudnn(shape: AttentionShape, dtype: str) -> str:
 
 def cudnn_refusal_rows(cases=REFUSAL_CASES) -> list[dict]:
     """For each (shape, dtype): our check's reason (None: cuDNN can run it) and JAX's own answer when forced."""
-    return [{"head_dim": shape.head_dim, "dtype": dtype, "why_not": cudnn_why_not(shape, jnp.dtype(dtype)),
-             "forced": _forced_cudnn(shape, dtype)} for shape, dtype in cases]  # fmt: skip
+    return [
+        {
+            "head_dim": shape.head_dim,
+            "dtype": dtype,
+            "why_not": cudnn_why_not(shape, jnp.dtype(dtype)),
+            "forced": _forced_cudnn(shape, dtype),
+        }
+        for shape, dtype in cases
+    ]
 
 
 def gqa_rows(batch=2, seq=256, heads=8, kv_heads=2, head_dim=64, *, dtype=None, impls=GQA_IMPLS, seed=3) -> list[dict]:
@@ -146,13 +162,25 @@ def input_rows(n=None, *, seed=0, timing=None) -> list[dict]:
     rows = []
     for kind in INPUT_KINDS:
         t = time_fn(jnp.matmul, *inputs[kind], **(timing or {}))
-        rows.append({"inputs": kind, "n": n, "tflops": 2 * n**3 / (t.median_ms * 1e-3) / 1e12,
-                     "median_ms": t.median_ms, "p10_ms": t.p10_ms, "p90_ms": t.p90_ms})  # fmt: skip
+        rows.append(
+            {
+                "inputs": kind,
+                "n": n,
+                "tflops": 2 * n**3 / (t.median_ms * 1e-3) / 1e12,
+                "median_ms": t.median_ms,
+                "p10_ms": t.p10_ms,
+                "p90_ms": t.p90_ms,
+            }
+        )
     return rows
 
 
 def lesson_records(**timing) -> dict:
     """All four lessons, as the recorder keeps them (provenance['lessons'])."""
     timing = timing or None
-    return {"precision": precision_rows(timing=timing), "cudnn_refusals": cudnn_refusal_rows(), "gqa": gqa_rows(),
-            "inputs": input_rows(timing=timing)}  # fmt: skip
+    return {
+        "precision": precision_rows(timing=timing),
+        "cudnn_refusals": cudnn_refusal_rows(),
+        "gqa": gqa_rows(),
+        "inputs": input_rows(timing=timing),
+    }

@@ -200,8 +200,9 @@ def device_ms(kernels) -> float:
     return sum(k.device_us for k in kernels if k.kind in (*DEVICE_KINDS, HOST_KIND)) / 1e3
 
 
-def compare(t: Timing, kernels, *, profiled_calls: int, traced_wall_ms: float | None = None,
-            device_span_ms: float | None = None) -> dict:  # fmt: skip
+def compare(
+    t: Timing, kernels, *, profiled_calls: int, traced_wall_ms: float | None = None, device_span_ms: float | None = None
+) -> dict:
     """Record fields: the pipelined timing beside the summed profiled time per call, their ratio and the dispatch
     overhead. ``device_ratio`` = pipelined median / summed time (1: they agree; above 1: time the kernels do not
     account for, such as gaps between them); ``time_source`` says whether the sum is device ("device") or host
@@ -212,15 +213,25 @@ def compare(t: Timing, kernels, *, profiled_calls: int, traced_wall_ms: float | 
     host = any(k.kind == HOST_KIND for k in kernels)
     span_ok = traced_wall_ms is not None and device_span_ms
     return {
-        "median_ms": t.median_ms, "p10_ms": t.p10_ms, "p90_ms": t.p90_ms, "single_call_ms": t.single_call_ms,
-        "dispatch_ms": t.dispatch_ms, "repeats": t.repeats, "inner": t.inner,
-        "device_ms": summed, "device_ratio": t.median_ms / summed if summed > 0 else None,
-        "traced_wall_ms": traced_wall_ms, "device_span_ms": device_span_ms,
+        "median_ms": t.median_ms,
+        "p10_ms": t.p10_ms,
+        "p90_ms": t.p90_ms,
+        "single_call_ms": t.single_call_ms,
+        "dispatch_ms": t.dispatch_ms,
+        "repeats": t.repeats,
+        "inner": t.inner,
+        "device_ms": summed,
+        "device_ratio": t.median_ms / summed if summed > 0 else None,
+        "traced_wall_ms": traced_wall_ms,
+        "device_span_ms": device_span_ms,
         "span_ratio": traced_wall_ms / device_span_ms if span_ok else None,  # type: ignore[operator]
-        "time_source": "host" if host else "device", "profiled_calls": profiled_calls,
-        "kernels": [{"name": k.name[:200], "us": k.device_us, "count": k.count, "kind": k.kind}
-                    for k in kernels[:RECORD_KERNELS]],
-    }  # fmt: skip
+        "time_source": "host" if host else "device",
+        "profiled_calls": profiled_calls,
+        "kernels": [
+            {"name": k.name[:200], "us": k.device_us, "count": k.count, "kind": k.kind}
+            for k in kernels[:RECORD_KERNELS]
+        ],
+    }
 
 
 def compare_with_timing(fn, *args, profiled_calls: int = 50, compiled=None, **timing) -> dict:
@@ -262,9 +273,20 @@ def agreement_pct(rec: dict) -> float | None:
 PROFILED_IMPLS = ("cudnn", "xla", "mosaic", "pallas", "blockwise", "te")
 
 
-def profile_records(impls=PROFILED_IMPLS, *, batch=4, seq=4096, heads=16, head_dim=128, dtype="bfloat16",
-                    causal=(False, True), peak_tflops: float | None = None, profiled_calls: int = 50, seed: int = 0,
-                    **timing) -> list[dict]:  # fmt: skip
+def profile_records(
+    impls=PROFILED_IMPLS,
+    *,
+    batch=4,
+    seq=4096,
+    heads=16,
+    head_dim=128,
+    dtype="bfloat16",
+    causal=(False, True),
+    peak_tflops: float | None = None,
+    profiled_calls: int = 50,
+    seed: int = 0,
+    **timing,
+) -> list[dict]:
     """One record per implementation and mask at one shape (B, T = S, N = K, H): the timing and TFLOP/s of
     :func:`~attention_tutorial.measure.sweep.timed_record` plus the fields of :func:`compare`. Unsupported or
     failing points become records with the reason, as in a sweep; ``timing`` goes to ``time_fn``."""
@@ -293,8 +315,15 @@ def _profile_point(point: Point, peak_tflops, profiled_calls, seed, timing) -> d
         return {**rec, **failure_fields(err)}
     finally:
         q = k = v = None  # free device memory before the next point
-    t = Timing(fields["median_ms"], fields["p10_ms"], fields["p90_ms"], fields["repeats"], fields["inner"],
-               fields["compile_s"], fields["single_call_ms"])  # fmt: skip
+    t = Timing(
+        fields["median_ms"],
+        fields["p10_ms"],
+        fields["p90_ms"],
+        fields["repeats"],
+        fields["inner"],
+        fields["compile_s"],
+        fields["single_call_ms"],
+    )
     flops = attention_flops(point.batch, point.seq_q, point.seq_kv, point.heads, point.head_dim, causal=point.causal)
     return timed_record(rec, t, flops=flops, peak_tflops=peak_tflops, **fields)
 
@@ -302,10 +331,18 @@ def _profile_point(point: Point, peak_tflops, profiled_calls, seed, timing) -> d
 def kernel_rows(records, top: int = 3) -> list[dict]:
     """The ``top`` longest kernels (or host ops) of each ok record, as table cells."""
     return [
-        {"impl": r["impl"], "causal": r["causal"], "kernel or op": _short(k["name"]), "kind": k["kind"],
-         "µs per call": f"{k['us']:.4g}" if k["us"] < 1e4 else f"{k['us']:.0f}", "launches per call": f"{k['count']:.3g}"}
-        for r in records if r.get("status") == "ok" for k in r.get("kernels", [])[:top]
-    ]  # fmt: skip
+        {
+            "impl": r["impl"],
+            "causal": r["causal"],
+            "kernel or op": _short(k["name"]),
+            "kind": k["kind"],
+            "µs per call": f"{k['us']:.4g}" if k["us"] < 1e4 else f"{k['us']:.0f}",
+            "launches per call": f"{k['count']:.3g}",
+        }
+        for r in records
+        if r.get("status") == "ok"
+        for k in r.get("kernels", [])[:top]
+    ]
 
 
 def _short(name: str, width: int = 110) -> str:  # cuDNN's kernel names differ only past character 100

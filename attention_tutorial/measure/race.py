@@ -54,8 +54,9 @@ def clocks() -> str:
     """The SM clock, its maximum, temperature and power, as nvidia-smi says them ('' without nvidia-smi)."""
     try:
         q = "clocks.sm,clocks.max.sm,temperature.gpu,power.draw"
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=10)  # fmt: skip
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        )
         return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -148,7 +149,7 @@ def cases(groups=GROUPS) -> list[Case]:
             ("causal, T=8000", (4, ragged, ragged, N, N, H), {"is_causal": True}),
             ("sliding window 1024, causal", (B, T, T, N, N, H), {"is_causal": True, "local_window_size": (1023, 0)}),
             ("GQA 16/2, causal", (B, T, T, N, 2, H), {"is_causal": True}),
-        ]:  # fmt: skip
+        ]:
             race = {"cuDNN": cudnn(**m), "ours": ours(H, **m), "ours, causal": ours(H, is_causal=True)}
             if "window" not in name:  # the same mask: nothing to set beside
                 del race["ours, causal"]
@@ -183,8 +184,11 @@ def cases(groups=GROUPS) -> list[Case]:
             "ours, causal": with_grad(ours(H, is_causal=True)),
             "cuDNN, causal": with_grad(cudnn(is_causal=True)),
         }
-        out.append(Case("masks_backward", "packed documents of 256-4096, causal", (B, T, T, N, N, H), m, race,
-                        "fwd+bwd", "XLA"))  # fmt: skip
+        out.append(
+            Case(
+                "masks_backward", "packed documents of 256-4096, causal", (B, T, T, N, N, H), m, race, "fwd+bwd", "XLA"
+            )
+        )
     if "backward" in groups:
         for H in (64, 128):
             for causal in (False, True):
@@ -238,17 +242,39 @@ def run_case(case: Case, *, rounds: int = ROUNDS, repeats: int = 10, max_seconds
     for label in case.contenders:
         ms = per_round.get(label) or []
         med = float(np.median(ms)) if ms else None
-        rows.append({"contender": label, "rounds_ms": ms, "median_ms": med, "tflops": flops / med / 1e9 if med else None,
-                     "error": errors.get(label)})  # fmt: skip
+        rows.append(
+            {
+                "contender": label,
+                "rounds_ms": ms,
+                "median_ms": med,
+                "tflops": flops / med / 1e9 if med else None,
+                "error": errors.get(label),
+            }
+        )
     base = next((r["median_ms"] for r in rows if r["contender"] == case.baseline), None)
     for r in rows:
         r["speed"] = base / r["median_ms"] if base and r["median_ms"] else None
-    configs = {label: dataclasses.asdict(fn.keywords["config"]) for label, fn in case.contenders.items()
-               if isinstance(fn, functools.partial) and "config" in fn.keywords}  # fmt: skip
-    return {"group": case.group, "case": case.name, "shape": list(case.shape), "pass": case.pass_,
-            "baseline": case.baseline, "mask": _mask_words(case.mask), "flops": flops, "rows": rows,
-            "configs": configs, "rounds": rounds, "created": started, "clocks_before": clocks_before,
-            "clocks_after": clocks(), **code_version()}  # fmt: skip
+    configs = {
+        label: dataclasses.asdict(fn.keywords["config"])
+        for label, fn in case.contenders.items()
+        if isinstance(fn, functools.partial) and "config" in fn.keywords
+    }
+    return {
+        "group": case.group,
+        "case": case.name,
+        "shape": list(case.shape),
+        "pass": case.pass_,
+        "baseline": case.baseline,
+        "mask": _mask_words(case.mask),
+        "flops": flops,
+        "rows": rows,
+        "configs": configs,
+        "rounds": rounds,
+        "created": started,
+        "clocks_before": clocks_before,
+        "clocks_after": clocks(),
+        **code_version(),
+    }
 
 
 def race_records(groups=GROUPS, *, progress=True, **timing) -> dict:

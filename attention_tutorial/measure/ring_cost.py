@@ -64,8 +64,15 @@ def local_calls(devices: int, *, causal: bool, layout: str = "zigzag") -> int:
         raise ValueError(f"devices must be at least 1; got {devices}.")
     if not causal:
         return devices
-    return max(sum(j <= i for src in range(devices) for i in cp.device_chunks(d, devices, layout)
-                   for j in cp.device_chunks(src, devices, layout)) for d in range(devices))  # fmt: skip
+    return max(
+        sum(
+            j <= i
+            for src in range(devices)
+            for i in cp.device_chunks(d, devices, layout)
+            for j in cp.device_chunks(src, devices, layout)
+        )
+        for d in range(devices)
+    )
 
 
 @dataclass(frozen=True)
@@ -114,8 +121,13 @@ def ring_costs(records, layout: str = "zigzag") -> list[RingCost]:
     ok = [r for r in records or () if kind(r) and r.get("status") == "ok" and gpus(r) == 1]
 
     def ms(k, rec):
-        same = [x["median_ms"] for x in ok if kind(x) == k and all(x.get(f) == rec.get(f) for f in POINT)
-                and (k != "emulated" or x["impl"] == rec["impl"])]  # fmt: skip
+        same = [
+            x["median_ms"]
+            for x in ok
+            if kind(x) == k
+            and all(x.get(f) == rec.get(f) for f in POINT)
+            and (k != "emulated" or x["impl"] == rec["impl"])
+        ]
         return statistics.median(same) if same else None
 
     out = []
@@ -124,8 +136,18 @@ def ring_costs(records, layout: str = "zigzag") -> list[RingCost]:
             continue
         p = ring_steps(r)
         per = cp.chunks_per_device(layout) if r["causal"] else 1  # without a mask one call per block
-        out.append(RingCost(seq=r["seq_q"], causal=r["causal"], pass_=r.get("pass", "fwd"),
-                            local=r.get("local", "blockwise"), steps=p, chunk=r["seq_q"] // (p * per),
-                            calls=local_calls(p, causal=r["causal"], layout=layout), local_ms=base,
-                            emulated_ms=r["median_ms"], ring_1dev_ms=ms("ring_1dev", r)))  # fmt: skip
+        out.append(
+            RingCost(
+                seq=r["seq_q"],
+                causal=r["causal"],
+                pass_=r.get("pass", "fwd"),
+                local=r.get("local", "blockwise"),
+                steps=p,
+                chunk=r["seq_q"] // (p * per),
+                calls=local_calls(p, causal=r["causal"], layout=layout),
+                local_ms=base,
+                emulated_ms=r["median_ms"],
+                ring_1dev_ms=ms("ring_1dev", r),
+            )
+        )
     return sorted(out, key=lambda c: (c.seq, c.causal, c.pass_, c.steps, c.local))

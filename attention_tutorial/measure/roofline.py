@@ -42,10 +42,20 @@ def io_point(rec: dict) -> IOPoint:
         raise ValueError(f"io_point needs an ok forward record; got {rec.get('status')!r}, pass {rec.get('pass')!r}.")
     dims = (rec["batch"], rec["seq_q"], rec["seq_kv"], rec["heads"], rec["kv_heads"], rec["head_dim"], rec["dtype"])
     moved = materialised_bytes(*dims) if rec["impl"] in MATERIALISE_SCORES else attention_bytes(*dims)
-    flops = attention_flops(rec["batch"], rec["seq_q"], rec["seq_kv"], rec["heads"], rec["head_dim"],
-                            causal=rec["causal"])  # fmt: skip
-    return IOPoint(rec["impl"], rec.get("grid", ""), rec["batch"], rec["seq_q"], rec["head_dim"], flops, moved,
-                   rec["median_ms"], flops / (rec["median_ms"] * 1e-3) / 1e12)  # fmt: skip
+    flops = attention_flops(
+        rec["batch"], rec["seq_q"], rec["seq_kv"], rec["heads"], rec["head_dim"], causal=rec["causal"]
+    )
+    return IOPoint(
+        rec["impl"],
+        rec.get("grid", ""),
+        rec["batch"],
+        rec["seq_q"],
+        rec["head_dim"],
+        flops,
+        moved,
+        rec["median_ms"],
+        flops / (rec["median_ms"] * 1e-3) / 1e12,
+    )
 
 
 @dataclass(frozen=True)

@@ -33,16 +33,33 @@ STATUSES = ("ok", "oom", "unsupported", "error")
 PROBLEMS = ("attention", "gemm")  # a record's ``problem`` (absent: attention)
 # The record schema: fields every record has, the sizes each problem has, and numbers that may never be negative.
 COMMON_FIELDS = {
-    "impl": str, "dtype": str, "pass": str, "status": str, "median_ms": (int, float, type(None)),
-    "p10_ms": (int, float, type(None)), "p90_ms": (int, float, type(None)), "tflops": (int, float, type(None)),
-}  # fmt: skip
+    "impl": str,
+    "dtype": str,
+    "pass": str,
+    "status": str,
+    "median_ms": (int, float, type(None)),
+    "p10_ms": (int, float, type(None)),
+    "p90_ms": (int, float, type(None)),
+    "tflops": (int, float, type(None)),
+}
 SIZE_FIELDS = {
     "attention": ("batch", "seq_q", "seq_kv", "heads", "kv_heads", "head_dim"),
     "gemm": ("m", "k", "n"),
 }
 TIMED_FIELDS = ("median_ms", "p10_ms", "p90_ms")
-NON_NEGATIVE = (*TIMED_FIELDS, "tflops", "pct_peak", "single_call_ms", "dispatch_ms", "compile_s", "gbps",
-                "temp_bytes", "pct_read", "repeats", "rel_error")  # fmt: skip
+NON_NEGATIVE = (
+    *TIMED_FIELDS,
+    "tflops",
+    "pct_peak",
+    "single_call_ms",
+    "dispatch_ms",
+    "compile_s",
+    "gbps",
+    "temp_bytes",
+    "pct_read",
+    "repeats",
+    "rel_error",
+)
 
 
 @dataclass(frozen=True)
@@ -91,12 +108,28 @@ def grid(
     ``tokens`` fixes B·T instead of ``batch``: batch = max(1, tokens // seq_q), so long and short sequences
     keep the chip equally busy.
     """
-    axes = {"impls": impls, "seq_q": seq_q, "batch": batch, "heads": heads, "head_dim": head_dim,
-            "kv_heads": kv_heads, "seq_kv": seq_kv, "dtype": dtype, "causal": causal, "passes": passes, "masks": masks}  # fmt: skip
+    axes = {
+        "impls": impls,
+        "seq_q": seq_q,
+        "batch": batch,
+        "heads": heads,
+        "head_dim": head_dim,
+        "kv_heads": kv_heads,
+        "seq_kv": seq_kv,
+        "dtype": dtype,
+        "causal": causal,
+        "passes": passes,
+        "masks": masks,
+    }
     for name, values in axes.items():
         if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple, range)):
-            example = {"impls": "('xla',)", "dtype": "('bfloat16',)", "causal": "(False,)", "passes": "('fwd',)",
-                       "masks": "('none',)"}.get(name, "(1024,)")  # fmt: skip
+            example = {
+                "impls": "('xla',)",
+                "dtype": "('bfloat16',)",
+                "causal": "(False,)",
+                "passes": "('fwd',)",
+                "masks": "('none',)",
+            }.get(name, "(1024,)")
             raise TypeError(f"{name} must be a list or tuple of values, e.g. {example}; got {values!r}")
     for impl in impls:
         registry.get(impl)  # a ValueError naming the known ones
@@ -146,8 +179,10 @@ def _check_point(point) -> None:
     if not isinstance(point.causal, bool):
         raise TypeError(f"Point.causal must be True or False; got {point.causal!r}")
     if point.pass_ not in PASSES or point.mask not in MASK_KINDS:
-        raise ValueError(f"Point.pass_ must be one of {PASSES} and Point.mask one of {MASK_KINDS}; got "
-                         f"{point.pass_!r}, {point.mask!r}")  # fmt: skip
+        raise ValueError(
+            f"Point.pass_ must be one of {PASSES} and Point.mask one of {MASK_KINDS}; got "
+            f"{point.pass_!r}, {point.mask!r}"
+        )
 
 
 def run_point(point: Point, *, peak_tflops: float | None = None, seed: int = 0, **timing) -> dict:
@@ -163,9 +198,15 @@ def run_point(point: Point, *, peak_tflops: float | None = None, seed: int = 0, 
         return {**rec, "status": "unsupported", "reason": reason}
     try:
         q, k, v = make_qkv(
-            point.batch, point.seq_q, point.heads, point.head_dim,
-            seq_kv=point.seq_kv, kv_heads=point.kv_heads, dtype=point.dtype, seed=seed,
-        )  # fmt: skip
+            point.batch,
+            point.seq_q,
+            point.heads,
+            point.head_dim,
+            seq_kv=point.seq_kv,
+            kv_heads=point.kv_heads,
+            dtype=point.dtype,
+            seed=seed,
+        )
         arrays, static = split_static(mask_args(point.mask, point.shape, q.dtype, causal=point.causal, seed=seed))
         fn = _callable(impl.fn, point, tuple(arrays), static)
         args = (q, k, v, *arrays.values())
@@ -173,24 +214,47 @@ def run_point(point: Point, *, peak_tflops: float | None = None, seed: int = 0, 
             args += (jax.random.normal(jax.random.key(seed + 1), q.shape, q.dtype),)  # dO, the output gradient
         stats = compile_stats(fn, *args)
         if _exceeds_memory(stats.temp_bytes, args):
-            return {**rec, "status": "oom", "reason": f"needs {stats.temp_bytes / 2**30:.1f} GiB of temporaries",  # type: ignore[operator]
-                    "temp_bytes": stats.temp_bytes}  # fmt: skip
+            return {
+                **rec,
+                "status": "oom",
+                "reason": f"needs {stats.temp_bytes / 2**30:.1f} GiB of temporaries",  # type: ignore[operator]
+                "temp_bytes": stats.temp_bytes,
+            }
         t = time_fn(fn, *args, compiled=stats.compiled, **timing)
     except Exception as err:
         return {**rec, **failure_fields(err)}
     finally:
         args = q = k = v = None  # free device memory before the next point
-    flops = attention_flops(point.batch, point.seq_q, point.seq_kv, point.heads, point.head_dim,
-                            causal=point.causal, pass_=point.pass_, mask=point.mask, seed=seed)  # fmt: skip
-    nbytes = attention_bytes(point.batch, point.seq_q, point.seq_kv, point.heads, point.kv_heads, point.head_dim,
-                             point.dtype)  # fmt: skip
+    flops = attention_flops(
+        point.batch,
+        point.seq_q,
+        point.seq_kv,
+        point.heads,
+        point.head_dim,
+        causal=point.causal,
+        pass_=point.pass_,
+        mask=point.mask,
+        seed=seed,
+    )
+    nbytes = attention_bytes(
+        point.batch, point.seq_q, point.seq_kv, point.heads, point.kv_heads, point.head_dim, point.dtype
+    )
     extra = {"backend": _backend(impl, point)} if impl.backend else {}
     try:
         timed = timed_record(
-            rec, t, flops=flops, peak_tflops=peak_tflops, single_call_ms=t.single_call_ms, dispatch_ms=t.dispatch_ms,
-            repeats=t.repeats, compile_s=stats.compile_s, gbps=nbytes / (t.median_ms * 1e-3) / 1e9,
-            temp_bytes=stats.temp_bytes, kernel=stats.attention_kernel, **extra,
-        )  # fmt: skip
+            rec,
+            t,
+            flops=flops,
+            peak_tflops=peak_tflops,
+            single_call_ms=t.single_call_ms,
+            dispatch_ms=t.dispatch_ms,
+            repeats=t.repeats,
+            compile_s=stats.compile_s,
+            gbps=nbytes / (t.median_ms * 1e-3) / 1e9,
+            temp_bytes=stats.temp_bytes,
+            kernel=stats.attention_kernel,
+            **extra,
+        )
     except ZeroDivisionError:  # a median of 0 ms: the clock did not see the call
         return {**rec, "status": "error", "reason": f"the timing is not usable: median {t.median_ms} ms"}
     problems = check_record(timed)
@@ -199,8 +263,9 @@ def run_point(point: Point, *, peak_tflops: float | None = None, seed: int = 0, 
     return timed
 
 
-def run_sweep(points, *, peak_tflops: float | None = None, progress: bool = False, on_record=None,
-              **timing) -> list[dict]:  # fmt: skip
+def run_sweep(
+    points, *, peak_tflops: float | None = None, progress: bool = False, on_record=None, **timing
+) -> list[dict]:
     """Run every point in order (see :func:`run_point`); ``progress`` shows a tqdm bar on long sweeps;
     ``on_record(record)`` is called after each point (to save as it goes)."""
     points = list(points)
@@ -268,8 +333,17 @@ def empty_record(point: Point) -> dict:
 
 def gemm_record(impl: str, *, m: int, k: int, n: int, dtype: str, **extra) -> dict:
     """An (m, k) × (k, n) matrix product's record before measuring (``problem`` "gemm"), null timings."""
-    return {"impl": impl, "problem": "gemm", "m": m, "k": k, "n": n, "dtype": dtype, "pass": "fwd", **NO_TIMING,
-            **extra}  # fmt: skip
+    return {
+        "impl": impl,
+        "problem": "gemm",
+        "m": m,
+        "k": k,
+        "n": n,
+        "dtype": dtype,
+        "pass": "fwd",
+        **NO_TIMING,
+        **extra,
+    }
 
 
 def timed_record(base: dict, t: Timing, *, flops: float, peak_tflops: float | None = None, **extra) -> dict:
@@ -279,12 +353,31 @@ def timed_record(base: dict, t: Timing, *, flops: float, peak_tflops: float | No
     tflops = flops / (t.median_ms * 1e-3) / 1e12
     peak, basis = peak_for(base["dtype"], peak_tflops)
     judged = {"pct_peak": 100 * tflops / peak, "peak_basis": basis} if peak else {"pct_peak": None}
-    return {**base, "status": "ok", "median_ms": t.median_ms, "p10_ms": t.p10_ms, "p90_ms": t.p90_ms,
-            "compile_s": t.compile_s, "tflops": tflops, **judged, **extra}  # fmt: skip
+    return {
+        **base,
+        "status": "ok",
+        "median_ms": t.median_ms,
+        "p10_ms": t.p10_ms,
+        "p90_ms": t.p90_ms,
+        "compile_s": t.compile_s,
+        "tflops": tflops,
+        **judged,
+        **extra,
+    }
 
 
-POINT_FIELDS = ("grid", "problem", "experiment", "impl", *SIZE_FIELDS["attention"], *SIZE_FIELDS["gemm"], "dtype",
-                "causal", "mask", "pass")  # fmt: skip
+POINT_FIELDS = (
+    "grid",
+    "problem",
+    "experiment",
+    "impl",
+    *SIZE_FIELDS["attention"],
+    *SIZE_FIELDS["gemm"],
+    "dtype",
+    "causal",
+    "mask",
+    "pass",
+)
 
 
 def point_key(rec: dict) -> tuple:

@@ -97,10 +97,19 @@ def profile_backward(dq: str, folder, *, shape: AttentionShape = BACKWARD_SHAPE,
     folder.mkdir(parents=True, exist_ok=True)
     plain = dataclasses.replace(default_config(shape.head_dim), bwd_dq=dq)
     probe = Probe(profile_space=backward_profile_space(shape, plain), profile_dir=str(folder))
-    q, k, v = make_qkv(shape.batch, shape.seq_q, shape.heads, shape.head_dim, seq_kv=shape.seq_kv,
-                       kv_heads=shape.kv_heads, dtype=jnp.bfloat16, seed=0)  # fmt: skip
+    q, k, v = make_qkv(
+        shape.batch,
+        shape.seq_q,
+        shape.heads,
+        shape.head_dim,
+        seq_kv=shape.seq_kv,
+        kv_heads=shape.kv_heads,
+        dtype=jnp.bfloat16,
+        seed=0,
+    )
     out, lse = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, config=plain, return_lse=True))(
-        q, k, v)  # fmt: skip
+        q, k, v
+    )
     d_out = jax.random.normal(jax.random.key(1), q.shape, jnp.float32).astype(q.dtype)
     before = set(folder.glob("*.json"))
     fn = jax.jit(functools.partial(mosaic_flash_backward, is_causal=causal, config=plain, probe=probe))
@@ -124,8 +133,16 @@ def profile_forward(config, folder, *, shape: AttentionShape = SHAPE, causal: bo
     folder.mkdir(parents=True, exist_ok=True)
     before = set(folder.glob("*.json"))
     probe = Probe(profile_space=profile_space(shape, config.block_kv), profile_dir=str(folder))
-    q, k, v = make_qkv(shape.batch, shape.seq_q, shape.heads, shape.head_dim, seq_kv=shape.seq_kv,
-                       kv_heads=shape.kv_heads, dtype=jnp.bfloat16, seed=0)  # fmt: skip
+    q, k, v = make_qkv(
+        shape.batch,
+        shape.seq_q,
+        shape.heads,
+        shape.head_dim,
+        seq_kv=shape.seq_kv,
+        kv_heads=shape.kv_heads,
+        dtype=jnp.bfloat16,
+        seed=0,
+    )
     fn = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, config=config, probe=probe))
     jax.block_until_ready(fn(q, k, v))
     return _written(folder, before, 1, "forward")[0]
@@ -164,11 +181,17 @@ def parse_trace(trace: dict, *, ctas: int = CTAS, warpgroups: int = WARPGROUPS) 
     kept = [(n, tid, track) for n, cta in enumerate(first) for tid, track in sorted(by_cta[cta])]
     origin = min((r[1] for _, _, track in kept for r in track["regions"]), default=0.0)
     return [
-        {"cta": n, "sm": track["sm"], "warpgroup": (tid - 1) % warpgroups,
-         "regions": [[name, round(s - origin), round(e - origin), depth]
-                     for name, s, e, depth in sorted(track["regions"], key=lambda r: (r[1], r[3]))]}
+        {
+            "cta": n,
+            "sm": track["sm"],
+            "warpgroup": (tid - 1) % warpgroups,
+            "regions": [
+                [name, round(s - origin), round(e - origin), depth]
+                for name, s, e, depth in sorted(track["regions"], key=lambda r: (r[1], r[3]))
+            ],
+        }
         for n, tid, track in kept
-    ]  # fmt: skip
+    ]
 
 
 def timeline_records(*, shape: AttentionShape = SHAPE, ctas: int = CTAS, causal: bool = False) -> dict[str, dict]:
@@ -180,10 +203,16 @@ def timeline_records(*, shape: AttentionShape = SHAPE, ctas: int = CTAS, causal:
     out = {}
     for impl in KERNELS:
         config = kernel_config(impl, shape.head_dim)
-        meta = {"shape": shape._asdict(), "causal": causal, "dtype": "bfloat16",
-                "tiles": {f: getattr(config, f) for f in ("block_q", "block_kv", "stages")},
-                "schedule": config.schedule, "pipeline": config.pipeline,
-                "profile_space": profile_space(shape, config.block_kv), "unit": "ns"}  # fmt: skip
+        meta = {
+            "shape": shape._asdict(),
+            "causal": causal,
+            "dtype": "bfloat16",
+            "tiles": {f: getattr(config, f) for f in ("block_q", "block_kv", "stages")},
+            "schedule": config.schedule,
+            "pipeline": config.pipeline,
+            "profile_space": profile_space(shape, config.block_kv),
+            "unit": "ns",
+        }
         reason = on_hopper() or problem(shape, jnp.bfloat16, config)
         if reason:
             out[impl] = {"status": "unsupported", "reason": reason, **meta}
@@ -198,8 +227,9 @@ def timeline_records(*, shape: AttentionShape = SHAPE, ctas: int = CTAS, causal:
     return out
 
 
-def backward_timeline_records(*, shape: AttentionShape = BACKWARD_SHAPE, ctas: int = CTAS, causal: bool = False
-                              ) -> dict[str, dict]:  # fmt: skip
+def backward_timeline_records(
+    *, shape: AttentionShape = BACKWARD_SHAPE, ctas: int = CTAS, causal: bool = False
+) -> dict[str, dict]:
     """For each of :data:`BACKWARD_KERNELS`: one profiled call of the backward kernels alone at ``shape``, the
     first ``ctas`` CTAs of each kernel as tracks (see the module docstring), or its status and reason."""
     from ..kernels.mosaic.attention import why_not
@@ -208,9 +238,15 @@ def backward_timeline_records(*, shape: AttentionShape = BACKWARD_SHAPE, ctas: i
     out = {}
     for impl, dq in BACKWARD_KERNELS.items():
         config = dataclasses.replace(default_config(shape.head_dim), bwd_dq=dq)
-        meta = {"shape": shape._asdict(), "causal": causal, "dtype": "bfloat16", "bwd_dq": dq,
-                "tiles": {f: getattr(config, f) for f in ("bwd_block_q", "bwd_block_kv", "bwd_stages")},
-                "profile_space": backward_profile_space(shape, config), "unit": "ns"}  # fmt: skip
+        meta = {
+            "shape": shape._asdict(),
+            "causal": causal,
+            "dtype": "bfloat16",
+            "bwd_dq": dq,
+            "tiles": {f: getattr(config, f) for f in ("bwd_block_q", "bwd_block_kv", "bwd_stages")},
+            "profile_space": backward_profile_space(shape, config),
+            "unit": "ns",
+        }
         reason = why_not(shape, jnp.bfloat16, causal) or problem(shape, jnp.bfloat16, config)
         if reason:
             out[impl] = {"status": "unsupported", "reason": reason, **meta}

@@ -67,6 +67,15 @@ def timing_lesson_record(*, seed: int = 0) -> dict:
     shape, dtype = lesson_shape()
     q, k, v = make_qkv(shape.batch, shape.seq_q, shape.heads, shape.head_dim, dtype=jnp.dtype(dtype), seed=seed)
     times = five_ways(jax.nn.dot_product_attention, q, k, v)
-    return {"fn": "jax.nn.dot_product_attention", "device": jax.devices()[0].device_kind, "backend":
-            jax.default_backend(), "batch": shape.batch, "seq_q": shape.seq_q, "seq_kv": shape.seq_kv,
-            "heads": shape.heads, "head_dim": shape.head_dim, "dtype": dtype, **times}  # fmt: skip
+    return {
+        "fn": "jax.nn.dot_product_attention",
+        "device": jax.devices()[0].device_kind,
+        "backend": jax.default_backend(),
+        "batch": shape.batch,
+        "seq_q": shape.seq_q,
+        "seq_kv": shape.seq_kv,
+        "heads": shape.heads,
+        "head_dim": shape.head_dim,
+        "dtype": dtype,
+        **times,
+    }

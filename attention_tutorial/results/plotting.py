@@ -23,22 +23,38 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", ":", "-.")
 # one fixed colour and marker per implementation, the same on every page
 IMPL_STYLE = {
-    "naive": (PALETTE[7], "o"), "xla": (PALETTE[0], "s"), "default": (PALETTE[5], "v"), "cudnn": (PALETTE[3], "D"),
-    "blockwise": ("#7F7F7F", "P"), "pallas": (PALETTE[1], "^"), "jax_pallas": (PALETTE[5], "X"),
-    "mosaic": (PALETTE[2], "*"), "mosaic_pipe": ("#005A3C", "d"), "mosaic_atomic": ("#7CAE00", "*"), "jax_mosaic": (PALETTE[4], "h"), "te": (PALETTE[4], "p"),
-    "cudnn_fp8_s1": (PALETTE[1], "<"), "cudnn_fp8_s448": (PALETTE[2], ">"), "mosaic_fp8": ("#8B4513", "8"), "mosaic_fp8_regs": ("#B8860B", "H"),
-}  # fmt: skip
+    "naive": (PALETTE[7], "o"),
+    "xla": (PALETTE[0], "s"),
+    "default": (PALETTE[5], "v"),
+    "cudnn": (PALETTE[3], "D"),
+    "blockwise": ("#7F7F7F", "P"),
+    "pallas": (PALETTE[1], "^"),
+    "jax_pallas": (PALETTE[5], "X"),
+    "mosaic": (PALETTE[2], "*"),
+    "mosaic_pipe": ("#005A3C", "d"),
+    "mosaic_atomic": ("#7CAE00", "*"),
+    "jax_mosaic": (PALETTE[4], "h"),
+    "te": (PALETTE[4], "p"),
+    "cudnn_fp8_s1": (PALETTE[1], "<"),
+    "cudnn_fp8_s448": (PALETTE[2], ">"),
+    "mosaic_fp8": ("#8B4513", "8"),
+    "mosaic_fp8_regs": ("#B8860B", "H"),
+}
 # names for the implementations of the FP8 experiments, which are not in the registry
 EXTRA_LABELS = {
-    "cudnn_fp8_s1": "cuDNN FP8 (P scale 1)", "cudnn_fp8_s448": "cuDNN FP8 (P scale 448)",
+    "cudnn_fp8_s1": "cuDNN FP8 (P scale 1)",
+    "cudnn_fp8_s448": "cuDNN FP8 (P scale 448)",
     "mosaic_fp8": "our Pallas kernel (Mosaic GPU), FP8, p via shared memory",
     "mosaic_fp8_regs": "our Pallas kernel (Mosaic GPU), FP8, p in registers",
-    "te_autocast": "TransformerEngine under te.autocast", "te_dense_bf16": "TE DenseGeneral, bf16",
+    "te_autocast": "TransformerEngine under te.autocast",
+    "te_dense_bf16": "TE DenseGeneral, bf16",
     "te_dense_fp8": "TE DenseGeneral, FP8 (autocast)",
-    "cp_local": "local step alone (one call)", "cp_ring_1dev": "ring code on a one-device mesh",
-    "cp_emulated_P2": "2 ring steps, emulated on one device", "cp_emulated_P4": "4 ring steps, emulated on one device",
+    "cp_local": "local step alone (one call)",
+    "cp_ring_1dev": "ring code on a one-device mesh",
+    "cp_emulated_P2": "2 ring steps, emulated on one device",
+    "cp_emulated_P4": "4 ring steps, emulated on one device",
     "cp_emulated_P8": "8 ring steps, emulated on one device",
-}  # fmt: skip
+}
 MAX_LINES_PER_AXES = 6
 SCALE = {"temp_bytes": 2**20}  # plotted in the unit of its axis label (bytes as MiB)
 YLABELS = {
@@ -49,8 +65,13 @@ YLABELS = {
     "median_ms": "ms per call (median)",
     "temp_bytes": "compiled temporaries (MiB)",
 }
-XLABELS = {"seq_q": "T (query length)", "seq_kv": "S (key length)", "batch": "B (batch)", "head_dim": "H (head dim)",
-           "kv_heads": "K (kv heads)"}  # fmt: skip
+XLABELS = {
+    "seq_q": "T (query length)",
+    "seq_kv": "S (key length)",
+    "batch": "B (batch)",
+    "head_dim": "H (head dim)",
+    "kv_heads": "K (kv heads)",
+}
 
 
 def label(impl: str) -> str:
@@ -70,8 +91,20 @@ def impl_style(impl: str, fallback: int = 0) -> tuple[str, str]:
     return IMPL_STYLE.get(impl, (PALETTE[fallback % len(PALETTE)], MARKERS[fallback % len(MARKERS)]))
 
 
-def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title=None, logx=True, logy=False,
-                 hline=None, hline_label=None, overlap=None):  # fmt: skip
+def plot_records(
+    records,
+    *,
+    x="seq_q",
+    y="tflops",
+    by=("impl",),
+    ax=None,
+    title=None,
+    logx=True,
+    logy=False,
+    hline=None,
+    hline_label=None,
+    overlap=None,
+):
     """One line per distinct ``by`` tuple, ``y`` against ``x``, from ok records; p10–p90 as a band for ms plots.
 
     ``hline`` draws a reference level (e.g. the bf16 matmul measured in the run). With more than six lines and a second ``by`` field, one
@@ -91,8 +124,15 @@ def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title
     split = ax is None and len(series) > MAX_LINES_PER_AXES and len(rests) > 1
     if ax is None:
         n = len(rests) if split else 1
-        fig, axes = plt.subplots(1, n, figsize=(5.2 * n if split else 7.0, 4.2), facecolor="white",
-                                 layout="constrained", sharey=True, squeeze=False)  # fmt: skip
+        fig, axes = plt.subplots(
+            1,
+            n,
+            figsize=(5.2 * n if split else 7.0, 4.2),
+            facecolor="white",
+            layout="constrained",
+            sharey=True,
+            squeeze=False,
+        )
         axes = list(axes[0])
     else:
         fig, axes = ax.figure, [ax]
@@ -114,8 +154,10 @@ def plot_records(records, *, x="seq_q", y="tflops", by=("impl",), ax=None, title
         shown = 1 if split else len(by)  # in a panel, the panel's title names the other fields
         name = ", ".join(label(k) if b == "impl" else _fmt_key(b, k) for b, k in list(zip(by, key))[:shown])
         if same.get(key):  # other series with exactly these points: one line, both names
-            others = [", ".join(label(k) if b == "impl" else _fmt_key(b, k) for b, k in list(zip(by, o))[:shown])
-                      for o in same[key]]  # fmt: skip
+            others = [
+                ", ".join(label(k) if b == "impl" else _fmt_key(b, k) for b, k in list(zip(by, o))[:shown])
+                for o in same[key]
+            ]
             exact = all([(r[x], r[y]) for r in series[o]] == [(r[x], r[y]) for r in rs] for o in same[key])
             name = " = ".join([name, *others]) + (" (identical)" if exact else f" (within {100 * tol:g} %)")
         style = "-" if split else LINESTYLES[j % len(LINESTYLES)]
@@ -204,8 +246,9 @@ def shape_words(records, *, x="seq_q", by=("impl",)) -> str:
     return ", ".join(words)
 
 
-def differences(mine, theirs, *, fields=("dtype", "seq_q", "seq_kv", "batch", "heads", "kv_heads", "head_dim",
-                                         "mask", "pass")) -> list[str]:  # fmt: skip
+def differences(
+    mine, theirs, *, fields=("dtype", "seq_q", "seq_kv", "batch", "heads", "kv_heads", "head_dim", "mask", "pass")
+) -> list[str]:
     """How two sets of records differ in what they measured: ['dtype float32 vs bfloat16', 'T 256–2048 vs
     1024–32768', ...] (empty when like is set against like); ok points only."""
     a = [r for r in mine if r.get("status", "ok") == "ok"]
@@ -274,8 +317,15 @@ def _legend(fig, axes, split):
         return
     if not split and len(names) > MAX_LINES_PER_AXES:
         fig.set_size_inches(10.0, 4.6)
-    axes[-1].legend([handles[n] for n in names], names, fontsize=8, frameon=True, facecolor="white",
-                    loc="upper left", bbox_to_anchor=(1.01, 1.0))  # fmt: skip
+    axes[-1].legend(
+        [handles[n] for n in names],
+        names,
+        fontsize=8,
+        frameon=True,
+        facecolor="white",
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+    )
 
 
 def _fmt_key(field, value):

@@ -47,8 +47,17 @@ def provenance(env: dict, ceilings: dict, command: str) -> dict:
     }
 
 
-def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: float = 1.0, progress=True,
-           extras=("fp8", "kernel_code"), command: str | None = None, race_groups=None) -> Path:  # fmt: skip
+def record(
+    grid_names=GRID_NAMES,
+    *,
+    out=None,
+    repeats: int = 20,
+    max_seconds: float = 1.0,
+    progress=True,
+    extras=("fp8", "kernel_code"),
+    command: str | None = None,
+    race_groups=None,
+) -> Path:
     """Measure ``grid_names`` (and the ``extras`` experiments, see :data:`EXTRAS`) on this GPU and write the
     result file. ``race_groups``: which races the extra ``race`` runs (all of
     :data:`~attention_tutorial.measure.race.GROUPS` by default)."""
@@ -81,13 +90,26 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
             raise store.ResultFileError(f"refusing to record into {out}: {err}") from None
     ceilings = measure_ceilings()
     prov = provenance(env, ceilings, command)
-    print(f"ceilings: {ceilings['matmul_bf16_tflops']:.0f} TFLOP/s bf16 matmul, "
-          f"{ceilings['copy_gbps']:.0f} GB/s copy, {ceilings['read_gbps']:.0f} GB/s read", flush=True)  # fmt: skip
+    print(
+        f"ceilings: {ceilings['matmul_bf16_tflops']:.0f} TFLOP/s bf16 matmul, "
+        f"{ceilings['copy_gbps']:.0f} GB/s copy, {ceilings['read_gbps']:.0f} GB/s read",
+        flush=True,
+    )
     peak, memory = ceilings["matmul_bf16_tflops"], device_memory()
-    steps = [(name, lambda name=name: _sized_sweep(name, memory, peak_tflops=peak, progress=progress,
-                                                   repeats=repeats, max_seconds=max_seconds)) for name in grid_names]  # fmt: skip
-    steps += [(name, functools.partial(EXTRAS[name], peak, repeats=repeats, max_seconds=max_seconds))  # type: ignore[arg-type, misc]
-              for name in extras if EXTRAS[name] is not None]  # fmt: skip
+    steps = [
+        (
+            name,
+            lambda name=name: _sized_sweep(
+                name, memory, peak_tflops=peak, progress=progress, repeats=repeats, max_seconds=max_seconds
+            ),
+        )
+        for name in grid_names
+    ]
+    steps += [
+        (name, functools.partial(EXTRAS[name], peak, repeats=repeats, max_seconds=max_seconds))  # type: ignore[arg-type, misc]
+        for name in extras
+        if EXTRAS[name] is not None
+    ]
     for name, measure in steps:
         t0 = time.perf_counter()
         recs = measure()
@@ -130,8 +152,11 @@ def record(grid_names=GRID_NAMES, *, out=None, repeats: int = 20, max_seconds: f
         prov["lessons"] = {**prov.get("lessons", {}), "timing": lesson}
         prov["grids"] = {"timing_lesson": _grid_provenance(env, round(time.perf_counter() - t0, 1), command, peak)}
         store.save(out, prov, [])
-        print(f"timing_lesson: clock without a wait {lesson['no_wait_ms']:.3f} ms, waited calls "
-              f"{min(lesson['waited_ms']):.3f}–{max(lesson['waited_ms']):.3f} ms", flush=True)  # fmt: skip
+        print(
+            f"timing_lesson: clock without a wait {lesson['no_wait_ms']:.3f} ms, waited calls "
+            f"{min(lesson['waited_ms']):.3f}–{max(lesson['waited_ms']):.3f} ms",
+            flush=True,
+        )
     if "race" in extras:  # our kernels against cuDNN, interleaved: kept in the provenance by case, saved after each
         from ..measure import race
 
@@ -151,8 +176,15 @@ GRID_VERSIONS = ("gpu", "driver", "jax", "jaxlib", "cudnn", "transformer_engine"
 
 
 def _grid_provenance(env, seconds, command, peak) -> dict:
-    return {"created": timestamp(), "seconds": seconds, "command": command, "matmul_bf16_tflops": peak,
-            **{key: env[key] for key in GRID_VERSIONS}, "commit": env.get("commit"), "dirty": env.get("dirty")}  # fmt: skip
+    return {
+        "created": timestamp(),
+        "seconds": seconds,
+        "command": command,
+        "matmul_bf16_tflops": peak,
+        **{key: env[key] for key in GRID_VERSIONS},
+        "commit": env.get("commit"),
+        "dirty": env.get("dirty"),
+    }
 
 
 def _sized_sweep(name, memory, **options) -> list[dict]:
@@ -191,8 +223,14 @@ def _cp_scaling_records(peak, **timing):
     env = os.environ.get
     seqs = tuple(int(t) for t in env("ATTENTION_TUTORIAL_CP_SEQS", "65536,131072").split(","))
     timing = {**timing, "repeats": min(timing.get("repeats", 5), 5), "warmup": 1, "min_inner": 1}
-    return scaling_records(seqs=seqs, te=env("ATTENTION_TUTORIAL_CP_TE", "1") != "0", peak_tflops=peak,
-                           budget_s=float(env("ATTENTION_TUTORIAL_CP_BUDGET_S", 400)), profiled_calls=2, **timing)  # fmt: skip
+    return scaling_records(
+        seqs=seqs,
+        te=env("ATTENTION_TUTORIAL_CP_TE", "1") != "0",
+        peak_tflops=peak,
+        budget_s=float(env("ATTENTION_TUTORIAL_CP_BUDGET_S", 400)),
+        profiled_calls=2,
+        **timing,
+    )
 
 
 def _cp_scaling_provenance():

@@ -32,6 +32,9 @@ def last_executed(env: dict | None = None, *, executed=None, runtime_s: float | 
     when = _when(executed if executed is not None else env["created"])
     took = f" in {runtime_s:.0f} s" if runtime_s is not None else ""
     versions = [f"JAX {env['jax']}" + (f" (jaxlib {env['jaxlib']})" if env.get("jaxlib") else "")]
-    versions += [f"{name} {env[key]}" for key, name in (("cudnn", "cuDNN"), ("transformer_engine", "TransformerEngine"),
-                                                         ("python", "Python")) if env.get(key)]  # fmt: skip
+    versions += [
+        f"{name} {env[key]}"
+        for key, name in (("cudnn", "cuDNN"), ("transformer_engine", "TransformerEngine"), ("python", "Python"))
+        if env.get(key)
+    ]
     return f"Last executed {when}{took} on {_device(env)} with {', '.join(versions)}."

@@ -38,9 +38,16 @@ except ImportError:  # no advisory locks on this OS (Windows): saves to one file
     fcntl = None  # type: ignore[assignment]
 
 PROVENANCE_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "gpu": str, "driver": str, "jax": str, "jaxlib": str, "cudnn": str, "transformer_engine": (str, type(None)),
-    "python": str, "created": str, "command": str,
-}  # fmt: skip
+    "gpu": str,
+    "driver": str,
+    "jax": str,
+    "jaxlib": str,
+    "cudnn": str,
+    "transformer_engine": (str, type(None)),
+    "python": str,
+    "created": str,
+    "command": str,
+}
 GPU_ONLY = ("gpu", "driver", "cudnn")  # null on a CPU
 CEILINGS = ("matmul_bf16_tflops", "copy_gbps")  # reference rates, present in every file; null when not measured
 # Provenance entries a later run adds to instead of replacing: per-grid details, kernel instruction counts, history.
@@ -133,8 +140,13 @@ def _check_path(path) -> None:
         raise TypeError(f"path must be a file name (a str or a Path); got {type(path).__name__} {path!r}")
 
 
-FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a device"),
-              (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+FILE_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def _kind(mode: int) -> str:
@@ -229,8 +241,11 @@ def _merge(old: dict, provenance: dict, records: list[dict], replace_grids: bool
     # an old grid entry that does not name the versions it ran with was labelled by the old top level: keep that
     for name, entry in before.get("grids", {}).items():
         if name not in provenance.get("grids", {}) and isinstance(entry, dict):
-            filled = {f: _value(before, f) for f in LABEL_FIELDS if f != "transformer_engine" and f not in entry
-                      and _value(before, f) != _value(provenance, f)}  # fmt: skip
+            filled = {
+                f: _value(before, f)
+                for f in LABEL_FIELDS
+                if f != "transformer_engine" and f not in entry and _value(before, f) != _value(provenance, f)
+            }
             if filled:
                 prov["grids"][name] = {**entry, **filled}
     moved = [r for r in keep if _label(before, r.get("grid")) != _label(prov, r.get("grid"))]
@@ -301,8 +316,10 @@ def _target(path) -> Path:
         raise ValueError(f"{os.fspath(path)!r} ends in a slash, which names a folder; name the file without it")
     path = Path(path)
     if path.suffix.lower() != ".json":
-        raise ValueError(f"{str(path)!r} does not end in .json: a result file is JSON; name it e.g. "
-                         f"{str(path.with_name(path.stem + '.json'))!r}")  # fmt: skip
+        raise ValueError(
+            f"{str(path)!r} does not end in .json: a result file is JSON; name it e.g. "
+            f"{str(path.with_name(path.stem + '.json'))!r}"
+        )
     return _check_name(Path(os.path.realpath(path)))
 
 
@@ -314,8 +331,10 @@ def _check_name(target: Path) -> Path:
     """``target``, or ``ValueError`` when its name leaves no room for the temporary file written beside it."""
     size, most = len(os.fsencode(target.name)), NAME_MAX - NAME_ROOM
     if size > most:
-        raise ValueError(f"the file name is too long ({size} bytes; at most {most}, room is kept for the temporary "
-                         f"file beside it); choose a shorter name")  # fmt: skip
+        raise ValueError(
+            f"the file name is too long ({size} bytes; at most {most}, room is kept for the temporary "
+            f"file beside it); choose a shorter name"
+        )
     return target
 
 
@@ -348,8 +367,9 @@ def save(path, provenance: dict, records: list[dict], *, replace_grids=False, ov
     records = list(records)
     with _locked(target):
         if target.is_file() and _read_only(target):
-            raise PermissionError(f"refusing to write {target}: it is read-only; make it writable (chmod u+w) or "
-                                  "save to another path")  # fmt: skip
+            raise PermissionError(
+                f"refusing to write {target}: it is read-only; make it writable (chmod u+w) or save to another path"
+            )
         if target.exists() and not target.is_file():
             raise ResultFileError(f"refusing to write {target}: it is {_kind(target.stat().st_mode)}, not a file")
         if target.exists():
@@ -395,8 +415,10 @@ def _strict(value, where: str):
         out, nulled = {}, []
         for k, v in value.items():
             if not isinstance(k, str):
-                raise TypeError(f"{where or 'the data'} has a key {k!r} of type {type(k).__name__}; JSON keys are "
-                                "strings: convert it with str()")  # fmt: skip
+                raise TypeError(
+                    f"{where or 'the data'} has a key {k!r} of type {type(k).__name__}; JSON keys are "
+                    "strings: convert it with str()"
+                )
             out[k], bad = _strict(v, f"{where}.{k}" if where else k)
             nulled += [(f"{k}{p}" if not p or p[0] == "[" else f"{k}.{p}", x) for p, x in bad]
         if nulled:
@@ -404,8 +426,10 @@ def _strict(value, where: str):
             key = "note" if isinstance(out.get("note", ""), str) else "note_not_finite"
             out[key] = f"{out[key]}; {words}" if out.get(key) else words
         return out, []
-    raise TypeError(f"{where or 'the data'} is a {type(value).__name__}, which a result file (JSON) cannot hold; "
-                    "convert it to a number, string, list or dict")  # fmt: skip
+    raise TypeError(
+        f"{where or 'the data'} is a {type(value).__name__}, which a result file (JSON) cannot hold; "
+        "convert it to a number, string, list or dict"
+    )
 
 
 @contextlib.contextmanager
@@ -421,11 +445,15 @@ def _locked(target: Path):
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         except IsADirectoryError:
-            raise IsADirectoryError(errno.EISDIR, f"the lock file {lock} is a folder; remove it (it guards saves "
-                                    f"to {target.name}) and save again") from None  # fmt: skip
+            raise IsADirectoryError(
+                errno.EISDIR,
+                f"the lock file {lock} is a folder; remove it (it guards saves to {target.name}) and save again",
+            ) from None
         except OSError as err:
-            raise OSError(err.errno, f"cannot write in the folder {target.parent} ({err.strerror}); save to a "
-                          "folder you can write") from None  # fmt: skip
+            raise OSError(
+                err.errno,
+                f"cannot write in the folder {target.parent} ({err.strerror}); save to a folder you can write",
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
@@ -478,9 +506,12 @@ def _write(target: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(err, OSError) and err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
-            raise OSError(err.errno, f"no space left on the disk of {target.parent} to write {target.name} "
-                          f"({len(data) / 2**20:.1f} MiB); the file is unchanged: free some space, or save to "
-                          "another disk") from None  # fmt: skip
+            raise OSError(
+                err.errno,
+                f"no space left on the disk of {target.parent} to write {target.name} "
+                f"({len(data) / 2**20:.1f} MiB); the file is unchanged: free some space, or save to "
+                "another disk",
+            ) from None
         raise
     with contextlib.suppress(OSError):  # make the rename itself durable where the OS allows it
         dir_fd = os.open(target.parent, os.O_RDONLY)

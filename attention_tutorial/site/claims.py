@@ -75,8 +75,11 @@ def paired_compare(a_records, b_records, key: str = "step") -> Claim:
     The word is "faster" or "slower" only when at least 90 % of the pairs say so, else "on par". Pairing keeps a
     drift that both runs share (a GPU's clock, a step time growing over a run) out of the comparison."""
     b_by = {r[key]: r["median_ms"] for r in b_records if r.get("status", "ok") == "ok" and r.get("median_ms")}
-    ratios = sorted(b_by[r[key]] / r["median_ms"] for r in a_records
-                    if r.get("status", "ok") == "ok" and r.get("median_ms") and r[key] in b_by)  # fmt: skip
+    ratios = sorted(
+        b_by[r[key]] / r["median_ms"]
+        for r in a_records
+        if r.get("status", "ok") == "ok" and r.get("median_ms") and r[key] in b_by
+    )
     if not ratios:
         raise ValueError(f"paired_compare needs records of A and B sharing {key!r}; got none")
     lo, mid, hi = (float(x) for x in np.percentile(ratios, [10, 50, 90]))

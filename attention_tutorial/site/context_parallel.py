@@ -33,10 +33,26 @@ def ring_schedule(devices: int) -> np.ndarray:
 
 
 def _block(ax, x, y, j, size=0.64, own=False):
-    ax.add_patch(Rectangle((x - size / 2, y - size / 2), size, size, facecolor=PALETTE[j % len(PALETTE)],
-                           edgecolor="black", linewidth=2.0 if own else 0.6))  # fmt: skip
-    ax.text(x, y, f"K/V {j}", ha="center", va="center", fontsize=8, color="black",
-            bbox={"facecolor": "white", "edgecolor": "none", "pad": 1.0, "alpha": 0.85})  # fmt: skip
+    ax.add_patch(
+        Rectangle(
+            (x - size / 2, y - size / 2),
+            size,
+            size,
+            facecolor=PALETTE[j % len(PALETTE)],
+            edgecolor="black",
+            linewidth=2.0 if own else 0.6,
+        )
+    )
+    ax.text(
+        x,
+        y,
+        f"K/V {j}",
+        ha="center",
+        va="center",
+        fontsize=8,
+        color="black",
+        bbox={"facecolor": "white", "edgecolor": "none", "pad": 1.0, "alpha": 0.85},
+    )
 
 
 def _arrow(ax, start, end, **style):
@@ -55,8 +71,7 @@ def strategies_figure(devices: int = 4):
     next device (grey arrows); the last device passes its block to the first (the red dashed arrow). A device's
     own block has a thick edge."""
     sched = ring_schedule(devices)
-    fig, (ag, ring) = plt.subplots(1, 2, figsize=(10, 0.75 * devices + 1.6), facecolor="white",
-                                   layout="constrained")  # fmt: skip
+    fig, (ag, ring) = plt.subplots(1, 2, figsize=(10, 0.75 * devices + 1.6), facecolor="white", layout="constrained")
     for d in range(devices):
         for j in range(devices):
             _block(ag, d, j, j, own=j == d)
@@ -71,13 +86,24 @@ def strategies_figure(devices: int = 4):
             _arrow(ring, (devices - 1 - 0.1, s + 0.37), (0.1, s + 0.63), color=WRAP, linestyle="--", linewidth=1.1)
     ring.set_title("ring: one block per step, passed on with ppermute", pad=22)
     ring.set(yticks=range(devices), yticklabels=[f"step {s}" for s in range(devices)])
-    ring.legend(handles=[Line2D([], [], color=GREY, marker=">", label="to the next device"),
-                         Line2D([], [], color=WRAP, linestyle="--", marker=">",
-                                label=f"device {devices - 1} to device 0")],
-                fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncols=2, frameon=False)  # fmt: skip
+    ring.legend(
+        handles=[
+            Line2D([], [], color=GREY, marker=">", label="to the next device"),
+            Line2D([], [], color=WRAP, linestyle="--", marker=">", label=f"device {devices - 1} to device 0"),
+        ],
+        fontsize=8,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.02),
+        ncols=2,
+        frameon=False,
+    )
     for ax in (ag, ring):
-        ax.set(xlim=(-0.55, devices - 0.45), ylim=(devices - 0.45, -0.55), xticks=range(devices),
-               xticklabels=[f"device {d}" for d in range(devices)])  # fmt: skip
+        ax.set(
+            xlim=(-0.55, devices - 0.45),
+            ylim=(devices - 0.45, -0.55),
+            xticks=range(devices),
+            xticklabels=[f"device {d}" for d in range(devices)],
+        )
         ax.xaxis.tick_top()
         ax.set_aspect("equal")
         ax.tick_params(length=0)
@@ -89,8 +115,9 @@ def strategies_figure(devices: int = 4):
 def balance_figure(devices: int = 4, seq: int | None = None):
     """Score positions each device computes at each ring step (causal), one panel per layout, with the numbers."""
     seq = seq or 64 * devices
-    fig, axes = plt.subplots(1, len(cp.LAYOUTS), figsize=(4.6 * len(cp.LAYOUTS), 3.4), facecolor="white",
-                             layout="constrained", sharey=True)  # fmt: skip
+    fig, axes = plt.subplots(
+        1, len(cp.LAYOUTS), figsize=(4.6 * len(cp.LAYOUTS), 3.4), facecolor="white", layout="constrained", sharey=True
+    )
     for ax, layout in zip(axes, cp.LAYOUTS):
         work = cp.causal_work(seq, devices, layout)
         ax.imshow(work, cmap="viridis", vmin=0, vmax=cp.causal_work(seq, devices, "contiguous").max())
@@ -99,26 +126,44 @@ def balance_figure(devices: int = 4, seq: int | None = None):
                 d, s, f"{w:,}", ha="center", va="center", fontsize=8, color="white" if w < work.max() / 2 else "black"
             )
         busy = work.sum() / devices / work.max(axis=1).sum()  # all the work / (P × the busiest device's, per step)
-        ax.set(title=f"{layout}: {busy:.0%} of devices' time busy", xlabel="device", xticks=range(devices),
-               yticks=range(devices))  # fmt: skip
+        ax.set(
+            title=f"{layout}: {busy:.0%} of devices' time busy",
+            xlabel="device",
+            xticks=range(devices),
+            yticks=range(devices),
+        )
     axes[0].set_ylabel("ring step")
     return fig
 
 
-def overlap_figure(*, flops_per_s: float, bytes_per_s: float, heads: int = 32, kv_heads=(32, 8, 1),
-                   head_dim: int = 128, dtype="bfloat16", chunks=tuple(2**i for i in range(4, 16)),
-                   shortest_us: float | None = None):  # fmt: skip
+def overlap_figure(
+    *,
+    flops_per_s: float,
+    bytes_per_s: float,
+    heads: int = 32,
+    kv_heads=(32, 8, 1),
+    head_dim: int = 128,
+    dtype="bfloat16",
+    chunks=tuple(2**i for i in range(4, 16)),
+    shortest_us: float | None = None,
+):
     """Time of one ring step against the chunk T/P: compute (4·N·H·c² FLOPs, no mask) and the K/V transfer for
     each kv-head count, with the chunk where the transfer hides marked; ``shortest_us``, where given, the shortest
     attention call measured (a dotted line)."""
     c = np.asarray(chunks, float)
     fig, ax = plt.subplots(figsize=(7, 3.8), facecolor="white", layout="constrained")
     size = jnp.dtype(dtype).itemsize
-    ax.plot(c, 4 * heads * head_dim * c**2 / flops_per_s * 1e6, color="black", linewidth=2,
-            label=f"compute, N = {heads}")  # fmt: skip
+    ax.plot(
+        c, 4 * heads * head_dim * c**2 / flops_per_s * 1e6, color="black", linewidth=2, label=f"compute, N = {heads}"
+    )
     for i, k in enumerate(kv_heads):
-        ax.plot(c, 2 * c * k * head_dim * size / bytes_per_s * 1e6, color=PALETTE[i], linestyle="--",
-                label=f"K/V transfer, K = {k}")  # fmt: skip
+        ax.plot(
+            c,
+            2 * c * k * head_dim * size / bytes_per_s * 1e6,
+            color=PALETTE[i],
+            linestyle="--",
+            label=f"K/V transfer, K = {k}",
+        )
         hide = cp.chunk_to_hide_transfer(heads, k, dtype, flops_per_s=flops_per_s, bytes_per_s=bytes_per_s)
         ax.plot([hide], [2 * hide * k * head_dim * size / bytes_per_s * 1e6], "o", color=PALETTE[i])
     if shortest_us:
@@ -136,8 +181,15 @@ def ring_cost_figure(records, title: str = ""):
     with the ideal 1 / P marked on each bar."""
     costs = [c for c in ring_costs(records) if c.pass_ == "fwd"]
     masks = sorted({c.causal for c in costs}, reverse=True)
-    fig, axes = plt.subplots(1, max(len(masks), 1), figsize=(4.8 * max(len(masks), 1), 3.6), facecolor="white",
-                             layout="constrained", sharey=True, squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        1,
+        max(len(masks), 1),
+        figsize=(4.8 * max(len(masks), 1), 3.6),
+        facecolor="white",
+        layout="constrained",
+        sharey=True,
+        squeeze=False,
+    )
     for ax, causal in zip(axes[0], masks):
         here = [c for c in costs if c.causal == causal]
         seqs = sorted({c.seq for c in here})
@@ -149,8 +201,15 @@ def ring_cost_figure(records, title: str = ""):
                 if not cs:
                     continue
                 pos = x + (i - (len(ps) - 1) / 2) * width
-                ax.bar(pos, cs[0].per_device, width * 0.9, color=PALETTE[i], edgecolor="black", linewidth=0.5,
-                       label=f"P = {p}" if x == 0 else None)  # fmt: skip
+                ax.bar(
+                    pos,
+                    cs[0].per_device,
+                    width * 0.9,
+                    color=PALETTE[i],
+                    edgecolor="black",
+                    linewidth=0.5,
+                    label=f"P = {p}" if x == 0 else None,
+                )
                 ax.plot([pos - width * 0.45, pos + width * 0.45], [1 / p, 1 / p], color="black", linewidth=1.5)
         ax.axhline(1.0, color=GREY, linestyle="--", linewidth=1)  # one call on one GPU
         ax.set_xticks(range(len(seqs)), [f"T = {t:,}" for t in seqs])
@@ -158,8 +217,10 @@ def ring_cost_figure(records, title: str = ""):
         ax.grid(True, axis="y", color="#dddddd")
     axes[0][0].set_ylabel("time per device / one call's time")
     handles, _ = axes[0][-1].get_legend_handles_labels()
-    handles += [Line2D([], [], color="black", linewidth=1.5, label="ideal: 1 / P"),
-                Line2D([], [], color=GREY, linestyle="--", linewidth=1, label="one GPU alone: 1")]  # fmt: skip
+    handles += [
+        Line2D([], [], color="black", linewidth=1.5, label="ideal: 1 / P"),
+        Line2D([], [], color=GREY, linestyle="--", linewidth=1, label="one GPU alone: 1"),
+    ]
     axes[0][-1].legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     if title:
         fig.suptitle(title, fontsize=11)
@@ -168,8 +229,19 @@ def ring_cost_figure(records, title: str = ""):
 
 def cost_rows(records) -> list[dict]:
     """Table rows of :func:`ring_costs`: T, mask, P, chunk, the three times and the ratios."""
-    return [{"T": c.seq, "causal": c.causal, "P": c.steps, "chunk (tokens)": c.chunk, "calls per device": c.calls,
-             "one call (ms)": f"{c.local_ms:.3f}", "ring, one device (ms)": "–" if c.ring_1dev_ms is None
-             else f"{c.ring_1dev_ms:.3f}", "P steps emulated (ms)": f"{c.emulated_ms:.3f}",
-             "emulated / one call": f"{c.over_local:.2f}", "per device": f"{c.per_device:.2f}",
-             "ideal": f"{c.ideal:.2f}"} for c in ring_costs(records)]  # fmt: skip
+    return [
+        {
+            "T": c.seq,
+            "causal": c.causal,
+            "P": c.steps,
+            "chunk (tokens)": c.chunk,
+            "calls per device": c.calls,
+            "one call (ms)": f"{c.local_ms:.3f}",
+            "ring, one device (ms)": "–" if c.ring_1dev_ms is None else f"{c.ring_1dev_ms:.3f}",
+            "P steps emulated (ms)": f"{c.emulated_ms:.3f}",
+            "emulated / one call": f"{c.over_local:.2f}",
+            "per device": f"{c.per_device:.2f}",
+            "ideal": f"{c.ideal:.2f}",
+        }
+        for c in ring_costs(records)
+    ]

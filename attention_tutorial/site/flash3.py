@@ -39,17 +39,47 @@ class Goal:
 # Set by FlashAttention-3's report of its kernels ahead of cuDNN's on the H100 at long sequences. FP8 is timed end to
 # end, as recorded: each call quantises q, k and v from bf16 and returns bf16 (cuDNN FP8's calls alike).
 GOALS = (
-    Goal("bf16, H = 128, T ≥ 8192", ("mosaic", "mosaic_pipe"), "cudnn", 1.05, 8192,
-         (("grid", "beyond"), ("head_dim", 128))),
-    Goal("bf16, H = 256, T ≥ 8192", ("mosaic", "mosaic_pipe"), "cudnn", 1.00, 8192,
-         (("grid", "beyond"), ("head_dim", 256))),
-    Goal("FP8 end to end, H = 128, T ≥ 8192", ("mosaic_fp8_regs", "mosaic_fp8"), "cudnn_fp8_s448", 1.00, 8192,
-         (("grid", "fp8"),)),
-    Goal("fwd+bwd bf16, H = 128, T ≥ 4096", ("mosaic", "mosaic_atomic"), "cudnn", 1.00, 4096,
-         (("grid", "backward"), ("head_dim", 128), ("dtype", "bfloat16"), ("kv_heads", 16))),
-    Goal("fwd+bwd bf16, H = 64, T ≥ 4096", ("mosaic", "mosaic_atomic"), "cudnn", 0.95, 4096,
-         (("grid", "backward"), ("head_dim", 64), ("dtype", "bfloat16"), ("kv_heads", 16))),
-)  # fmt: skip
+    Goal(
+        "bf16, H = 128, T ≥ 8192",
+        ("mosaic", "mosaic_pipe"),
+        "cudnn",
+        1.05,
+        8192,
+        (("grid", "beyond"), ("head_dim", 128)),
+    ),
+    Goal(
+        "bf16, H = 256, T ≥ 8192",
+        ("mosaic", "mosaic_pipe"),
+        "cudnn",
+        1.00,
+        8192,
+        (("grid", "beyond"), ("head_dim", 256)),
+    ),
+    Goal(
+        "FP8 end to end, H = 128, T ≥ 8192",
+        ("mosaic_fp8_regs", "mosaic_fp8"),
+        "cudnn_fp8_s448",
+        1.00,
+        8192,
+        (("grid", "fp8"),),
+    ),
+    Goal(
+        "fwd+bwd bf16, H = 128, T ≥ 4096",
+        ("mosaic", "mosaic_atomic"),
+        "cudnn",
+        1.00,
+        4096,
+        (("grid", "backward"), ("head_dim", 128), ("dtype", "bfloat16"), ("kv_heads", 16)),
+    ),
+    Goal(
+        "fwd+bwd bf16, H = 64, T ≥ 4096",
+        ("mosaic", "mosaic_atomic"),
+        "cudnn",
+        0.95,
+        4096,
+        (("grid", "backward"), ("head_dim", 64), ("dtype", "bfloat16"), ("kv_heads", 16)),
+    ),
+)
 #: The verdicts of :class:`GoalResult`, best first: every T at or above the target in every run; the medians at or
 #: above it but some run's range below; some T without the baseline; some T below the target, failed or less exact.
 MET = ("yes", "not in every run", "not judged", "no")
@@ -120,23 +150,38 @@ def goal_results(records, everything=(), goals=GOALS) -> list[GoalResult]:
                 mine = [r for r in every_t if r["seq_q"] >= goal.min_seq]
                 if not mine:
                     continue
-                speeds = [s for s in race(mine, pool, (impl,), baseline=goal.baseline, min_seq=goal.min_seq)
-                          if s.causal == causal]  # fmt: skip
+                speeds = [
+                    s
+                    for s in race(mine, pool, (impl,), baseline=goal.baseline, min_seq=goal.min_seq)
+                    if s.causal == causal
+                ]
                 if len(speeds) > 1:
-                    raise ValueError(f"goal {goal.what!r}: {impl}'s records span several H or dtypes; narrow the "
-                                     f"goal's where= (now {goal.where}).")  # fmt: skip
+                    raise ValueError(
+                        f"goal {goal.what!r}: {impl}'s records span several H or dtypes; narrow the "
+                        f"goal's where= (now {goal.where})."
+                    )
                 ok_t = {r["seq_q"] for r in mine if r["status"] == "ok"}
                 speed = speeds[0] if speeds else None
                 errors = {}
                 for r in every_t:  # accuracy is judged wherever it was measured, T below min_seq too
                     if r["status"] == "ok" and r.get("rel_error") is not None:
-                        theirs = [o["rel_error"] for o in same_point(pool, r, impl=goal.baseline)
-                                  if o.get("rel_error") is not None]  # fmt: skip
+                        theirs = [
+                            o["rel_error"]
+                            for o in same_point(pool, r, impl=goal.baseline)
+                            if o.get("rel_error") is not None
+                        ]
                         errors[r["seq_q"]] = (r["rel_error"], max(theirs) if theirs else None)
-                out.append(GoalResult(goal, impl, causal, speed,
-                                      tuple(sorted({r["seq_q"] for r in mine} - ok_t)),
-                                      tuple(sorted(ok_t - set(speed.ts if speed else ()))),
-                                      tuple((t, *e) for t, e in sorted(errors.items()))))  # fmt: skip
+                out.append(
+                    GoalResult(
+                        goal,
+                        impl,
+                        causal,
+                        speed,
+                        tuple(sorted({r["seq_q"] for r in mine} - ok_t)),
+                        tuple(sorted(ok_t - set(speed.ts if speed else ()))),
+                        tuple((t, *e) for t, e in sorted(errors.items())),
+                    )
+                )
     return out
 
 
@@ -168,8 +213,18 @@ def standing_rows(results, goals=GOALS) -> list[dict]:
             r = closest(results, goal, causal)
             if r is None or r.speed is None:
                 continue
-            rows.append({"goal": goal, "causal": causal, "impl": r.impl, "low": r.speed.low, "high": r.speed.high,
-                         "spread": (r.speed.spread_low, r.speed.spread_high), "target": goal.target, "met": r.met})  # fmt: skip
+            rows.append(
+                {
+                    "goal": goal,
+                    "causal": causal,
+                    "impl": r.impl,
+                    "low": r.speed.low,
+                    "high": r.speed.high,
+                    "spread": (r.speed.spread_low, r.speed.spread_high),
+                    "target": goal.target,
+                    "met": r.met,
+                }
+            )
     return rows
 
 
@@ -183,8 +238,13 @@ def goal_verdicts(rows) -> dict:
 
 
 #: Which of a goal's kernels a line of :func:`standing_figure` shows, in a few words.
-VARIANTS = {"mosaic": "default config", "mosaic_pipe": "pipelined", "mosaic_fp8_regs": "p in registers",
-            "mosaic_fp8": "p through shared memory", "mosaic_atomic": "dQ by atomic adds"}  # fmt: skip
+VARIANTS = {
+    "mosaic": "default config",
+    "mosaic_pipe": "pipelined",
+    "mosaic_fp8_regs": "p in registers",
+    "mosaic_fp8": "p through shared memory",
+    "mosaic_atomic": "dQ by atomic adds",
+}
 STANDING_COLOURS = {"yes": PALETTE[2], "not in every run": PALETTE[1], "not judged": GREY, "no": PALETTE[0]}
 
 
@@ -200,17 +260,28 @@ def standing_figure(rows, *, title: str = ""):
         ax.plot([100 * r["low"], 100 * r["high"]], [i, i], color=colour, linewidth=7, solid_capstyle="butt")
         ax.plot([100 * r["target"]] * 2, [i - 0.32, i + 0.32], color="black", linewidth=2)
     ax.axvline(100, color=GREY, linestyle=(0, (6, 3)), linewidth=1.1)
-    ax.annotate("cuDNN", (100, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -10), textcoords="offset points",
-                fontsize=8, color=GREY)  # fmt: skip
-    names = [f"{r['goal'].what.rsplit(', T', 1)[0]}, {'causal' if r['causal'] else 'no mask'}\n"
-             f"({VARIANTS.get(r['impl'], r['impl'])})" for r in rows]  # fmt: skip
+    ax.annotate(
+        "cuDNN",
+        (100, 1.0),
+        xycoords=("data", "axes fraction"),
+        xytext=(3, -10),
+        textcoords="offset points",
+        fontsize=8,
+        color=GREY,
+    )
+    names = [
+        f"{r['goal'].what.rsplit(', T', 1)[0]}, {'causal' if r['causal'] else 'no mask'}\n"
+        f"({VARIANTS.get(r['impl'], r['impl'])})"
+        for r in rows
+    ]
     ax.set_yticks(range(len(rows)), names, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("% of cuDNN's speed (FP8: of cuDNN FP8's, end to end)")
     ax.grid(True, axis="x", color="#dddddd", linewidth=0.8)
     met = dict.fromkeys(r["met"] for r in rows)
-    handles = [plt.Line2D([], [], color=STANDING_COLOURS[m], linewidth=7, label=f"medians over T (goal met: {m})")
-               for m in met]  # fmt: skip
+    handles = [
+        plt.Line2D([], [], color=STANDING_COLOURS[m], linewidth=7, label=f"medians over T (goal met: {m})") for m in met
+    ]
     handles.append(plt.Line2D([], [], color=STANDING_COLOURS[next(iter(met))], linewidth=1.2, label="range over runs"))
     handles.append(plt.Line2D([], [], color="black", linewidth=2, label="goal"))
     fig.legend(handles=handles, fontsize=8, loc="outside lower center", ncol=min(len(handles), 3), frameon=False)
@@ -245,8 +316,12 @@ def pipeline_schedule(steps: int = 3, matmul: float = 1.0, softmax: float = 2.0)
         start = t + (matmul if j + 1 < steps else 0.0)
         pipe_mm.append((start, matmul, "matmul", f"p·v {j}"))
         t = max(start + matmul, t + matmul + softmax) if j + 1 < steps else start + matmul
-    return {"plain: tensor cores": plain_mm, "plain: softmax": plain_sm,
-            "pipelined: tensor cores": pipe_mm, "pipelined: softmax": pipe_sm}  # fmt: skip
+    return {
+        "plain: tensor cores": plain_mm,
+        "plain: softmax": plain_sm,
+        "pipelined: tensor cores": pipe_mm,
+        "pipelined: softmax": pipe_sm,
+    }
 
 
 def schedule_length(rows: dict[str, list[tuple]], prefix: str) -> float:
@@ -294,19 +369,27 @@ def exp_bound(ratios, target: float, *, head_dim: int = 128, impls=("mosaic", "m
     def span(entries):
         return min(a.median for a in entries), max(a.median for a in entries)
 
-    return ExpBound(span(as_is), span(no_exp), min(a.low for a in no_exp) >= target,
-                    min(a.median for a in as_is) < target)  # fmt: skip
+    return ExpBound(
+        span(as_is), span(no_exp), min(a.low for a in no_exp) >= target, min(a.median for a in as_is) < target
+    )
 
 
 def ablation_rows(ratios) -> list[dict]:
     """The ablation runs (:func:`attention_tutorial.measure.ablations.ablation_ratios`) as table rows: kernel, H,
     mask, the exponentials as they are or taken out, the baseline (FP8 pairs marked end to end: both calls quantise
     their bf16 inputs), the speed in each run and the range over runs (whole percents)."""
-    return [{"kernel": label(a.impl), "H": a.head_dim, "mask": "causal" if a.causal else "none",
-             "exponentials": "as they are" if a.variant == "as_is" else "taken out (wrong numbers)",
-             "against": label(a.baseline) + (", end to end" if "fp8" in a.baseline else ""),
-             "speed, each run": ", ".join(f"{100 * v:.0f} %" for v in a.per_round),
-             "range over runs": pct((a.low, a.high))} for a in ratios]  # fmt: skip
+    return [
+        {
+            "kernel": label(a.impl),
+            "H": a.head_dim,
+            "mask": "causal" if a.causal else "none",
+            "exponentials": "as they are" if a.variant == "as_is" else "taken out (wrong numbers)",
+            "against": label(a.baseline) + (", end to end" if "fp8" in a.baseline else ""),
+            "speed, each run": ", ".join(f"{100 * v:.0f} %" for v in a.per_round),
+            "range over runs": pct((a.low, a.high)),
+        }
+        for a in ratios
+    ]
 
 
 # --- how the two compute warpgroups take turns ------------------------------------------------------------------------
@@ -341,18 +424,27 @@ def schedule_races(provenance) -> list[ScheduleRace]:
             continue
         rounds = [a / b for a, b in zip(plain["rounds_ms"], turns["rounds_ms"])]
         speed = statistics.median(plain["rounds_ms"]) / statistics.median(turns["rounds_ms"])
-        out.append(ScheduleRace(rec["case"], speed, min(rounds), max(rounds), rec.get("created"), rec.get("commit"),
-                                rec.get("dirty")))  # fmt: skip
+        out.append(
+            ScheduleRace(
+                rec["case"], speed, min(rounds), max(rounds), rec.get("created"), rec.get("commit"), rec.get("dirty")
+            )
+        )
     return out
 
 
 def schedule_rows(races) -> list[dict]:
     """:class:`ScheduleRace` entries as table rows: the case, the speed of turns against the rendezvous and its
     range over rounds, when it ran and the code it ran (:func:`attention_tutorial.results.store.code_words`)."""
-    return [{"case": r.case, "turns against rendezvous": f"{100 * r.speed:.1f} %",
-             "range over rounds": pct((r.low, r.high)), "ran": str(r.created or "–")[:16],
-             "code": store.code_words({"commit": r.commit, "dirty": r.dirty}) or "not recorded"}
-            for r in races]  # fmt: skip
+    return [
+        {
+            "case": r.case,
+            "turns against rendezvous": f"{100 * r.speed:.1f} %",
+            "range over rounds": pct((r.low, r.high)),
+            "ran": str(r.created or "–")[:16],
+            "code": store.code_words({"commit": r.commit, "dirty": r.dirty}) or "not recorded",
+        }
+        for r in races
+    ]
 
 
 # --- FP8's error -----------------------------------------------------------------------------------------------------
@@ -417,8 +509,11 @@ def config_speed(rows, configs, base: str, *, causal: bool | None = None) -> dic
     """{(H, causal, config): its TFLOP/s over ``base``'s at the same H and mask} for each of ``configs`` (one mask
     only where ``causal`` is given); None where the config did not run (or ``base`` did not)."""
     by = {(r["H"], r["causal"], r["config"]): r["tflops"] for r in rows}
-    return {(h, c, cfg): (by[(h, c, cfg)] / by[(h, c, base)] if by[(h, c, cfg)] and by.get((h, c, base)) else None)
-            for (h, c, cfg) in by if cfg in configs and causal in (None, c)}  # fmt: skip
+    return {
+        (h, c, cfg): (by[(h, c, cfg)] / by[(h, c, base)] if by[(h, c, cfg)] and by.get((h, c, base)) else None)
+        for (h, c, cfg) in by
+        if cfg in configs and causal in (None, c)
+    }
 
 
 def ratio_span(speeds) -> tuple[float, float] | None:
@@ -432,8 +527,14 @@ def tile_rows(rows, base: str, *, causal: bool = False) -> list[dict]:
     where it did not compile or fit) and its speed relative to ``base``'s (two decimals)."""
     mine = [r for r in rows if bool(r["causal"]) == causal]
     ref = next((r["tflops"] for r in mine if r["config"] == base), None)
-    return [{"configuration": r["config"], "TFLOP/s": f"{r['tflops']:.1f}" if r["tflops"] else "did not fit",
-             "relative speed": f"{r['tflops'] / ref:.2f}" if r["tflops"] and ref else "–"} for r in mine]  # fmt: skip
+    return [
+        {
+            "configuration": r["config"],
+            "TFLOP/s": f"{r['tflops']:.1f}" if r["tflops"] else "did not fit",
+            "relative speed": f"{r['tflops'] / ref:.2f}" if r["tflops"] and ref else "–",
+        }
+        for r in mine
+    ]
 
 
 DQ_SCHEMES = {"pass": "a pass of its own", "atomic": "atomic adds"}  # MosaicConfig.bwd_dq, in words
@@ -445,9 +546,12 @@ DQ_TIMED = {**DQ_SCHEMES, "atomic_shared": "atomic adds, dS shared"}
 #: The matrix products each pass of the backward computes for one pair of tiles (a query block, a key block), by the
 #: way it makes dQ: S = q·kᵀ and dP = dO·vᵀ (both recomputed), dV += Pᵀ·dO, dK += dSᵀ·q, dQ += dS·k.
 DQ_PRODUCTS = {
-    "pass": (("pass 1, per key block: dK, dV", ("S", "dP", "dV", "dK")), ("pass 2, per query block: dQ", ("S", "dP", "dQ"))),
+    "pass": (
+        ("pass 1, per key block: dK, dV", ("S", "dP", "dV", "dK")),
+        ("pass 2, per query block: dQ", ("S", "dP", "dQ")),
+    ),
     "atomic": (("one pass, per key block", ("S", "dP", "dV", "dK", "dQ")),),
-}  # fmt: skip
+}
 
 
 def products(scheme: str) -> int:
@@ -486,8 +590,9 @@ def dq_figure(blocks: int = 4):
         if scheme == "pass":
             ((second, names2),) = rest
             arrow((0.1, row + 0.46), (blocks - 0.1, row + 0.46), PALETTE[1])  # the dQ pass along one query row
-            ax.text(blocks / 2, blocks + 0.85, f"{second}: {', '.join(names2)}", ha="center", fontsize=8,
-                    color=PALETTE[1])  # fmt: skip
+            ax.text(
+                blocks / 2, blocks + 0.85, f"{second}: {', '.join(names2)}", ha="center", fontsize=8, color=PALETTE[1]
+            )
             ax.add_patch(Rectangle((col, row), 0.92, 0.92, facecolor="none", edgecolor="black", lw=1.4))
             ax.text(blocks + 0.15, row + 0.46, "the boxed tile's\nS and dP: twice", va="center", fontsize=8)
         else:
@@ -496,8 +601,14 @@ def dq_figure(blocks: int = 4):
             ax.text(x + 0.35, -0.45, "dQ (float32)", ha="center", fontsize=8)
             for i in range(blocks):
                 arrow((col + 0.92, i + 0.46), (x, i + 0.46), PALETTE[1], style="->")
-            ax.text(x - 0.75, blocks + 0.85, "each tile adds dS·k (TMA reduce-add)", ha="center", fontsize=8,
-                    color=PALETTE[1])  # fmt: skip
+            ax.text(
+                x - 0.75,
+                blocks + 0.85,
+                "each tile adds dS·k (TMA reduce-add)",
+                ha="center",
+                fontsize=8,
+                color=PALETTE[1],
+            )
         ax.set_title(f"dQ by {DQ_SCHEMES[scheme]}: {products(scheme)} products per tile pair", fontsize=10)
     return fig
 
@@ -564,6 +675,14 @@ def dq_rows(speeds) -> list[dict]:
 
 def fp8_error_rows(errors) -> list[dict]:
     """:class:`FP8Error` entries as table rows: errors to three decimals, the verdict word."""
-    return [{"mask": "causal" if e.causal else "none", "T": e.seq_q, "ours": f"{e.ours:.3f}",
-             "ours, output rounded to E4M3": f"{e.ours_rounded:.3f}", "cuDNN FP8's": f"{e.theirs:.3f}",
-             "ours against cuDNN's": e.word} for e in errors]  # fmt: skip
+    return [
+        {
+            "mask": "causal" if e.causal else "none",
+            "T": e.seq_q,
+            "ours": f"{e.ours:.3f}",
+            "ours, output rounded to E4M3": f"{e.ours_rounded:.3f}",
+            "cuDNN FP8's": f"{e.theirs:.3f}",
+            "ours against cuDNN's": e.word,
+        }
+        for e in errors
+    ]

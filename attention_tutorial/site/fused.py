@@ -47,8 +47,14 @@ def alignment_figure(seq_q: int = 3, seq_kv: int = 6):
         ax.grid(which="minor", color="white", linewidth=2)
         ax.tick_params(which="minor", length=0)
         # the diagonal: query i sits at position first + i
-        ax.plot([first - 0.5, seq_kv - 0.5], [-0.5, seq_q - 0.5], color=PALETTE[3], linestyle="--", linewidth=2,
-                label="the query's own position")  # fmt: skip
+        ax.plot(
+            [first - 0.5, seq_kv - 0.5],
+            [-0.5, seq_q - 0.5],
+            color=PALETTE[3],
+            linestyle="--",
+            linewidth=2,
+            label="the query's own position",
+        )
         ax.set_xlabel("key position")
         ax.set_title(TITLES[alignment], fontsize=10)
     handles, labels = axes[1].get_legend_handles_labels()

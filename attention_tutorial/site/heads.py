@@ -38,19 +38,42 @@ LAYOUTS = (("MHA", 8), ("GQA", 2), ("MQA", 1))  # (name, K) for N = 8 query head
 def sharing_figure(heads: int = 8, layouts=LAYOUTS):
     """One panel per layout: the N query heads on top, the K kv heads below, a line from each query head to the kv
     head it reads (coloured by kv head)."""
-    fig, axes = plt.subplots(1, len(layouts), figsize=(3.2 * len(layouts), 2.4), facecolor="white",
-                             layout="constrained")  # fmt: skip
+    fig, axes = plt.subplots(
+        1, len(layouts), figsize=(3.2 * len(layouts), 2.4), facecolor="white", layout="constrained"
+    )
     for ax, (name, kv) in zip(np.atleast_1d(axes), layouts):
         owner = kv_head_of(heads, kv)
         kv_x = (np.arange(kv) + 0.5) * heads / kv - 0.5  # each kv head centred under its group
         for n, j in enumerate(owner):
             ax.plot([n, kv_x[j]], [1, 0], color=PALETTE[j % len(PALETTE)], linewidth=1.2)
-        ax.scatter(np.arange(heads), np.ones(heads), s=140, marker="s", c=[PALETTE[j % len(PALETTE)] for j in owner],
-                   edgecolors="black", linewidths=0.6, zorder=3)  # fmt: skip
-        ax.scatter(kv_x, np.zeros(kv), s=260, marker="o", c=[PALETTE[j % len(PALETTE)] for j in range(kv)],
-                   edgecolors="black", linewidths=0.6, zorder=3)  # fmt: skip
-        ax.set(title=f"{name}: N = {heads}, K = {kv}", xlim=(-0.8, heads - 0.2), ylim=(-0.45, 1.45),
-               yticks=[0, 1], yticklabels=["k, v heads", "query heads"], xticks=[])  # fmt: skip
+        ax.scatter(
+            np.arange(heads),
+            np.ones(heads),
+            s=140,
+            marker="s",
+            c=[PALETTE[j % len(PALETTE)] for j in owner],
+            edgecolors="black",
+            linewidths=0.6,
+            zorder=3,
+        )
+        ax.scatter(
+            kv_x,
+            np.zeros(kv),
+            s=260,
+            marker="o",
+            c=[PALETTE[j % len(PALETTE)] for j in range(kv)],
+            edgecolors="black",
+            linewidths=0.6,
+            zorder=3,
+        )
+        ax.set(
+            title=f"{name}: N = {heads}, K = {kv}",
+            xlim=(-0.8, heads - 0.2),
+            ylim=(-0.45, 1.45),
+            yticks=[0, 1],
+            yticklabels=["k, v heads", "query heads"],
+            xticks=[],
+        )
         ax.tick_params(length=0)
         for side in ax.spines.values():
             side.set_visible(False)
@@ -74,14 +97,18 @@ def gpu_memory_gib(provenance) -> float | None:
     return mib / 1024 if mib else None
 
 
-def kv_cache_figure(provenance=None, *, kv_heads=(32, 8, 1), contexts=tuple(2**i for i in range(11, 18)),
-                    model=MODEL):  # fmt: skip
+def kv_cache_figure(provenance=None, *, kv_heads=(32, 8, 1), contexts=tuple(2**i for i in range(11, 18)), model=MODEL):
     """KV cache GiB against context length, one line per kv-head count, and the recorded GPU's memory (dashed)."""
     fig, ax = plt.subplots(figsize=(7, 3.8), facecolor="white", layout="constrained")
     for i, k in enumerate(kv_heads):
         name = "MHA" if k == model["heads"] else "MQA" if k == 1 else "GQA"
-        ax.plot(contexts, [kv_cache_gib(k, c, model) for c in contexts], marker="o", color=PALETTE[i],
-                label=f"{name}, K = {k}")  # fmt: skip
+        ax.plot(
+            contexts,
+            [kv_cache_gib(k, c, model) for c in contexts],
+            marker="o",
+            color=PALETTE[i],
+            label=f"{name}, K = {k}",
+        )
     if mem := gpu_memory_gib(provenance):
         ax.axhline(mem, color=GREY, linestyle="--", label=f"{provenance['gpu']} memory ({mem:.0f} GiB)")
     ax.set_xscale("log", base=2)
@@ -107,8 +134,13 @@ def decode_figure(records, *, read_gbps: float | None = None, title: str = ""):
         for j, k in enumerate(ks):
             pts = sorted((r["seq_kv"], r["gbps"]) for r in select(ok, impl=impl, kv_heads=k))
             if pts:
-                ax.plot(*zip(*pts), color=colour, marker=MARKERS[j % len(MARKERS)], linestyle="-",
-                        label=f"{label(impl)}, K = {k}")  # fmt: skip
+                ax.plot(
+                    *zip(*pts),
+                    color=colour,
+                    marker=MARKERS[j % len(MARKERS)],
+                    linestyle="-",
+                    label=f"{label(impl)}, K = {k}",
+                )
     if read_gbps:
         ax.axhline(read_gbps, color=GREY, linestyle="--", label=f"read ceiling ({read_gbps:.0f} GB/s)")
     ax.set_xscale("log", base=2)
@@ -135,11 +167,27 @@ def prefill_figure(records, title: str = ""):
                 r = rs[0]
                 lo, hi = r.get("p10_ms", r["median_ms"]), r.get("p90_ms", r["median_ms"])
                 err = [[r["median_ms"] - lo], [hi - r["median_ms"]]]
-                ax.bar(i + (j - (len(ks) - 1) / 2) * width, r["median_ms"], width * 0.92, yerr=err, capsize=3,
-                       color=impl_style(impl, i)[0], alpha=1.0 - 0.3 * j, edgecolor="black", linewidth=0.5,
-                       label=f"K = {k}" if i == 0 else None)  # fmt: skip
-                ax.annotate(f"K={k}", (i + (j - (len(ks) - 1) / 2) * width, r["median_ms"]), ha="center",
-                            va="bottom", fontsize=7, xytext=(0, 3), textcoords="offset points")  # fmt: skip
+                ax.bar(
+                    i + (j - (len(ks) - 1) / 2) * width,
+                    r["median_ms"],
+                    width * 0.92,
+                    yerr=err,
+                    capsize=3,
+                    color=impl_style(impl, i)[0],
+                    alpha=1.0 - 0.3 * j,
+                    edgecolor="black",
+                    linewidth=0.5,
+                    label=f"K = {k}" if i == 0 else None,
+                )
+                ax.annotate(
+                    f"K={k}",
+                    (i + (j - (len(ks) - 1) / 2) * width, r["median_ms"]),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    xytext=(0, 3),
+                    textcoords="offset points",
+                )
     ax.set_xticks(range(len(impls)), [label(i) for i in impls])
     ax.set(ylabel="ms per call (median)", title=title)
     ax.grid(True, axis="y", color="#dddddd")
@@ -153,8 +201,9 @@ MASK_PICTURE = {"seq": 16, "window": 4}  # the size the mask pictures are drawn 
 ALIBI_HEADS = 8  # heads of the pictures' problem: ALiBi gives head 0 the steepest slope, 2**-(8/N)
 
 
-def mask_weights(kind: str, *, seq: int = 16, window: int = 4, causal: bool = True, batch_row: int | None = None,
-                 head: int = 0) -> np.ndarray:  # fmt: skip
+def mask_weights(
+    kind: str, *, seq: int = 16, window: int = 4, causal: bool = True, batch_row: int | None = None, head: int = 0
+) -> np.ndarray:
     """The (T, S) attention weights mask ``kind`` leaves when every score is equal (q = 0), computed by the
     float64 reference with v = the identity: each row spreads evenly over the keys the mask keeps (a bias tilts
     it), and a row with no key left is all zeros. ``batch_row`` None picks the batch row that keeps the fewest
@@ -163,8 +212,9 @@ def mask_weights(kind: str, *, seq: int = 16, window: int = 4, causal: bool = Tr
     kw = masks.mask_args(kind, shape, jnp.float32, causal=causal, window=window)
     q = k = np.zeros((2, seq, ALIBI_HEADS, seq))
     v = np.broadcast_to(np.eye(seq)[None, :, None, :], (2, seq, ALIBI_HEADS, seq))
-    out = reference_attention(q, k, v, is_causal=causal, **{n: np.asarray(a) if hasattr(a, "shape") else a
-                                                             for n, a in kw.items()})  # fmt: skip
+    out = reference_attention(
+        q, k, v, is_causal=causal, **{n: np.asarray(a) if hasattr(a, "shape") else a for n, a in kw.items()}
+    )
     if batch_row is None:
         batch_row = int(np.argmin((out[:, :, head, :] > 0).sum(axis=(1, 2))))
     return out[batch_row, :, head, :]
@@ -174,8 +224,13 @@ def masks_figure(kinds=masks.MASK_KINDS, *, seq: int = MASK_PICTURE["seq"], wind
     """One panel per mask kind (causal, as a decoder uses them): the attention weights each query row (down) gives
     each key (across) when all scores are equal. White: masked out."""
     fig, axes = plt.subplots(1, len(kinds), figsize=(2.3 * len(kinds), 2.7), facecolor="white", layout="constrained")
-    names = {"none": "causal (is_causal)", "padding": "padding (a short row)", "window": f"window of {window}",
-             "dense": "dense boolean mask", "bias": "ALiBi bias"}  # fmt: skip
+    names = {
+        "none": "causal (is_causal)",
+        "padding": "padding (a short row)",
+        "window": f"window of {window}",
+        "dense": "dense boolean mask",
+        "bias": "ALiBi bias",
+    }
     for ax, kind in zip(np.atleast_1d(axes), kinds):
         w = mask_weights(kind, seq=seq, window=window)
         shown = np.ma.masked_where(w == 0, w)
@@ -200,8 +255,15 @@ def masks_cost_figure(records, title: str = ""):
     kinds = [k for k in masks.MASK_KINDS if any(r["mask"] == k for r in ok_or_not)]
     impls = list(dict.fromkeys(r["impl"] for r in ok_or_not))
     settings = sorted({r["causal"] for r in ok_or_not}, reverse=True)
-    fig, axes = plt.subplots(1, len(settings), figsize=(5.0 * len(settings), 3.4), facecolor="white",
-                             layout="constrained", sharey=True, squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        1,
+        len(settings),
+        figsize=(5.0 * len(settings), 3.4),
+        facecolor="white",
+        layout="constrained",
+        sharey=True,
+        squeeze=False,
+    )
     width = 0.8 / max(len(impls), 1)
     handles = {}
     for ax, causal in zip(axes[0], settings):
@@ -220,8 +282,9 @@ def masks_cost_figure(records, title: str = ""):
         ax.grid(True, axis="y", color="#dddddd")
     axes[0][0].set_ylabel("ms per call (median)")
     if handles:
-        axes[0][-1].legend(list(handles.values()), list(handles), fontsize=8, loc="upper left",
-                           bbox_to_anchor=(1.01, 1.0))  # fmt: skip
+        axes[0][-1].legend(
+            list(handles.values()), list(handles), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0)
+        )
     if title:
         fig.suptitle(title, fontsize=11)
     return fig

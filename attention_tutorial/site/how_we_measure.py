@@ -14,24 +14,66 @@ from .claims import Claim, compare, spread_ms
 
 #: The provenance fields the page lists, in its order (a result file's top level; each grid keeps its own copy): the
 #: commit and dirty flag of the code that ran where the run kept them.
-PROVENANCE_FIELDS = ("gpu", "driver", "jax", "jaxlib", "cudnn", "transformer_engine", "python", "created",
-                     "command", "commit", "dirty", "matmul_bf16_tflops", "matmul_shape", "copy_gbps",
-                     "read_gbps")  # fmt: skip
+PROVENANCE_FIELDS = (
+    "gpu",
+    "driver",
+    "jax",
+    "jaxlib",
+    "cudnn",
+    "transformer_engine",
+    "python",
+    "created",
+    "command",
+    "commit",
+    "dirty",
+    "matmul_bf16_tflops",
+    "matmul_shape",
+    "copy_gbps",
+    "read_gbps",
+)
 #: FlashAttention-3's best bf16 forward on an H100 SXM5 in its paper (arXiv 2407.08608), TFLOP/s: attention running
 #: faster than the 8192³ matmul measured on an H200, so that matmul is a reference, not a ceiling.
 FA3_BF16_TFLOPS = 740
 #: The fields of one timed record the page lists, in its order.
-RECORD_FIELDS = ("grid", "impl", "batch", "seq_q", "seq_kv", "heads", "kv_heads", "head_dim", "dtype", "causal",
-                 "pass", "status", "median_ms", "p10_ms", "p90_ms", "repeats", "single_call_ms", "dispatch_ms",
-                 "compile_s", "tflops", "pct_peak", "peak_basis", "temp_bytes", "kernel")  # fmt: skip
+RECORD_FIELDS = (
+    "grid",
+    "impl",
+    "batch",
+    "seq_q",
+    "seq_kv",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "dtype",
+    "causal",
+    "pass",
+    "status",
+    "median_ms",
+    "p10_ms",
+    "p90_ms",
+    "repeats",
+    "single_call_ms",
+    "dispatch_ms",
+    "compile_s",
+    "tflops",
+    "pct_peak",
+    "peak_basis",
+    "temp_bytes",
+    "kernel",
+)
 
 
 def run_peaks(records, provenance) -> list[float]:
     """The bf16 matmul peaks that the bf16/f16 ``records``' % of peak divides by: one per recording run (each run
     measures its own, stored in the provenance of its grids), sorted, unrounded."""
     grids = provenance.get("grids", {})
-    return sorted({grids.get(r["grid"], provenance).get("matmul_bf16_tflops", provenance["matmul_bf16_tflops"])
-                   for r in records if r.get("pct_peak") and r.get("peak_basis") == BF16_PEAK})  # fmt: skip
+    return sorted(
+        {
+            grids.get(r["grid"], provenance).get("matmul_bf16_tflops", provenance["matmul_bf16_tflops"])
+            for r in records
+            if r.get("pct_peak") and r.get("peak_basis") == BF16_PEAK
+        }
+    )
 
 
 @dataclass(frozen=True)
@@ -60,8 +102,10 @@ def peaks(provenance: dict, records=None) -> Peaks:
     grid's run when None) were set against."""
     if records is None:
         grids = provenance.get("grids", {})
-        measured = sorted({g["matmul_bf16_tflops"] for g in grids.values() if g.get("matmul_bf16_tflops")}
-                          | {provenance["matmul_bf16_tflops"]})  # fmt: skip
+        measured = sorted(
+            {g["matmul_bf16_tflops"] for g in grids.values() if g.get("matmul_bf16_tflops")}
+            | {provenance["matmul_bf16_tflops"]}
+        )
     else:
         measured = run_peaks(records, provenance)
     if not measured:
@@ -98,8 +142,15 @@ def peaks_figure(p: Peaks, attention: tuple[str, float] | None = None):
     for y, (_, value, colour, span) in zip(ys, bars):
         ax.barh(y, value, color=colour, height=0.6)
         if span:
-            ax.errorbar(value, y, xerr=[[value - span[0]], [span[1] - value]], color="black", capsize=4,
-                        linewidth=1.2, label=f"range over {p.runs} recording runs")  # fmt: skip
+            ax.errorbar(
+                value,
+                y,
+                xerr=[[value - span[0]], [span[1] - value]],
+                color="black",
+                capsize=4,
+                linewidth=1.2,
+                label=f"range over {p.runs} recording runs",
+            )
         share = f" ({100 * value / p.datasheet:.0f} % of datasheet)" if p.datasheet else ""
         ax.text(value + 10, y, f"{value:.0f}{share}", va="center", fontsize=8)
     ax.set_yticks(ys, [b[0] for b in bars], fontsize=8)
@@ -143,8 +194,15 @@ def example(records, a: str, b: str, **where) -> Example:
 def verdict_figure(examples):
     """One row per :class:`Example`, on one shared time axis: each side's p10–p90 range as a bar and its median as
     a tick, titled with the verdict :func:`~attention_tutorial.site.claims.compare` gave."""
-    fig, axes = plt.subplots(len(examples), 1, figsize=(7.0, 1.35 * len(examples) + 0.6), facecolor="white",
-                             layout="constrained", squeeze=False, sharex=True)  # fmt: skip
+    fig, axes = plt.subplots(
+        len(examples),
+        1,
+        figsize=(7.0, 1.35 * len(examples) + 0.6),
+        facecolor="white",
+        layout="constrained",
+        squeeze=False,
+        sharex=True,
+    )
     for ax, ex in zip(axes[:, 0], examples):
         ax.set_facecolor("white")
         for y, (impl, (med, lo, hi)) in enumerate(((ex.b, ex.b_ms), (ex.a, ex.a_ms))):
@@ -184,5 +242,8 @@ def provenance_rows(provenance: dict, fields=PROVENANCE_FIELDS) -> list[dict]:
 
 def record_rows(record: dict, fields=RECORD_FIELDS) -> list[dict]:
     """(field, value) rows of one record, for the fields it has."""
-    return [{"field": f, "value": f"{record[f]:.4g}" if isinstance(record[f], float) else str(record[f])}
-            for f in fields if f in record]  # fmt: skip
+    return [
+        {"field": f, "value": f"{record[f]:.4g}" if isinstance(record[f], float) else str(record[f])}
+        for f in fields
+        if f in record
+    ]

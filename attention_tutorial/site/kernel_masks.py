@@ -74,11 +74,19 @@ def mask_races(provenance: dict | None) -> list[MaskRace]:
         rows = {r["contender"]: r for r in rec["rows"]}
         ours, causal = rows.get("ours", {}), rows.get("ours, causal", {})
         ms, c_ms = ours.get("median_ms"), causal.get("median_ms")
-        out.append(MaskRace(
-            case=rec["case"], pass_=rec["pass"], baseline=rec["baseline"], ours_ms=ms, ours_tflops=ours.get("tflops"),
-            vs_baseline=ours.get("speed"), causal_ms=c_ms, causal_tflops=_causal_tflops(rec, c_ms),
-            vs_causal=c_ms / ms if ms and c_ms else None,
-        ))  # fmt: skip
+        out.append(
+            MaskRace(
+                case=rec["case"],
+                pass_=rec["pass"],
+                baseline=rec["baseline"],
+                ours_ms=ms,
+                ours_tflops=ours.get("tflops"),
+                vs_baseline=ours.get("speed"),
+                causal_ms=c_ms,
+                causal_tflops=_causal_tflops(rec, c_ms),
+                vs_causal=c_ms / ms if ms and c_ms else None,
+            )
+        )
     return out
 
 
@@ -95,13 +103,17 @@ def race_table(races: list[MaskRace]) -> list[dict]:
     """The races as table rows (text)."""
     fmt = lambda x, f: "–" if x is None else format(x, f)  # noqa: E731
     return [
-        {"mask": r.case, "pass": r.pass_, "ours (ms)": fmt(r.ours_ms, ".2f"),
-         "ours TFLOP/s (kept scores)": fmt(r.ours_tflops, ".0f"),
-         "speed against": f"{fmt(r.vs_baseline, '.2f')}× {r.baseline}",
-         "causal kernel (ms)": fmt(r.causal_ms, ".2f"), "faster than causal": fmt(r.vs_causal, ".2f") + "×"
-         if r.vs_causal else "–"}
+        {
+            "mask": r.case,
+            "pass": r.pass_,
+            "ours (ms)": fmt(r.ours_ms, ".2f"),
+            "ours TFLOP/s (kept scores)": fmt(r.ours_tflops, ".0f"),
+            "speed against": f"{fmt(r.vs_baseline, '.2f')}× {r.baseline}",
+            "causal kernel (ms)": fmt(r.causal_ms, ".2f"),
+            "faster than causal": fmt(r.vs_causal, ".2f") + "×" if r.vs_causal else "–",
+        }
         for r in races
-    ]  # fmt: skip
+    ]
 
 
 def skip_words(race: MaskRace | None) -> str | None:
@@ -109,7 +121,9 @@ def skip_words(race: MaskRace | None) -> str | None:
     if race is None or race.kept_rate is None or race.vs_causal is None:
         return None
     cost = "next to nothing" if race.kept_rate >= 0.9 else f"{100 * (1 - race.kept_rate):.0f} % of the rate"
-    return (f"our kernel runs {race.vs_causal:.1f}× faster than the causal kernel over the whole row and "
-            f"{race.vs_baseline:.0f}× faster than {race.baseline}; on the scores it keeps it runs at "
-            f"{race.ours_tflops:.0f} TFLOP/s, {100 * race.kept_rate:.0f} % of the causal kernel's rate on its own: "
-            f"the skipped tiles and the masked tiles at each document's edge cost {cost}")  # fmt: skip
+    return (
+        f"our kernel runs {race.vs_causal:.1f}× faster than the causal kernel over the whole row and "
+        f"{race.vs_baseline:.0f}× faster than {race.baseline}; on the scores it keeps it runs at "
+        f"{race.ours_tflops:.0f} TFLOP/s, {100 * race.kept_rate:.0f} % of the causal kernel's rate on its own: "
+        f"the skipped tiles and the masked tiles at each document's edge cost {cost}"
+    )

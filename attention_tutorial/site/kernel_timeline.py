@@ -38,8 +38,15 @@ REGION_STYLE = {  # region: (colour, legend label)
     "dq_add": (PALETTE[5], "dQ's share out (TMA reduce-add)"),
     "Init": ("#DDDDDD", "setup"),  # the profiler's own region around the kernel's start
 }
-SHORT_NAMES = {"qk": "q·kᵀ", "softmax": "softmax", "pv": "p·v", "copy": "copy", "wait": "", "grads": "grads",
-               "dq_add": "dQ+"}  # fmt: skip
+SHORT_NAMES = {
+    "qk": "q·kᵀ",
+    "softmax": "softmax",
+    "pv": "p·v",
+    "copy": "copy",
+    "wait": "",
+    "grads": "grads",
+    "dq_add": "dQ+",
+}
 KERNEL_NAMES = {"mosaic": "plain", "mosaic_pipe": "pipelined", "mosaic_atomic": "dQ by atomic adds"}
 
 
@@ -150,20 +157,36 @@ def _draw(ax, rows, *, origin: int = 0, labels: bool = False):
         for bar in row.bars:
             colour = REGION_STYLE.get(bar.region, ("#000000", bar.region))[0]
             height = 0.8 if bar.depth == 0 else 0.4
-            ax.broken_barh([(bar.start - origin, max(bar.end - bar.start, 1))], (y - height / 2, height),
-                           facecolors=colour, edgecolor="none")  # fmt: skip
+            ax.broken_barh(
+                [(bar.start - origin, max(bar.end - bar.start, 1))],
+                (y - height / 2, height),
+                facecolors=colour,
+                edgecolor="none",
+            )
             wide = labels and bar.depth == 0 and (bar.end - bar.start) > 0.045 * (hi - lo)
             if wide and lo <= bar.start - origin and bar.end - origin <= hi and SHORT_NAMES.get(bar.region):
-                ax.text((bar.start + bar.end) / 2 - origin, y, SHORT_NAMES[bar.region], ha="center", va="center",
-                        fontsize=7.5, color="black")  # fmt: skip
+                ax.text(
+                    (bar.start + bar.end) / 2 - origin,
+                    y,
+                    SHORT_NAMES[bar.region],
+                    ha="center",
+                    va="center",
+                    fontsize=7.5,
+                    color="black",
+                )
     ax.set_yticks(range(len(rows)), [r.label for r in rows])
     ax.set_ylim(len(rows) - 0.5, -0.5)  # the first row on top
 
 
 def _legend(ax, rows, y: float):
     seen = dict.fromkeys(b.region for r in rows for b in r.bars)
-    ax.legend(handles=[Patch(color=REGION_STYLE[k][0], label=REGION_STYLE[k][1]) for k in REGION_STYLE if k in seen],
-              loc="upper center", bbox_to_anchor=(0.5, y), ncol=3, frameon=False)  # fmt: skip
+    ax.legend(
+        handles=[Patch(color=REGION_STYLE[k][0], label=REGION_STYLE[k][1]) for k in REGION_STYLE if k in seen],
+        loc="upper center",
+        bbox_to_anchor=(0.5, y),
+        ncol=3,
+        frameon=False,
+    )
 
 
 def timeline_figure(timeline: dict, *, ctas: int = 1, kernels=tuple(KERNELS), clock_ghz: float = SM_CLOCK_GHZ):
@@ -281,8 +304,14 @@ def pingpong(timeline: dict, kernel: str = "mosaic", *, clock_ghz: float = SM_CL
     lo, hi = min(s for s, _ in intervals), max(e for _, e in intervals)
     tiles, head_dim = entry["tiles"], entry["shape"]["head_dim"]
     matmul = 2 * (2 * tiles["block_q"] * tiles["block_kv"] * head_dim) / TENSOR_FLOPS_PER_CYCLE
-    return PingPong(kernel, statistics.median(lengths), statistics.median(steps), matmul,
-                    _covered(intervals, lo, hi, 1), _covered(intervals, lo, hi, 2))  # fmt: skip
+    return PingPong(
+        kernel,
+        statistics.median(lengths),
+        statistics.median(steps),
+        matmul,
+        _covered(intervals, lo, hi, 1),
+        _covered(intervals, lo, hi, 2),
+    )
 
 
 # --- the backward: dQ by a pass of its own against atomic adds -----------------------------------------------------
@@ -327,8 +356,15 @@ def backward_figure(shares, *, title: str = ""):
             left += width
         rest = s.span - left  # between regions
         if rest > 0:
-            ax.barh(y, rest, left=left, color="white", edgecolor="#BBBBBB", hatch="//",
-                    label=None if "between" in seen else "between regions")  # fmt: skip
+            ax.barh(
+                y,
+                rest,
+                left=left,
+                color="white",
+                edgecolor="#BBBBBB",
+                hatch="//",
+                label=None if "between" in seen else "between regions",
+            )
             seen.add("between")
         ax.text(s.span, y, f"  {s.span:,.0f}", va="center", fontsize=8)
     ax.set_yticks(range(len(shares)), [name for name, _ in shares], fontsize=8)

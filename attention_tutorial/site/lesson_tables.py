@@ -47,10 +47,13 @@ def precision_table(rows, *, times: bool = True) -> list[dict]:
     another shape than the errors: :func:`precision_time_table` shows them alone)."""
     out = []
     for r in rows:
-        row = {"precision": r["precision"], "matmuls in": r["matmuls_in"],
-               "max |out − float64|" + (f" at {r['shape']}" if r.get("shape") else ""): f"{r['max_abs_error']:.1e}",
-               "verdict": f"{agreement(r['max_abs_error'], r['matmuls_in']).word} "
-                          f"(tolerance {TOLERANCES[r['matmuls_in']]:.0e})"}  # fmt: skip
+        row = {
+            "precision": r["precision"],
+            "matmuls in": r["matmuls_in"],
+            "max |out − float64|" + (f" at {r['shape']}" if r.get("shape") else ""): f"{r['max_abs_error']:.1e}",
+            "verdict": f"{agreement(r['max_abs_error'], r['matmuls_in']).word} "
+            f"(tolerance {TOLERANCES[r['matmuls_in']]:.0e})",
+        }
         if times and r.get("median_ms") is not None:
             row[f"ms per call at {r['time_shape']} (p10–p90)"] = _ms(r)
         out.append(row)
@@ -60,8 +63,16 @@ def precision_table(rows, *, times: bool = True) -> list[dict]:
 def precision_time_table(rows) -> list[dict]:
     """The timed rows of :func:`~attention_tutorial.measure.lessons.precision_rows` alone: precision, what the
     matmuls ran in, and the time per call with its spread, at the shape the times were taken."""
-    return [{"precision": r["precision"], "matmuls in": r["matmuls_in"], "shape": r["time_shape"],
-             "ms per call (p10–p90)": _ms(r)} for r in rows if r.get("median_ms") is not None]  # fmt: skip
+    return [
+        {
+            "precision": r["precision"],
+            "matmuls in": r["matmuls_in"],
+            "shape": r["time_shape"],
+            "ms per call (p10–p90)": _ms(r),
+        }
+        for r in rows
+        if r.get("median_ms") is not None
+    ]
 
 
 def highest_vs_default(rows):
@@ -74,8 +85,15 @@ def highest_vs_default(rows):
 def refusal_table(rows) -> list[dict]:
     """Display rows of :func:`~attention_tutorial.measure.lessons.cudnn_refusal_rows`, by head size H (then dtype)."""
     rows = sorted(rows, key=lambda r: (r["head_dim"], r["dtype"]))
-    return [{"H": r["head_dim"], "dtype": r["dtype"], "`cudnn_why_not` says": r["why_not"] or "runs",
-             "JAX with cuDNN forced": r["forced"]} for r in rows]  # fmt: skip
+    return [
+        {
+            "H": r["head_dim"],
+            "dtype": r["dtype"],
+            "`cudnn_why_not` says": r["why_not"] or "runs",
+            "JAX with cuDNN forced": r["forced"],
+        }
+        for r in rows
+    ]
 
 
 def refusals_consistent(rows) -> bool:
@@ -84,8 +102,15 @@ def refusals_consistent(rows) -> bool:
 
 
 # NVIDIA's compute capabilities by generation (major, minor) -> name; the first match from the top wins
-GENERATIONS = (((12, 0), "Blackwell"), ((10, 0), "Blackwell"), ((9, 0), "Hopper"), ((8, 9), "Ada Lovelace"),
-               ((8, 0), "Ampere"), ((7, 5), "Turing"), ((7, 0), "Volta"))  # fmt: skip
+GENERATIONS = (
+    ((12, 0), "Blackwell"),
+    ((10, 0), "Blackwell"),
+    ((9, 0), "Hopper"),
+    ((8, 9), "Ada Lovelace"),
+    ((8, 0), "Ampere"),
+    ((7, 5), "Turing"),
+    ((7, 0), "Volta"),
+)
 
 
 def _capability(compute_capability) -> tuple[int, int]:
@@ -139,15 +164,25 @@ def kernel_table(rows) -> list[dict]:
 def picked_cudnn(rows, dtype: str = "bfloat16") -> bool | None:
     """Whether the default (``implementation=None``) compiled to cuDNN's fused attention in ``dtype``, among
     :func:`kernel_table`'s input ``rows``; None when no such row ran."""
-    ran = [r for r in rows if r["impl"] == "default" and r["dtype"] == dtype and not r.get("reason")
-           and r.get("status", "ok") == "ok"]  # fmt: skip
+    ran = [
+        r
+        for r in rows
+        if r["impl"] == "default" and r["dtype"] == dtype and not r.get("reason") and r.get("status", "ok") == "ok"
+    ]
     return "cudnn" in (ran[0].get("kernel") or "").lower() if ran else None
 
 
 def input_table(rows) -> list[dict]:
     """Display rows of :func:`~attention_tutorial.measure.lessons.input_rows`: TFLOP/s and time with spread per input kind."""
-    return [{"inputs": r["inputs"], "matmul": f"{r['n']}×{r['n']} @ {r['n']}×{r['n']}, bf16", "TFLOP/s": f"{r['tflops']:.3g}",
-             "ms per call (p10–p90)": _ms(r)} for r in rows]  # fmt: skip
+    return [
+        {
+            "inputs": r["inputs"],
+            "matmul": f"{r['n']}×{r['n']} @ {r['n']}×{r['n']}, bf16",
+            "TFLOP/s": f"{r['tflops']:.3g}",
+            "ms per call (p10–p90)": _ms(r),
+        }
+        for r in rows
+    ]
 
 
 def inputs_vs_random(rows) -> dict:

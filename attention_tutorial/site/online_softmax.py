@@ -40,8 +40,10 @@ def online_softmax_steps(scores, values, block: int) -> list[OnlineStep]:
     s = np.asarray(scores, np.float64)
     v = np.asarray(values, np.float64)
     if s.ndim != 1 or s.shape != v.shape or not s.size:
-        raise ValueError(f"online_softmax_steps takes one row: scores and values of one equal length (S,); got "
-                         f"shapes {s.shape} and {v.shape}.")  # fmt: skip
+        raise ValueError(
+            f"online_softmax_steps takes one row: scores and values of one equal length (S,); got "
+            f"shapes {s.shape} and {v.shape}."
+        )
     if not isinstance(block, int) or block < 1:
         raise ValueError(f"block must be a positive int (keys per block); got {block!r}.")
     m, l, acc, steps = -np.inf, 0.0, 0.0, []
@@ -71,18 +73,37 @@ def online_softmax_figure(scores, values, block: int):
         if i:
             top.vlines(a - 0.5, steps[i - 1].m, steps[i].m, color=PALETTE[3], linewidth=1.2, linestyle=":")
         mid = (a + b - 1) / 2
-        top.text(mid, 1.02, f"block {i + 1}", transform=top.get_xaxis_transform(), ha="center", va="bottom",
-                 fontsize=8, color=GREY)  # fmt: skip
+        top.text(
+            mid,
+            1.02,
+            f"block {i + 1}",
+            transform=top.get_xaxis_transform(),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            color=GREY,
+        )
         bottom.bar(mid, steps[i].carried, width=0.8 * (b - a), color=PALETTE[5], zorder=2)
         bottom.bar(mid, steps[i].added, width=0.8 * (b - a), bottom=steps[i].carried, color=PALETTE[1], zorder=2)
     top.set_ylabel("score sⱼ")
-    top.legend(handles=[plt.Line2D([], [], marker="o", linestyle="", color=PALETTE[0], label="scores of the row"),
-                        plt.Line2D([], [], color=PALETTE[3], linewidth=2.2, label="running max m")],
-               fontsize=8, loc="lower right")  # fmt: skip
+    top.legend(
+        handles=[
+            plt.Line2D([], [], marker="o", linestyle="", color=PALETTE[0], label="scores of the row"),
+            plt.Line2D([], [], color=PALETTE[3], linewidth=2.2, label="running max m"),
+        ],
+        fontsize=8,
+        loc="lower right",
+    )
     bottom.set_ylabel("running sum l")
     bottom.set_xlabel(f"key j (blocks of {block})")
-    bottom.legend(handles=[Patch(color=PALETTE[5], label="carried over, × exp(m_old − m_new)"),
-                           Patch(color=PALETTE[1], label="added by this block")], fontsize=8, loc="upper left")  # fmt: skip
+    bottom.legend(
+        handles=[
+            Patch(color=PALETTE[5], label="carried over, × exp(m_old − m_new)"),
+            Patch(color=PALETTE[1], label="added by this block"),
+        ],
+        fontsize=8,
+        loc="upper left",
+    )
     for ax in (top, bottom):
         ax.grid(True, axis="y", color="#dddddd", linewidth=0.8)
     return fig
@@ -96,8 +117,11 @@ def tile_walk(n_q: int, n_k: int, *, causal: bool) -> dict[tuple[int, int], str]
     wholly after the query block is skipped and the diagonal one masked; without one every block is 'full'."""
     if n_q < 1 or n_k < 1:
         raise ValueError(f"tile_walk needs at least one block each way; got {n_q} × {n_k}.")
-    return {(i, j): ("full" if not causal or j < i else "masked" if j == i else "skipped")
-            for i in range(n_q) for j in range(n_k)}  # fmt: skip
+    return {
+        (i, j): ("full" if not causal or j < i else "masked" if j == i else "skipped")
+        for i in range(n_q)
+        for j in range(n_k)
+    }
 
 
 #: Tile colours of :func:`tiles_figure`: the query block the figure follows, by kind, and every other block's tiles.
@@ -122,8 +146,9 @@ def tiles_figure(n_q: int = 6, n_k: int = 6, *, query_block: int = 3):
             if active and kind != "skipped":
                 step += 1
                 ax.text(j + 0.5, n_q - 0.5 - i, str(step), ha="center", va="center", color="white", fontsize=10)
-        ax.add_patch(Rectangle((0, n_q - 1 - query_block), n_k, 1, fill=False, edgecolor="#333333", linewidth=1.6,
-                               zorder=3))  # fmt: skip
+        ax.add_patch(
+            Rectangle((0, n_q - 1 - query_block), n_k, 1, fill=False, edgecolor="#333333", linewidth=1.6, zorder=3)
+        )
         ax.set_xlim(0, n_k)
         ax.set_ylim(0, n_q)
         ax.set_aspect("equal")
@@ -132,9 +157,16 @@ def tiles_figure(n_q: int = 6, n_k: int = 6, *, query_block: int = 3):
         ax.set_xlabel("keys (S) →")
         ax.set_ylabel("← queries (T)")
         ax.set_title("causal: skip what lies after the diagonal" if causal else "no mask: every tile", fontsize=10)
-    fig.legend(handles=[Patch(color=colours["full"], label="computed (number: order of the loop)"),
-                        Patch(color=colours["masked"], label="on the diagonal: computed, masked inside"),
-                        Patch(facecolor=colours["skipped"], edgecolor="#bbbbbb", label="skipped: never computed"),
-                        Patch(color=colours["other"], label="tiles of the other query blocks")],
-               loc="outside lower center", ncol=2, fontsize=8, frameon=False)  # fmt: skip
+    fig.legend(
+        handles=[
+            Patch(color=colours["full"], label="computed (number: order of the loop)"),
+            Patch(color=colours["masked"], label="on the diagonal: computed, masked inside"),
+            Patch(facecolor=colours["skipped"], edgecolor="#bbbbbb", label="skipped: never computed"),
+            Patch(color=colours["other"], label="tiles of the other query blocks"),
+        ],
+        loc="outside lower center",
+        ncol=2,
+        fontsize=8,
+        frameon=False,
+    )
     return fig

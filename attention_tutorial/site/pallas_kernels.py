@@ -87,8 +87,9 @@ def claims_by_t(records, pool, want: dict, baseline: str, min_seq: int = 0, base
     return got
 
 
-def race(records, everything=(), impls=("mosaic",), *, baseline: str = "cudnn", min_seq: int = 0,
-         base=()) -> list[Speed]:  # fmt: skip
+def race(
+    records, everything=(), impls=("mosaic",), *, baseline: str = "cudnn", min_seq: int = 0, base=()
+) -> list[Speed]:
     """One :class:`Speed` per implementation × H × dtype × mask in ``records`` that has the baseline beside it at
     T >= ``min_seq``; the baseline's spread pools every recording of the point in ``everything`` and ``records``.
     ``base``: fields on which the baseline's points differ from ours (pairs of field and value)."""
@@ -130,19 +131,33 @@ def pct(pair, digits: int = 0) -> str:
 def speed_rows(speeds) -> list[dict]:
     """The race as table rows (for a folded table): implementation, dtype, H, mask, the range of the medians and of
     the spreads, and the verdict per T."""
-    return [{"implementation": label(s.impl), "dtype": s.dtype, "H": s.head_dim,
-             "mask": "causal" if s.causal else "none",
-             f"speed vs {label(s.baseline)}": pct((s.low, s.high)),
-             "range over runs": pct((s.spread_low, s.spread_high)), "verdict": s.verdict}
-            for s in speeds]  # fmt: skip
+    return [
+        {
+            "implementation": label(s.impl),
+            "dtype": s.dtype,
+            "H": s.head_dim,
+            "mask": "causal" if s.causal else "none",
+            f"speed vs {label(s.baseline)}": pct((s.low, s.high)),
+            "range over runs": pct((s.spread_low, s.spread_high)),
+            "verdict": s.verdict,
+        }
+        for s in speeds
+    ]
 
 
 def race_figure(speeds, *, title: str = ""):
     """% of the baseline's speed against T, one panel per mask, one line per implementation (and dtype), the range
     over runs as error bars and 100 % dashed; returns the figure."""
     masks = sorted({s.causal for s in speeds})
-    fig, axes = plt.subplots(1, max(len(masks), 1), figsize=(5.4 * max(len(masks), 1), 3.9), sharey=True,
-                             squeeze=False, layout="constrained", facecolor="white")  # fmt: skip
+    fig, axes = plt.subplots(
+        1,
+        max(len(masks), 1),
+        figsize=(5.4 * max(len(masks), 1), 3.9),
+        sharey=True,
+        squeeze=False,
+        layout="constrained",
+        facecolor="white",
+    )
     axes = list(axes[0])
     for ax, causal in zip(axes, masks):
         for i, s in enumerate(pick(speeds, causal=causal)):
@@ -214,8 +229,15 @@ def timeline_figure(rows: dict[str, list[tuple]], *, title: str = ""):
         y = len(names) - 1 - i
         for start, length, kind, text in rows[name]:
             ax.broken_barh([(start, length)], (y - 0.35, 0.7), facecolors=colours[kind], edgecolor="white")
-            ax.text(start + length / 2, y, text, ha="center", va="center", fontsize=7.5,
-                    color="white" if kind != "softmax" else "black")  # fmt: skip
+            ax.text(
+                start + length / 2,
+                y,
+                text,
+                ha="center",
+                va="center",
+                fontsize=7.5,
+                color="white" if kind != "softmax" else "black",
+            )
     ax.set_yticks(range(len(names)), reversed(names))
     ax.set_xlabel("time (schematic)")
     ax.set_xticks([])
@@ -223,8 +245,13 @@ def timeline_figure(rows: dict[str, list[tuple]], *, title: str = ""):
         ax.spines[side].set_visible(False)
     kinds = {kind for row in rows.values() for _, _, kind, _ in row}
     names = {"matmul": "tensor cores (wgmma)", "softmax": "softmax (exp2)", "copy": "TMA copy"}
-    fig.legend(handles=[Patch(color=colours[k], label=names[k]) for k in names if k in kinds], fontsize=8,
-               loc="outside lower center", ncol=3, frameon=False)  # fmt: skip
+    fig.legend(
+        handles=[Patch(color=colours[k], label=names[k]) for k in names if k in kinds],
+        fontsize=8,
+        loc="outside lower center",
+        ncol=3,
+        frameon=False,
+    )
     if title:
         ax.set_title(title, fontsize=11)
     return fig
@@ -232,10 +259,15 @@ def timeline_figure(rows: dict[str, list[tuple]], *, title: str = ""):
 
 # --- what the compiled code holds ---------------------------------------------------------------------------------
 
-CODE_NAMES = {"pallas": "our Triton-lowered", "jax_pallas": "JAX's Triton-lowered", "mosaic": "our Mosaic GPU",
-              "jax_mosaic": "JAX's Mosaic GPU", "mosaic_pipe": "our Mosaic GPU, pipelined",
-              "mosaic_fp8": "our Mosaic GPU, FP8, p via shared memory",
-              "mosaic_fp8_regs": "our Mosaic GPU, FP8, p in registers"}  # fmt: skip
+CODE_NAMES = {
+    "pallas": "our Triton-lowered",
+    "jax_pallas": "JAX's Triton-lowered",
+    "mosaic": "our Mosaic GPU",
+    "jax_mosaic": "JAX's Mosaic GPU",
+    "mosaic_pipe": "our Mosaic GPU, pipelined",
+    "mosaic_fp8": "our Mosaic GPU, FP8, p via shared memory",
+    "mosaic_fp8_regs": "our Mosaic GPU, FP8, p in registers",
+}
 SHORT = {family: family.split(" (")[0] for family in FAMILIES}  # 'wgmma (warpgroup matmul)' -> 'wgmma'
 
 
@@ -268,10 +300,15 @@ def code_rows(code: dict, keys=None) -> list[dict]:
         counts = code_counts(code, key) or {}
         kind = "SASS" if rec.get("counts", {}).get("sass") else "PTX" if counts else "—"
         read = bool(rec.get("registers"))  # ptxas's output was read (the Triton-lowered kernels compile inside XLA)
-        rows.append({"kernel": code_name(key), "code": kind, **{f: counts.get(f, "—") for f in SHORT.values()},
-                     "registers (ptxas)": ", ".join(map(str, rec.get("registers", []))) or "—",
-                     "matmuls serialised (ptxas)": "; ".join(rec.get("wgmma_serialised") or [])
-                     or ("no" if read else "—")})  # fmt: skip
+        rows.append(
+            {
+                "kernel": code_name(key),
+                "code": kind,
+                **{f: counts.get(f, "—") for f in SHORT.values()},
+                "registers (ptxas)": ", ".join(map(str, rec.get("registers", []))) or "—",
+                "matmuls serialised (ptxas)": "; ".join(rec.get("wgmma_serialised") or []) or ("no" if read else "—"),
+            }
+        )
     return rows
 
 
@@ -311,11 +348,11 @@ def register_split(config, code: dict | None = None, key: str = "mosaic bfloat16
 
 # --- listings: the code a page prints ---------------------------------------------------------------------------------
 
-_LINT = re.compile(r"\s*# (?:fmt: skip|noqa\b.*)$")
+_LINT = re.compile(r"\s*# noqa\b.*$")
 
 
 def listing(fn, start: str | None = None, end: str | None = None) -> str:
-    """``fn``'s source as a page prints it: the formatter's and linter's markers (``# fmt: skip``, ``# noqa``) taken
+    """``fn``'s source as a page prints it: the linter's markers (``# noqa``) taken
     out, and with ``start``/``end`` only the lines from the first holding ``start`` to the first after it holding
     ``end`` (both kept), dedented. ``ValueError`` naming the marker that is not in the source."""
     import inspect
@@ -340,7 +377,13 @@ def tensor_core_share(
 ) -> tuple[float, float] | None:
     """The lowest and highest share of the tensor cores' datasheet bf16 rate that ``impl`` reached at T >=
     ``min_seq`` (its recorded TFLOP/s over ``datasheet_tflops``; None where none is recorded)."""
-    shares = [r["tflops"] / datasheet_tflops for r in records
-              if r.get("impl") == impl and r.get("head_dim") == head_dim and r.get("seq_q", 0) >= min_seq
-              and r.get("status") == "ok" and r.get("tflops")]  # fmt: skip
+    shares = [
+        r["tflops"] / datasheet_tflops
+        for r in records
+        if r.get("impl") == impl
+        and r.get("head_dim") == head_dim
+        and r.get("seq_q", 0) >= min_seq
+        and r.get("status") == "ok"
+        and r.get("tflops")
+    ]
     return (min(shares), max(shares)) if shares else None

@@ -112,14 +112,32 @@ ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 def recorded_naive_memory(records, grid: str = "seq_short") -> list[dict]:
     """The naive forward's temporary bytes in recorded ``records`` (one grid, no mask, not causal), by T, with the
     count of T × T matrices per head in the run's own dtype."""
-    rows = [r for r in records if r.get("impl") == "naive" and r.get("grid") == grid and r.get("pass") == "fwd"
-            and r.get("mask") == "none" and not r.get("causal") and r.get("status") == "ok"
-            and r.get("temp_bytes") and r.get("seq_q") == r.get("seq_kv")]  # fmt: skip
-    return [{"T": r["seq_q"], "B": r["batch"], "N": r["heads"], "H": r["head_dim"], "dtype": r["dtype"],
-             "temporary MiB": round(r["temp_bytes"] / 2**20, 1),
-             "T × T matrices per head": round(matrices_per_head(r["temp_bytes"], r["seq_q"], r["heads"],
-                                                                ITEMSIZE[r["dtype"]], r["batch"]), 2)}
-            for r in sorted(rows, key=lambda r: r["seq_q"])]  # fmt: skip
+    rows = [
+        r
+        for r in records
+        if r.get("impl") == "naive"
+        and r.get("grid") == grid
+        and r.get("pass") == "fwd"
+        and r.get("mask") == "none"
+        and not r.get("causal")
+        and r.get("status") == "ok"
+        and r.get("temp_bytes")
+        and r.get("seq_q") == r.get("seq_kv")
+    ]
+    return [
+        {
+            "T": r["seq_q"],
+            "B": r["batch"],
+            "N": r["heads"],
+            "H": r["head_dim"],
+            "dtype": r["dtype"],
+            "temporary MiB": round(r["temp_bytes"] / 2**20, 1),
+            "T × T matrices per head": round(
+                matrices_per_head(r["temp_bytes"], r["seq_q"], r["heads"], ITEMSIZE[r["dtype"]], r["batch"]), 2
+            ),
+        }
+        for r in sorted(rows, key=lambda r: r["seq_q"])
+    ]
 
 
 def difference_note(diff: float, backend: str) -> str:

@@ -66,13 +66,20 @@ def recorded_facts() -> dict[str, str]:
 
     recs, prov = reference()
     if prov is None:
-        return {"recorded_gpu": "no GPU yet", "recorded_count": "0", "recorded_versions": "–",
-                "recorded_kernel_speed": "not yet measured"}  # fmt: skip
+        return {
+            "recorded_gpu": "no GPU yet",
+            "recorded_count": "0",
+            "recorded_versions": "–",
+            "recorded_kernel_speed": "not yet measured",
+        }
     beyond = [r for r in recs if r.get("grid") == "beyond"]
     speed = span(pick(race(beyond, recs, ("mosaic",), baseline="cudnn", min_seq=8192), head_dim=128))
-    return {"recorded_gpu": prov["gpu"], "recorded_count": f"{len(recs):,}",
-            "recorded_versions": f"JAX {prov['jax']}, cuDNN {prov['cudnn']}",
-            "recorded_kernel_speed": pct(speed) if speed else "not yet measured"}  # fmt: skip
+    return {
+        "recorded_gpu": prov["gpu"],
+        "recorded_count": f"{len(recs):,}",
+        "recorded_versions": f"JAX {prov['jax']}, cuDNN {prov['cudnn']}",
+        "recorded_kernel_speed": pct(speed) if speed else "not yet measured",
+    }
 
 
 def shapes(records) -> str:
@@ -164,8 +171,14 @@ def live_check(live, recorded) -> list[dict]:
     for r in live:
         if r.get("status") == "ok" and (same := same_point(recorded or [], r, impl=r["impl"])):
             c = compare([r], same)
-            rows.append({**r, "recorded_ms": statistics.median(s["median_ms"] for s in same),
-                         "live_over_recorded": 1 / c.value, "verdict": c.word})  # fmt: skip
+            rows.append(
+                {
+                    **r,
+                    "recorded_ms": statistics.median(s["median_ms"] for s in same),
+                    "live_over_recorded": 1 / c.value,
+                    "verdict": c.word,
+                }
+            )
     return rows
 
 
@@ -191,8 +204,11 @@ def recorded_failures(live, recorded) -> list[dict]:
     """The recorded records that did not run (unsupported, oom, error) at points the live run did not also fail at:
     what a compact live/recorded comparison would otherwise hide."""
     live_failed = {(r["impl"], *(r.get(f) for f in POINT_FIELDS)) for r in live if r.get("status") != "ok"}
-    return [r for r in recorded if r.get("status") != "ok"
-            and (r["impl"], *(r.get(f) for f in POINT_FIELDS)) not in live_failed]  # fmt: skip
+    return [
+        r
+        for r in recorded
+        if r.get("status") != "ok" and (r["impl"], *(r.get(f) for f in POINT_FIELDS)) not in live_failed
+    ]
 
 
 def live_failures(live, recorded) -> list[dict]:
@@ -223,8 +239,11 @@ def datasheet_factor(records, gpu: str | None) -> float | None:
     """The one factor that turns ``records``' % of the measured matmul into % of ``gpu``'s datasheet peak (their
     measured matmul / the datasheet's); None when they were judged against different measured matmuls (several
     recording runs, or bf16 and FP8 mixed), have no % of peak, or the device has no datasheet figure."""
-    factors = {round(r["pct_datasheet"] / r["pct_peak"], 9) for r in with_datasheet(records, gpu)
-               if r.get("pct_peak") and r.get("pct_datasheet")}  # fmt: skip
+    factors = {
+        round(r["pct_datasheet"] / r["pct_peak"], 9)
+        for r in with_datasheet(records, gpu)
+        if r.get("pct_peak") and r.get("pct_datasheet")
+    }
     return factors.pop() if len(factors) == 1 else None
 
 
@@ -267,14 +286,22 @@ def train_rows(summaries, *, peak: bool = True) -> list[dict]:
     rows = []
     for s in summaries:
         ok = s["status"] == "ok"
-        rows.append({"impl": s["impl"], "status": s["status"], "median_ms": s["median_ms"],
-                     "tokens/s": f"{s['tokens_per_s']:,.0f}" if ok else "–", "tflops": s["tflops"],
-                     "step footprint (MiB)": mib(s.get("step_bytes")) if ok else "–",
-                     "peak memory (MiB)": mib(s.get("peak_bytes")) if ok else "–",
-                     "final loss": f"{s['final_loss']:.3f}" if ok else "–",
-                     "held-out loss": f"{s['eval_loss_init']:.3f} → {s['eval_loss']:.3f}"
-                     if ok and s.get("eval_loss") is not None else "–",
-                     "kernel": s.get("attention_kernel") or s.get("reason", "")})  # fmt: skip
+        rows.append(
+            {
+                "impl": s["impl"],
+                "status": s["status"],
+                "median_ms": s["median_ms"],
+                "tokens/s": f"{s['tokens_per_s']:,.0f}" if ok else "–",
+                "tflops": s["tflops"],
+                "step footprint (MiB)": mib(s.get("step_bytes")) if ok else "–",
+                "peak memory (MiB)": mib(s.get("peak_bytes")) if ok else "–",
+                "final loss": f"{s['final_loss']:.3f}" if ok else "–",
+                "held-out loss": f"{s['eval_loss_init']:.3f} → {s['eval_loss']:.3f}"
+                if ok and s.get("eval_loss") is not None
+                else "–",
+                "kernel": s.get("attention_kernel") or s.get("reason", ""),
+            }
+        )
         for column in left_out:
             del rows[-1][column]
     return rows
@@ -388,8 +415,9 @@ def show_live(records, columns, *, plot=None, title="") -> None:
     _show(records, columns, plot, f"{title} — live, {environment()['gpu'] or 'CPU'}")
 
 
-def show_recorded(grid_name, columns, *, plot=None, title="", peak_line=False, include=None, live=None,
-                  **where) -> list[dict]:  # fmt: skip
+def show_recorded(
+    grid_name, columns, *, plot=None, title="", peak_line=False, include=None, live=None, **where
+) -> list[dict]:
     """Display the recorded results for ``grid_name`` under a label naming its GPU, versions and date; returns the
     reference GPU's records. Every committed result file is shown, the reference GPU (the H200) first.
 
@@ -417,8 +445,11 @@ def show_recorded(grid_name, columns, *, plot=None, title="", peak_line=False, i
         p = plot
         if p and peak_line:
             peak = prov.get("grids", {}).get(grid_name, {}).get("matmul_bf16_tflops", prov["matmul_bf16_tflops"])
-            p = {**p, "hline": peak if p.get("y") == "tflops" else 100.0,
-                 "hline_label": "bf16 matmul measured in that run (a reference)"}  # fmt: skip
+            p = {
+                **p,
+                "hline": peak if p.get("y") == "tflops" else 100.0,
+                "hline_label": "bf16 matmul measured in that run (a reference)",
+            }
         if live and gpu == result_slugs()[0] and jax.default_backend() == "gpu":
             rows = live_vs_recorded(live, recs)
             keys = [c for c in columns if c in POINT_FIELDS or c == "impl"]
@@ -430,14 +461,21 @@ def show_recorded(grid_name, columns, *, plot=None, title="", peak_line=False, i
             )
             live_only = live_failures(live, recs)
             if live_only:
-                display(Markdown(
-                    "Points that failed in this build but ran in the recording (the recorder ran them in its own "
-                    "process; this build's process has also run every earlier cell of the page):\n\n"
-                    + markdown_table(live_only, [*keys, "status", "reason", "recorded_ms"])))  # fmt: skip
+                display(
+                    Markdown(
+                        "Points that failed in this build but ran in the recording (the recorder ran them in its own "
+                        "process; this build's process has also run every earlier cell of the page):\n\n"
+                        + markdown_table(live_only, [*keys, "status", "reason", "recorded_ms"])
+                    )
+                )
             failed = recorded_failures(live, recs)
             if failed:
-                display(Markdown("Recorded points that did not run, and why:\n\n"
-                                 + markdown_table(failed, [*keys, "status", "reason"])))  # fmt: skip
+                display(
+                    Markdown(
+                        "Recorded points that did not run, and why:\n\n"
+                        + markdown_table(failed, [*keys, "status", "reason"])
+                    )
+                )
             if p:
                 _plot(recs, p, f"{title} — recorded, {prov['gpu']}", prov.get("gpu"))
         else:

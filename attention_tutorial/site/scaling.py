@@ -40,8 +40,9 @@ def io_figure(budget: list[IOPoint], cloud: list[IOPoint], r: Roof, *, title: st
     roofline: every point of ``cloud`` at its FLOPs per byte against its TFLOP/s, under the measured roof (solid)
     and the datasheet's (dashed); colour names the implementation, the marker its sweep (:data:`SWEEP_STYLE`:
     filled for the T sweep, hollow and labelled with its H for the H sweep)."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11.0, 4.2), facecolor="white", layout="constrained",
-                                      width_ratios=(1, 1.25))  # fmt: skip
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(11.0, 4.2), facecolor="white", layout="constrained", width_ratios=(1, 1.25)
+    )
     kinds = (("measured time", 1.0), ("its bytes at the read ceiling", 0.55), ("its FLOPs at the matmul peak", 0.25))
     height = 0.26
     for i, p in enumerate(budget):
@@ -58,25 +59,49 @@ def io_figure(budget: list[IOPoint], cloud: list[IOPoint], r: Roof, *, title: st
         b = budget[0]
         left.set_title(f"time budget at B = {b.batch}, T = S = {b.seq_q}, H = {b.head_dim}", fontsize=10)
     xs = np.logspace(0, 4.5, 200)
-    right.plot(xs, [r.cap(x) for x in xs], color="#333333", linewidth=1.6,
-               label=f"measured roof: {r.peak_tflops:.0f} TFLOP/s, {r.gbps / 1e3:.2f} TB/s")  # fmt: skip
+    right.plot(
+        xs,
+        [r.cap(x) for x in xs],
+        color="#333333",
+        linewidth=1.6,
+        label=f"measured roof: {r.peak_tflops:.0f} TFLOP/s, {r.gbps / 1e3:.2f} TB/s",
+    )
     if r.datasheet_tflops and r.datasheet_gbps:
-        right.plot(xs, np.minimum(r.datasheet_tflops, xs * r.datasheet_gbps / 1e3), color="#999999",
-                   linestyle=(0, (4, 3)), linewidth=1.2,
-                   label=f"datasheet roof: {r.datasheet_tflops:.0f} TFLOP/s, {r.datasheet_gbps / 1e3:.1f} TB/s")  # fmt: skip
+        right.plot(
+            xs,
+            np.minimum(r.datasheet_tflops, xs * r.datasheet_gbps / 1e3),
+            color="#999999",
+            linestyle=(0, (4, 3)),
+            linewidth=1.2,
+            label=f"datasheet roof: {r.datasheet_tflops:.0f} TFLOP/s, {r.datasheet_gbps / 1e3:.1f} TB/s",
+        )
     for impl, grid in dict.fromkeys((p.impl, p.grid) for p in cloud):
         colour = impl_style(impl)[0]
         marker, sweep = SWEEP_STYLE.get(grid, (impl_style(impl)[1], grid))
         ps = [p for p in cloud if (p.impl, p.grid) == (impl, grid)]
-        right.plot([p.intensity for p in ps], [p.tflops for p in ps], marker, color=colour,
-                   label=f"{label(impl)}, {sweep}" if sweep else label(impl), markersize=6, linestyle="none",
-                   markerfacecolor="none" if grid == "head_dim" else colour)  # fmt: skip
+        right.plot(
+            [p.intensity for p in ps],
+            [p.tflops for p in ps],
+            marker,
+            color=colour,
+            label=f"{label(impl)}, {sweep}" if sweep else label(impl),
+            markersize=6,
+            linestyle="none",
+            markerfacecolor="none" if grid == "head_dim" else colour,
+        )
         if grid == "head_dim":  # the H sweep: each point named by its H, away from the T sweep's points
             for p, dy in zip(ps, _dodge(ps)):
                 side = 1 if p.intensity > r.ridge else -1  # right of the ridge to the right, left of it to the left
-                right.annotate(f"H={p.head_dim}", (p.intensity, p.tflops), xytext=(6 * side, dy),
-                               textcoords="offset points", fontsize=6, color=colour, va="center",
-                               ha="left" if side > 0 else "right")  # fmt: skip
+                right.annotate(
+                    f"H={p.head_dim}",
+                    (p.intensity, p.tflops),
+                    xytext=(6 * side, dy),
+                    textcoords="offset points",
+                    fontsize=6,
+                    color=colour,
+                    va="center",
+                    ha="left" if side > 0 else "right",
+                )
     right.axvline(r.ridge, color="#bbbbbb", linewidth=0.8, label=f"ridge: {r.ridge:.0f} FLOPs per byte")
     right.set_xscale("log")
     right.set_yscale("log")
@@ -137,8 +162,14 @@ def batch_figure(records, *, title: str = ""):
         xs = [r["batch"] for r in rs]
         ax.plot(xs, [r["median_ms"] * 1e3 for r in rs], marker=marker, color=colour, label=label(impl))
         if all(r.get("p10_ms") is not None and r.get("p90_ms") is not None for r in rs):
-            ax.fill_between(xs, [r["p10_ms"] * 1e3 for r in rs], [r["p90_ms"] * 1e3 for r in rs], color=colour,
-                            alpha=0.2, linewidth=0)  # fmt: skip
+            ax.fill_between(
+                xs,
+                [r["p10_ms"] * 1e3 for r in rs],
+                [r["p90_ms"] * 1e3 for r in rs],
+                color=colour,
+                alpha=0.2,
+                linewidth=0,
+            )
     ax.set_xscale("log", base=2)
     batches = sorted({r["batch"] for r in select(records, status="ok")})
     ax.set_xticks(batches, [str(b) for b in batches])

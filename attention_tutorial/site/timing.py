@@ -30,8 +30,11 @@ def five_ways_listing() -> str:
 
     source = listing(five_ways)
     (fn,) = ast.parse(source).body
-    checks = [stmt for stmt in fn.body
-              if any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "check_int" for n in ast.walk(stmt))]  # fmt: skip
+    checks = [
+        stmt
+        for stmt in fn.body
+        if any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "check_int" for n in ast.walk(stmt))
+    ]
     drop = {line for stmt in checks for line in range(stmt.lineno, stmt.end_lineno + 1)}
     return "\n".join(line for i, line in enumerate(source.splitlines(), 1) if i not in drop) + "\n"
 
@@ -54,8 +57,9 @@ def calls_figure(times: dict, *, title: str = ""):
     :func:`~attention_tutorial.measure.timing_lesson.five_ways` result. Returns the figure."""
     median, p10, p90 = summarize(times["samples_ms"])
     groups = [times["warmup_ms"], (times["no_wait_ms"],), times["waited_ms"], times["samples_ms"]]
-    fig, (full, zoom) = plt.subplots(1, 2, figsize=(9.0, 3.9), facecolor="white", layout="constrained",
-                                     gridspec_kw={"width_ratios": (3, 2)})  # fmt: skip
+    fig, (full, zoom) = plt.subplots(
+        1, 2, figsize=(9.0, 3.9), facecolor="white", layout="constrained", gridspec_kw={"width_ratios": (3, 2)}
+    )
     starts = np.cumsum([0, *map(len, groups)])
     for ax, shown in ((full, range(4)), (zoom, (2, 3))):
         ax.set_facecolor("white")
@@ -63,10 +67,16 @@ def calls_figure(times: dict, *, title: str = ""):
             name, colour = PHASES[i]
             ax.plot(np.arange(starts[i], starts[i + 1]), groups[i], "o", color=colour, label=name, markersize=5)
         first, end = starts[3], starts[4]
-        ax.fill_between([first - 0.5, end - 0.5], p10, p90, color=PHASES[3][1], alpha=0.18, linewidth=0,
-                        label="p10–p90 of the samples")  # fmt: skip
-        ax.hlines(median, first - 0.5, end - 0.5, color=PHASES[3][1], linewidth=1.5,
-                  label="median of the samples")  # fmt: skip
+        ax.fill_between(
+            [first - 0.5, end - 0.5],
+            p10,
+            p90,
+            color=PHASES[3][1],
+            alpha=0.18,
+            linewidth=0,
+            label="p10–p90 of the samples",
+        )
+        ax.hlines(median, first - 0.5, end - 0.5, color=PHASES[3][1], linewidth=1.5, label="median of the samples")
         ax.grid(True, color="#dddddd", linewidth=0.8)
         ax.set_xlabel("call, in the order they ran")
     full.set_ylim(0, 1.08 * max(max(g) for g in groups))
@@ -94,40 +104,64 @@ def device_row(rec: dict) -> dict:
 
     ratio, busy = profile.same_calls_ratio(rec), profile.occupancy(rec)
     return {
-        "impl": rec["impl"], "causal": rec["causal"], "status": rec["status"],
-        "pipelined ms (p10–p90)": "–" if rec.get("median_ms") is None else
-        f"{rec['median_ms']:.4g} ({rec['p10_ms']:.4g}–{rec['p90_ms']:.4g})",
+        "impl": rec["impl"],
+        "causal": rec["causal"],
+        "status": rec["status"],
+        "pipelined ms (p10–p90)": "–"
+        if rec.get("median_ms") is None
+        else f"{rec['median_ms']:.4g} ({rec['p10_ms']:.4g}–{rec['p90_ms']:.4g})",
         "kernels summed (ms)": fmt(rec.get("device_ms"), ".4g"),
         "pipelined / kernels": fmt(rec.get("device_ratio"), ".3f"),
-        "host clock / kernels (ms)":
-            "–" if ratio is None else f"{rec['traced_wall_ms']:.4g} / {rec['device_ms']:.4g} = {ratio:.3f}",
+        "host clock / kernels (ms)": "–"
+        if ratio is None
+        else f"{rec['traced_wall_ms']:.4g} / {rec['device_ms']:.4g} = {ratio:.3f}",
         "GPU busy": "–" if busy is None else f"{100 * busy:.0f} %",
-        "dispatch (ms)": fmt(rec.get("dispatch_ms"), ".3g"), "reason": rec.get("reason"),
-    }  # fmt: skip
+        "dispatch (ms)": fmt(rec.get("dispatch_ms"), ".3g"),
+        "reason": rec.get("reason"),
+    }
 
 
-DEVICE_COLUMNS = ("impl", "causal", "status", "pipelined ms (p10–p90)", "kernels summed (ms)",
-                  "pipelined / kernels", "host clock / kernels (ms)", "GPU busy", "dispatch (ms)", "reason")  # fmt: skip
+DEVICE_COLUMNS = (
+    "impl",
+    "causal",
+    "status",
+    "pipelined ms (p10–p90)",
+    "kernels summed (ms)",
+    "pipelined / kernels",
+    "host clock / kernels (ms)",
+    "GPU busy",
+    "dispatch (ms)",
+    "reason",
+)
 
 
 #: The columns of :func:`host_kernel_rows`, as the page's open table shows them.
-HOST_KERNEL_COLUMNS = ("implementation", "mask", "host clock (ms)", "kernels summed (ms)", "host / kernels",
-                       "GPU busy")  # fmt: skip
+HOST_KERNEL_COLUMNS = ("implementation", "mask", "host clock (ms)", "kernels summed (ms)", "host / kernels", "GPU busy")
 
 
 def host_kernel_rows(records, *, min_ms: float = MIN_MS) -> list[dict]:
     """The profiled calls with ``min_ms`` or more of GPU work, as table cells (:data:`HOST_KERNEL_COLUMNS`): the host
     time per call of the calls inside the trace, the kernels' summed time per call, their ratio and the GPU's busy
     share, longest call first. Records without the traced calls' host time are left out."""
-    long = [r for r in records if r.get("status") == "ok" and r.get("time_source") == "device"
-            and (r.get("device_ms") or 0) >= min_ms and profile.same_calls_ratio(r) is not None]  # fmt: skip
+    long = [
+        r
+        for r in records
+        if r.get("status") == "ok"
+        and r.get("time_source") == "device"
+        and (r.get("device_ms") or 0) >= min_ms
+        and profile.same_calls_ratio(r) is not None
+    ]
     rows = []
     for r in sorted(long, key=lambda r: -r["device_ms"]):
         busy = profile.occupancy(r)
-        rows.append({
-            "implementation": label(r["impl"]), "mask": "causal" if r["causal"] else "none",
-            "host clock (ms)": f"{r['traced_wall_ms']:.3f}", "kernels summed (ms)": f"{r['device_ms']:.3f}",
-            "host / kernels": f"{profile.same_calls_ratio(r):.3f}",
-            "GPU busy": "–" if busy is None else f"{100 * busy:.0f} %",
-        })  # fmt: skip
+        rows.append(
+            {
+                "implementation": label(r["impl"]),
+                "mask": "causal" if r["causal"] else "none",
+                "host clock (ms)": f"{r['traced_wall_ms']:.3f}",
+                "kernels summed (ms)": f"{r['device_ms']:.3f}",
+                "host / kernels": f"{profile.same_calls_ratio(r):.3f}",
+                "GPU busy": "–" if busy is None else f"{100 * busy:.0f} %",
+            }
+        )
     return rows

@@ -46,12 +46,27 @@ def steady(summaries) -> list[Steady]:
     for s in summaries or []:
         if s.get("status") != "ok" or s.get("steady_median_ms") is None or s["impl"].endswith(TWIN):
             continue
-        measured = (100 * s["steady_tflops"] / s["mfu_measured_pct"]
-                    if s.get("steady_tflops") and s.get("mfu_measured_pct") else None)  # fmt: skip
-        out.append(Steady(s["impl"], s["steady_median_ms"], s["steady_p10_ms"], s["steady_p90_ms"],
-                          s["steady_tokens_per_s"], s["steady_tokens_per_s_p10"], s["steady_tokens_per_s_p90"],
-                          s.get("mfu_datasheet_pct"), s.get("mfu_measured_pct"), s["steady_from"],
-                          s.get("datasheet_tflops"), measured))  # fmt: skip
+        measured = (
+            100 * s["steady_tflops"] / s["mfu_measured_pct"]
+            if s.get("steady_tflops") and s.get("mfu_measured_pct")
+            else None
+        )
+        out.append(
+            Steady(
+                s["impl"],
+                s["steady_median_ms"],
+                s["steady_p10_ms"],
+                s["steady_p90_ms"],
+                s["steady_tokens_per_s"],
+                s["steady_tokens_per_s_p10"],
+                s["steady_tokens_per_s_p90"],
+                s.get("mfu_datasheet_pct"),
+                s.get("mfu_measured_pct"),
+                s["steady_from"],
+                s.get("datasheet_tflops"),
+                measured,
+            )
+        )
     return out
 
 
@@ -61,10 +76,17 @@ def steady_rows(states) -> list[dict]:
     def pct(x):
         return f"{x:.1f}" if x is not None else "–"
 
-    return [{"implementation": label(s.impl), "ms per step": f"{s.median_ms:.1f} ({s.p10_ms:.1f}–{s.p90_ms:.1f})",
-             "tokens/s": f"{s.tokens_per_s:,.0f} ({s.tokens_p10:,.0f}–{s.tokens_p90:,.0f})",
-             "MFU, % of datasheet": pct(s.mfu_datasheet), "MFU, % of measured matmul": pct(s.mfu_measured),
-             "steady from step": s.steady_from} for s in states]  # fmt: skip
+    return [
+        {
+            "implementation": label(s.impl),
+            "ms per step": f"{s.median_ms:.1f} ({s.p10_ms:.1f}–{s.p90_ms:.1f})",
+            "tokens/s": f"{s.tokens_per_s:,.0f} ({s.tokens_p10:,.0f}–{s.tokens_p90:,.0f})",
+            "MFU, % of datasheet": pct(s.mfu_datasheet),
+            "MFU, % of measured matmul": pct(s.mfu_measured),
+            "steady from step": s.steady_from,
+        }
+        for s in states
+    ]
 
 
 def tokens_ratio(states, impl: str, base: str = "cudnn") -> tuple[float, str] | None:
@@ -113,8 +135,9 @@ def loss_gap_figure(step_records, title: str | None = None):
     if y is None:
         raise ValueError("loss_gap_figure: no step records with a loss to draw")
     base = y.first
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 3.8), facecolor="white", layout="constrained",
-                                      gridspec_kw={"width_ratios": (1, 1.4)})  # fmt: skip
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(10.0, 3.8), facecolor="white", layout="constrained", gridspec_kw={"width_ratios": (1, 1.4)}
+    )
     mine = sorted((r["step"], r["loss"]) for r in step_records if r["impl"] == base and r.get("loss") is not None)
     colour, marker = impl_style(base)
     left.plot([s for s, _ in mine], [v for _, v in mine], color=colour, linewidth=1.8, label=label(base))
@@ -122,8 +145,14 @@ def loss_gap_figure(step_records, title: str | None = None):
     left.set_title(f"loss, {label(base)}", fontsize=10)
     if y.limit is not None:
         steps = [s for s, _ in mine]
-        right.fill_between([steps[0], steps[-1]], -y.limit, y.limit, color="#DDDDDD", linewidth=0,
-                           label=f"noise floor (± {y.limit:.1e})")  # fmt: skip
+        right.fill_between(
+            [steps[0], steps[-1]],
+            -y.limit,
+            y.limit,
+            color="#DDDDDD",
+            linewidth=0,
+            label=f"noise floor (± {y.limit:.1e})",
+        )
     right.axhline(0.0, color=colour, linewidth=1.2)
     for i, (impl, (steps, gaps)) in enumerate(loss_gaps(step_records, base).items()):
         c, m = impl_style(impl, i + 1)
@@ -148,8 +177,14 @@ def profile_groups(records) -> list[dict]:
         if r.get("status") != "ok":
             continue
         groups = r.get("groups_us") or {}
-        rows.append({"impl": r["impl"], "embedding": r["embedding"],
-                     **{g: groups.get(g, 0.0) / 1e3 for g in GROUP_ORDER}, "device_ms": r["device_ms"]})  # fmt: skip
+        rows.append(
+            {
+                "impl": r["impl"],
+                "embedding": r["embedding"],
+                **{g: groups.get(g, 0.0) / 1e3 for g in GROUP_ORDER},
+                "device_ms": r["device_ms"],
+            }
+        )
     return rows
 
 
@@ -187,14 +222,20 @@ def dispatch_rows(records) -> list[dict]:
     rows = []
     for impl, cb in dict.fromkeys((i, c) for i, c, _ in times):
         every, ahead = times.get((impl, cb, "every step")), times.get((impl, cb, "ahead"))
-        rows.append({"attention": label(impl), "command buffers": cb,
-                     "waiting after each step (ms)": _spread(every, "median_ms", 1),
-                     f"{ahead['steps_per_wait'] if ahead else 'n'} steps queued, then one wait (ms)":
-                         _spread(ahead, "median_ms", 1),
-                     "host time to queue a step (ms)": f"{ahead['queue_ms']:.1f}" if ahead else "–",
-                     "MFU waiting / queued (% of datasheet)": " / ".join(
-                         f"{r['mfu_datasheet_pct']:.1f}" if r and r.get("mfu_datasheet_pct") else "–"
-                         for r in (every, ahead))})  # fmt: skip
+        rows.append(
+            {
+                "attention": label(impl),
+                "command buffers": cb,
+                "waiting after each step (ms)": _spread(every, "median_ms", 1),
+                f"{ahead['steps_per_wait'] if ahead else 'n'} steps queued, then one wait (ms)": _spread(
+                    ahead, "median_ms", 1
+                ),
+                "host time to queue a step (ms)": f"{ahead['queue_ms']:.1f}" if ahead else "–",
+                "MFU waiting / queued (% of datasheet)": " / ".join(
+                    f"{r['mfu_datasheet_pct']:.1f}" if r and r.get("mfu_datasheet_pct") else "–" for r in (every, ahead)
+                ),
+            }
+        )
     return rows
 
 

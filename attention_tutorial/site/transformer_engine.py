@@ -29,9 +29,16 @@ def te_vs_cudnn_figure(rows):
     for i, (p, h) in enumerate(series):
         rs = sorted((r for r in rows if (r["pass"], r["head_dim"]) == (p, h)), key=lambda r: r["seq_q"])
         err = [[r["ratio"] - r["low"] for r in rs], [r["high"] - r["ratio"] for r in rs]]
-        ax.errorbar([r["seq_q"] for r in rs], [r["ratio"] for r in rs], yerr=err, marker="o", capsize=3,
-                    color=PALETTE[i % len(PALETTE)], linestyle="-" if p == "fwd" else "--",
-                    label=f"{'forward' if p == 'fwd' else 'forward + backward'}, H = {h}")  # fmt: skip
+        ax.errorbar(
+            [r["seq_q"] for r in rs],
+            [r["ratio"] for r in rs],
+            yerr=err,
+            marker="o",
+            capsize=3,
+            color=PALETTE[i % len(PALETTE)],
+            linestyle="-" if p == "fwd" else "--",
+            label=f"{'forward' if p == 'fwd' else 'forward + backward'}, H = {h}",
+        )
     ax.axhline(1.0, color=GREY, linewidth=1)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("T = S (B·T fixed)")
@@ -46,8 +53,15 @@ def te_vs_cudnn_figure(rows):
 def table_rows(rows, fields=("seq_q", "head_dim", "pass")) -> list[dict]:
     """Rows of ratios (TE against cuDNN, or FP8 against bf16) for a table: the point's ``fields``, the ratio to 2
     decimals, its range over runs as one cell, the verdict."""
-    return [{**{f: r[f] for f in fields if f in r}, "ratio": f"{r['ratio']:.2f}",
-             "range over runs": f"{r['low']:.2f}–{r['high']:.2f}", "verdict": r["word"]} for r in rows]  # fmt: skip
+    return [
+        {
+            **{f: r[f] for f in fields if f in r},
+            "ratio": f"{r['ratio']:.2f}",
+            "range over runs": f"{r['low']:.2f}–{r['high']:.2f}",
+            "verdict": r["word"],
+        }
+        for r in rows
+    ]
 
 
 def fp8_speedup_figure(rows):
@@ -61,8 +75,16 @@ def fp8_speedup_figure(rows):
         x = [r["seq_q"] for r in rs]
         y = [r["ratio"] for r in rs]
         err = [[r["ratio"] - r["low"] for r in rs], [r["high"] - r["ratio"] for r in rs]]
-        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, color=PALETTE[3 if causal else 0],
-                    linestyle="--" if causal else "-", label="causal" if causal else "no mask")  # fmt: skip
+        ax.errorbar(
+            x,
+            y,
+            yerr=err,
+            marker="o",
+            capsize=3,
+            color=PALETTE[3 if causal else 0],
+            linestyle="--" if causal else "-",
+            label="causal" if causal else "no mask",
+        )
     ax.axhline(1.0, color=GREY, linewidth=1)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("T = S")
@@ -100,8 +122,15 @@ def formats_figure(names=("bfloat16", "float16", "FP8 E4M3", "FP8 E5M2")):
     ax.set_xlim(0, 22)
     ax.set_xticks(range(0, 17, 4))
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
-    ax.legend(handles, ["sign", "exponent: range", "stored mantissa: precision"], frameon=False, ncol=3,
-              loc="upper center", bbox_to_anchor=(0.5, 1.35), fontsize=9)  # fmt: skip
+    ax.legend(
+        handles,
+        ["sign", "exponent: range", "stored mantissa: precision"],
+        frameon=False,
+        ncol=3,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 1.35),
+        fontsize=9,
+    )
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     fig.tight_layout()

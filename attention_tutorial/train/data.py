@@ -47,9 +47,15 @@ class Corpus:
 
     def describe(self) -> dict:
         """The corpus as record fields (sizes, file counts, digest; no arrays)."""
-        return {"corpus": "python-stdlib", "corpus_root": self.root, "corpus_sha256": self.sha256,
-                "train_bytes": int(self.train.size), "held_out_bytes": int(self.held_out.size),
-                "train_files": self.train_files, "held_out_files": self.held_out_files}  # fmt: skip
+        return {
+            "corpus": "python-stdlib",
+            "corpus_root": self.root,
+            "corpus_sha256": self.sha256,
+            "train_bytes": int(self.train.size),
+            "held_out_bytes": int(self.held_out.size),
+            "train_files": self.train_files,
+            "held_out_files": self.held_out_files,
+        }
 
 
 def stdlib_root() -> Path:
@@ -110,8 +116,9 @@ def batch_at(tokens: np.ndarray, *, batch: int, seq_len: int, seed: int, step: i
     seed, step = check_int("seed", seed, minimum=0), check_int("step", step, minimum=0)
     if tokens.size < seq_len + 2:
         raise ValueError(f"need more than seq_len + 1 = {seq_len + 1} tokens; got {tokens.size}.")
-    return np.stack([tokens[s : s + seq_len + 1] for s in _window_starts(tokens.size, batch, seq_len, seed, step)]
-                    ).astype(np.int32)  # fmt: skip
+    return np.stack(
+        [tokens[s : s + seq_len + 1] for s in _window_starts(tokens.size, batch, seq_len, seed, step)]
+    ).astype(np.int32)
 
 
 def _window_starts(size: int, batch: int, seq_len: int, seed: int, step: int) -> np.ndarray:
@@ -124,8 +131,9 @@ def packed_batch_at(tokens: np.ndarray, starts: np.ndarray, *, batch: int, seq_l
     one after another; the last one is cut at the row's end. A byte's id is its document's place in the row (0, 1,
     ...). ``starts``: where each document starts in ``tokens`` (non-decreasing from 0; ``Corpus.train_starts``)."""
     if not (isinstance(tokens, np.ndarray) and tokens.ndim == 1 and np.issubdtype(tokens.dtype, np.integer)):
-        raise ValueError(f"tokens must be a 1-D NumPy array of integer ids (e.g. load_corpus().train); got "
-                         f"{tokens!r:.60}.")  # fmt: skip
+        raise ValueError(
+            f"tokens must be a 1-D NumPy array of integer ids (e.g. load_corpus().train); got {tokens!r:.60}."
+        )
     starts = np.asarray(starts)
     if (
         starts.ndim != 1
@@ -134,8 +142,10 @@ def packed_batch_at(tokens: np.ndarray, starts: np.ndarray, *, batch: int, seq_l
         or np.any(np.diff(starts) < 0)
         or starts[-1] >= tokens.size
     ):
-        raise ValueError(f"starts must be the documents' non-decreasing start offsets in tokens, from 0 "
-                         f"(Corpus.train_starts); got {starts!r:.80}.")  # fmt: skip
+        raise ValueError(
+            f"starts must be the documents' non-decreasing start offsets in tokens, from 0 "
+            f"(Corpus.train_starts); got {starts!r:.80}."
+        )
     batch, seq_len = check_int("batch", batch, minimum=1), check_int("seq_len", seq_len, minimum=1)
     seed, step = check_int("seed", seed, minimum=0), check_int("step", step, minimum=0)
     ends = np.append(starts[1:], tokens.size)

@@ -50,8 +50,16 @@ def command_buffers(flags: str | None = None) -> str:
     return "XLA's default" if value is None else value or "off"
 
 
-def dispatch_records(impls=("cudnn", "mosaic"), *, config: Config = H200, steps: int = 10, rounds: int = 5,
-                     seed: int = 0, peak_tflops: float | None = None, corpus=None) -> list[dict]:  # fmt: skip
+def dispatch_records(
+    impls=("cudnn", "mosaic"),
+    *,
+    config: Config = H200,
+    steps: int = 10,
+    rounds: int = 5,
+    seed: int = 0,
+    peak_tflops: float | None = None,
+    corpus=None,
+) -> list[dict]:
     """Two records per implementation: the training step of ``config`` timed with the host waiting after every
     step, and with ``steps`` steps queued before waiting once ("ahead", each step given the group's time over
     ``steps``); the two ways alternate, ``rounds`` rounds of ``steps`` steps each, on the same compiled step (its
@@ -92,8 +100,12 @@ def _timed_ways(impl, base, c: Config, steps, rounds, seed, peak_tflops, corpus)
     model, opt = GPT(c, impl), optimizer(c, 2 * steps * rounds + 1)
     params = init_params(c, seed)
     opt_state = jax.jit(opt.init)(params)
-    batches = jax.block_until_ready([jax.device_put(batch_at(corpus.train, batch=c.batch, seq_len=c.seq_len,
-                                                             seed=seed, step=s)) for s in range(steps)])  # fmt: skip
+    batches = jax.block_until_ready(
+        [
+            jax.device_put(batch_at(corpus.train, batch=c.batch, seq_len=c.seq_len, seed=seed, step=s))
+            for s in range(steps)
+        ]
+    )
     stats = compile_stats(make_step(model, opt), params, opt_state, batches[0], donate_argnums=(0, 1))
     params, opt_state, _ = jax.block_until_ready(stats.compiled(params, opt_state, batches[0]))  # warm-up
     samples = {way: [] for way in WAYS}
@@ -118,13 +130,27 @@ def _timed_ways(impl, base, c: Config, steps, rounds, seed, peak_tflops, corpus)
     for way in WAYS:
         median, p10, p90 = summarize(samples[way])
         tflops = per_token * tokens / (median / 1e3) / 1e12
-        out.append({**base, "waiting": way, "steps_per_wait": steps if way == "ahead" else 1, "status": "ok",
-                    "median_ms": median, "p10_ms": p10, "p90_ms": p90, "samples": len(samples[way]),
-                    "queue_ms": float(np.median(queued[way])), "tokens_per_s": tokens / (median / 1e3),
-                    "tflops": tflops, "datasheet_tflops": sheet, "datasheet_basis": basis,
-                    "mfu_datasheet_pct": 100 * tflops / sheet if sheet else None,
-                    "mfu_measured_pct": 100 * tflops / peak_tflops if peak_tflops else None,
-                    "attention_kernel": stats.attention_kernel, "compile_s": stats.compile_s})  # fmt: skip
+        out.append(
+            {
+                **base,
+                "waiting": way,
+                "steps_per_wait": steps if way == "ahead" else 1,
+                "status": "ok",
+                "median_ms": median,
+                "p10_ms": p10,
+                "p90_ms": p90,
+                "samples": len(samples[way]),
+                "queue_ms": float(np.median(queued[way])),
+                "tokens_per_s": tokens / (median / 1e3),
+                "tflops": tflops,
+                "datasheet_tflops": sheet,
+                "datasheet_basis": basis,
+                "mfu_datasheet_pct": 100 * tflops / sheet if sheet else None,
+                "mfu_measured_pct": 100 * tflops / peak_tflops if peak_tflops else None,
+                "attention_kernel": stats.attention_kernel,
+                "compile_s": stats.compile_s,
+            }
+        )
     return out
 
 
@@ -136,9 +162,16 @@ def _untimed(base: dict, way: str, fields: dict) -> dict:
     return {**base, "waiting": way, **fields, "median_ms": None, "p10_ms": None, "p90_ms": None, "tflops": None}
 
 
-def dispatch_grid(impls=("cudnn", "mosaic"), *, config: str = "h200", settings=tuple(COMMAND_BUFFERS),
-                  steps: int = 10, rounds: int = 5, peak_tflops: float | None = None,
-                  timeout_s: float = 600) -> list[dict]:  # fmt: skip
+def dispatch_grid(
+    impls=("cudnn", "mosaic"),
+    *,
+    config: str = "h200",
+    settings=tuple(COMMAND_BUFFERS),
+    steps: int = 10,
+    rounds: int = 5,
+    peak_tflops: float | None = None,
+    timeout_s: float = 600,
+) -> list[dict]:
     """:func:`dispatch_records` in one child process per command-buffer setting of ``settings`` (labels of
     :data:`COMMAND_BUFFERS`, its flag added to ``XLA_FLAGS``): XLA reads its flags once per process. A child that
     fails or times out gives error records for each implementation and way."""
@@ -154,12 +187,28 @@ def dispatch_grid(impls=("cudnn", "mosaic"), *, config: str = "h200", settings=t
         env = {**os.environ, "XLA_FLAGS": flags, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # beside a parent's GPU
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "records.json"
-            cmd = [sys.executable, "-m", __name__, str(path), *impls, "--config", config, "--steps", str(steps),
-                   "--rounds", str(rounds), "--peak-tflops", repr(float(peak_tflops or 0))]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                __name__,
+                str(path),
+                *impls,
+                "--config",
+                config,
+                "--steps",
+                str(steps),
+                "--rounds",
+                str(rounds),
+                "--peak-tflops",
+                repr(float(peak_tflops or 0)),
+            ]
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-                reason = None if done.returncode == 0 and path.exists() else (
-                    (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1][:300])  # fmt: skip
+                reason = (
+                    None
+                    if done.returncode == 0 and path.exists()
+                    else ((done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1][:300])
+                )
             except subprocess.TimeoutExpired:
                 reason = f"timed out after {timeout_s} s"
             if reason is None:
@@ -171,9 +220,11 @@ def dispatch_grid(impls=("cudnn", "mosaic"), *, config: str = "h200", settings=t
 
 
 def _main(argv) -> None:
-    p = argparse.ArgumentParser(prog=f"python -m {__name__}",
-                                description="Time the training step waiting after each step and queued ahead; "
-                                            "write the records to OUT as JSON.")  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog=f"python -m {__name__}",
+        description="Time the training step waiting after each step and queued ahead; "
+        "write the records to OUT as JSON.",
+    )
     p.add_argument("out", type=Path, help="the JSON file to write (its folder must exist)")
     p.add_argument("impls", nargs="+", help="implementation names of the registry, e.g. cudnn mosaic")
     p.add_argument("--config", choices=sorted(CONFIGS), default="h200", help="the model's size (default h200)")
@@ -184,8 +235,9 @@ def _main(argv) -> None:
     )
     a = p.parse_args(argv)
     try:
-        recs = dispatch_records(a.impls, config=CONFIGS[a.config], steps=a.steps, rounds=a.rounds,
-                                peak_tflops=a.peak_tflops or None)  # fmt: skip
+        recs = dispatch_records(
+            a.impls, config=CONFIGS[a.config], steps=a.steps, rounds=a.rounds, peak_tflops=a.peak_tflops or None
+        )
     except ValueError as err:
         p.exit(2, f"{p.prog}: error: {err}\n")
     tmp = a.out.with_name(a.out.name + ".tmp")

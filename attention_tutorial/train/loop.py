@@ -58,10 +58,12 @@ def optimizer(config: Config, steps: int):
     """AdamW with linear warm-up and cosine decay to a tenth, gradients clipped to norm 1."""
     steps = check_int("steps", steps, minimum=1, example="200")
     warmup = min(config.warmup_steps, max(steps - 1, 0))
-    schedule = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, warmup, max(steps, warmup + 1),
-                                                  end_value=config.learning_rate / 10)  # fmt: skip
-    return optax.chain(optax.clip_by_global_norm(1.0),
-                       optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=config.weight_decay))  # fmt: skip
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, config.learning_rate, warmup, max(steps, warmup + 1), end_value=config.learning_rate / 10
+    )
+    return optax.chain(
+        optax.clip_by_global_norm(1.0), optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=config.weight_decay)
+    )
 
 
 def init_params(config: Config, seed: int):
@@ -123,8 +125,11 @@ def flops_per_token(config: Config) -> dict:
     (about half), and only those are counted. ``total`` is their sum: the numerator of MFU.
     """
     c = _config(config)
-    attn = c.layers * attention_flops(c.batch, c.seq_len, c.seq_len, c.heads, c.head_dim, causal=True,
-                                      pass_="fwd+bwd") / (c.batch * c.seq_len)  # fmt: skip
+    attn = (
+        c.layers
+        * attention_flops(c.batch, c.seq_len, c.seq_len, c.heads, c.head_dim, causal=True, pass_="fwd+bwd")
+        / (c.batch * c.seq_len)
+    )
     matmul = 3.0 * matmul_flops_per_token(c)
     return {"matmul": matmul, "attention": attn, "total": matmul + attn}
 
@@ -147,8 +152,10 @@ _jit_loss = jax.jit(loss_fn, static_argnums=0)
 def evaluate(model, params, tokens: np.ndarray, config: Config, *, seed: int, batches: int) -> float:
     """Mean loss over ``batches`` fixed batches of ``tokens`` (the held-out split)."""
     batches = check_int("batches", batches, minimum=1, example="4")
-    losses = [_jit_loss(model, params, batch_at(tokens, batch=config.batch, seq_len=config.seq_len, seed=seed, step=i))
-              for i in range(batches)]  # fmt: skip
+    losses = [
+        _jit_loss(model, params, batch_at(tokens, batch=config.batch, seq_len=config.seq_len, seed=seed, step=i))
+        for i in range(batches)
+    ]
     return float(np.mean([float(x) for x in losses]))
 
 
@@ -192,9 +199,18 @@ def step_fields(config: Config) -> dict:
     """The record fields every record of a training step carries: the attention problem each layer solves (B, T = S,
     N = K, H, dtype, causal, fwd+bwd) and the whole config as ``cfg_*``."""
     c = config
-    return {"batch": c.batch, "seq_q": c.seq_len, "seq_kv": c.seq_len, "heads": c.heads, "kv_heads": c.heads,
-            "head_dim": c.head_dim, "dtype": c.dtype, "causal": True, "pass": "fwd+bwd",
-            **{f"cfg_{k}": v for k, v in c.fields().items()}}  # fmt: skip
+    return {
+        "batch": c.batch,
+        "seq_q": c.seq_len,
+        "seq_kv": c.seq_len,
+        "heads": c.heads,
+        "kv_heads": c.heads,
+        "head_dim": c.head_dim,
+        "dtype": c.dtype,
+        "causal": True,
+        "pass": "fwd+bwd",
+        **{f"cfg_{k}": v for k, v in c.fields().items()},
+    }
 
 
 def _base(impl: str, config: Config, seed: int, steps: int, perturb: float = 0.0) -> dict:
@@ -202,9 +218,19 @@ def _base(impl: str, config: Config, seed: int, steps: int, perturb: float = 0.0
     return {**twin, **step_fields(config), "seed": seed, "steps": steps}
 
 
-def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0, log_every: int = 1,
-                  eval_batches: int = 4, corpus=None, peak_tflops: float | None = None,
-                  perturb: float = 0.0, wait_every: int = 1) -> TrainResult:  # fmt: skip
+def train_records(
+    impl: str,
+    *,
+    steps: int,
+    config: Config = TINY,
+    seed: int = 0,
+    log_every: int = 1,
+    eval_batches: int = 4,
+    corpus=None,
+    peak_tflops: float | None = None,
+    perturb: float = 0.0,
+    wait_every: int = 1,
+) -> TrainResult:
     """Train ``steps`` AdamW steps with attention ``impl`` and return the per-step records and a summary.
 
     A step record (``kind`` "step", one every ``log_every`` steps and at the last) holds the loss of that step's
@@ -219,16 +245,36 @@ def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0
     status "error", ``failed_step`` and the loss in its ``reason``, no timings. ``wait_every``: how many steps are
     dispatched before the host waits for the device (see the module's docstring); the records say it.
     """
-    a = check_args(impl, steps=steps, config=config, seed=seed, log_every=log_every, eval_batches=eval_batches,
-                   peak_tflops=peak_tflops, perturb=perturb, wait_every=wait_every)  # fmt: skip
+    a = check_args(
+        impl,
+        steps=steps,
+        config=config,
+        seed=seed,
+        log_every=log_every,
+        eval_batches=eval_batches,
+        peak_tflops=peak_tflops,
+        perturb=perturb,
+        wait_every=wait_every,
+    )
     steps, seed, log_every, eval_batches = a["steps"], a["seed"], a["log_every"], a["eval_batches"]
     peak_tflops, perturb, wait_every = a["peak_tflops"], a["perturb"], a["wait_every"]
     c = config
     base = {**_base(impl, c, seed, steps, perturb), "wait_every": wait_every}
     reason = registry.why_not(impl, c.attention_shape(), c.dtype, causal=True)
     if reason:
-        return TrainResult([], {**base, "kind": "summary", "status": "unsupported", "reason": reason,
-                                "median_ms": None, "p10_ms": None, "p90_ms": None, "tflops": None})  # fmt: skip
+        return TrainResult(
+            [],
+            {
+                **base,
+                "kind": "summary",
+                "status": "unsupported",
+                "reason": reason,
+                "median_ms": None,
+                "p10_ms": None,
+                "p90_ms": None,
+                "tflops": None,
+            },
+        )
     corpus = corpus or load_corpus()
     check_corpus(corpus, c)
     model, opt = GPT(c, impl), optimizer(c, steps)
@@ -257,12 +303,26 @@ def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0
         ms = (time.perf_counter() - t0) * 1e3 / len(group)
         for s, loss in enumerate((float(x) for x in losses), start):
             if not np.isfinite(loss):  # diverged: the run stops here, a failure with the step
-                reason = (f"the loss became {loss} at step {s} of {steps}: training diverged. Lower "
-                          f"Config.learning_rate (now {c.learning_rate:g}) or lengthen Config.warmup_steps (now "
-                          f"{c.warmup_steps}).")  # fmt: skip
-                return TrainResult(records, {**base, "kind": "summary", "status": "error", "reason": reason,
-                                             "failed_step": s, "eval_loss_init": eval_before,
-                                             "median_ms": None, "p10_ms": None, "p90_ms": None, "tflops": None})  # fmt: skip
+                reason = (
+                    f"the loss became {loss} at step {s} of {steps}: training diverged. Lower "
+                    f"Config.learning_rate (now {c.learning_rate:g}) or lengthen Config.warmup_steps (now "
+                    f"{c.warmup_steps})."
+                )
+                return TrainResult(
+                    records,
+                    {
+                        **base,
+                        "kind": "summary",
+                        "status": "error",
+                        "reason": reason,
+                        "failed_step": s,
+                        "eval_loss_init": eval_before,
+                        "median_ms": None,
+                        "p10_ms": None,
+                        "p90_ms": None,
+                        "tflops": None,
+                    },
+                )
             times.append(ms)
             since_log.append(ms)
             if s % log_every == 0 or s == steps - 1:
@@ -271,11 +331,26 @@ def train_records(impl: str, *, steps: int, config: Config = TINY, seed: int = 0
                 )
                 since_log = []
     eval_after = held_out(params)
-    summary = _timed({**base, "kind": "summary", "final_loss": records[-1]["loss"], "eval_loss_init": eval_before,
-                      "eval_loss": eval_after, "compile_s": stats.compile_s, "temp_bytes": stats.temp_bytes,
-                      "attention_kernel": stats.attention_kernel, "params": _count(params),
-                      "step_bytes": _footprint(stats.compiled), "step_flops": flops, **corpus.describe()},
-                     times, flops, tokens, peak_tflops)  # fmt: skip
+    summary = _timed(
+        {
+            **base,
+            "kind": "summary",
+            "final_loss": records[-1]["loss"],
+            "eval_loss_init": eval_before,
+            "eval_loss": eval_after,
+            "compile_s": stats.compile_s,
+            "temp_bytes": stats.temp_bytes,
+            "attention_kernel": stats.attention_kernel,
+            "params": _count(params),
+            "step_bytes": _footprint(stats.compiled),
+            "step_flops": flops,
+            **corpus.describe(),
+        },
+        times,
+        flops,
+        tokens,
+        peak_tflops,
+    )
     return TrainResult(records, {**summary, **steady_state(times, c, peak_tflops)})
 
 
@@ -298,24 +373,44 @@ def steady_state(times_ms, config: Config, peak_tflops: float | None = None, *, 
     achieved = per_token["total"] * tokens / (median / 1e3) / 1e12  # TFLOP/s at the median step
     gpu = jax.devices()[0].device_kind if gpu is None else gpu
     sheet, sheet_basis = datasheet_peak(gpu, c.dtype)
-    return {"steady_from": start, "steady_steps": int(steady.size), "steady_median_ms": median, "steady_p10_ms": p10,
-            "steady_p90_ms": p90, "steady_tokens_per_s": tps, "steady_tokens_per_s_p10": tps_p10,
-            "steady_tokens_per_s_p90": tps_p90, "flops_per_token": per_token["total"],
-            "matmul_flops_per_token": per_token["matmul"], "attention_flops_per_token": per_token["attention"],
-            "steady_tflops": achieved, "datasheet_tflops": sheet, "datasheet_basis": sheet_basis,
-            "mfu_datasheet_pct": 100 * achieved / sheet if sheet else None,
-            "mfu_measured_pct": 100 * achieved / peak_tflops if peak_tflops else None}  # fmt: skip
+    return {
+        "steady_from": start,
+        "steady_steps": int(steady.size),
+        "steady_median_ms": median,
+        "steady_p10_ms": p10,
+        "steady_p90_ms": p90,
+        "steady_tokens_per_s": tps,
+        "steady_tokens_per_s_p10": tps_p10,
+        "steady_tokens_per_s_p90": tps_p90,
+        "flops_per_token": per_token["total"],
+        "matmul_flops_per_token": per_token["matmul"],
+        "attention_flops_per_token": per_token["attention"],
+        "steady_tflops": achieved,
+        "datasheet_tflops": sheet,
+        "datasheet_basis": sheet_basis,
+        "mfu_datasheet_pct": 100 * achieved / sheet if sheet else None,
+        "mfu_measured_pct": 100 * achieved / peak_tflops if peak_tflops else None,
+    }
 
 
-def profile_step(impl: str, *, config: Config = TINY, seed: int = 0, trained_steps: int = 0, repeats: int = 5,
-                 corpus=None) -> tuple[list, float, float | None]:  # fmt: skip
+def profile_step(
+    impl: str, *, config: Config = TINY, seed: int = 0, trained_steps: int = 0, repeats: int = 5, corpus=None
+) -> tuple[list, float, float | None]:
     """What one training step runs on the device: :func:`~attention_tutorial.measure.profile.device_profile` of the
     compiled step (kernel rows, longest first, µs per step; host ms per step; the device's busy span per step),
     from the initial parameters, or after ``trained_steps`` steps (the same batches as :func:`train_records`)."""
     from ..measure.profile import device_profile
 
-    a = check_args(impl, steps=max(trained_steps, 1), config=config, seed=seed, log_every=1, eval_batches=1,
-                   peak_tflops=None, perturb=0.0)  # fmt: skip
+    a = check_args(
+        impl,
+        steps=max(trained_steps, 1),
+        config=config,
+        seed=seed,
+        log_every=1,
+        eval_batches=1,
+        peak_tflops=None,
+        perturb=0.0,
+    )
     trained_steps = check_int("trained_steps", trained_steps, minimum=0)
     c, seed = config, a["seed"]
     if reason := registry.why_not(impl, c.attention_shape(), c.dtype, causal=True):
@@ -345,8 +440,9 @@ def _step_program(config: Config, impl: str, steps: int, model, opt, params, opt
     if key not in _STEP_PROGRAMS:
         while len(_STEP_PROGRAMS) >= 2:  # the executables hold device memory: keep the last two
             _STEP_PROGRAMS.pop(next(iter(_STEP_PROGRAMS)))
-        _STEP_PROGRAMS[key] = compile_stats(make_step(model, opt), params, opt_state, tokens,
-                                            donate_argnums=(0, 1) if donate else ())  # fmt: skip
+        _STEP_PROGRAMS[key] = compile_stats(
+            make_step(model, opt), params, opt_state, tokens, donate_argnums=(0, 1) if donate else ()
+        )
     return _STEP_PROGRAMS[key]
 
 
@@ -366,8 +462,18 @@ def _timed(rec: dict, samples_ms, flops: float, tokens: int, peak_tflops: float 
     tflops = flops / (median / 1e3) / 1e12
     peak, basis = peak_for(rec["dtype"], peak_tflops)  # a measured bf16 matmul's rate, a reference (x2 for FP8)
     pct = {"pct_peak": 100 * tflops / peak, "peak_basis": basis} if peak else {}
-    return {**rec, "status": "ok", "median_ms": median, "p10_ms": p10, "p90_ms": p90, "step_ms": median,
-            "tokens_per_s": tokens / (median / 1e3), "tflops": tflops, **pct, "peak_bytes": peak_bytes()}  # fmt: skip
+    return {
+        **rec,
+        "status": "ok",
+        "median_ms": median,
+        "p10_ms": p10,
+        "p90_ms": p90,
+        "step_ms": median,
+        "tokens_per_s": tokens / (median / 1e3),
+        "tflops": tflops,
+        **pct,
+        "peak_bytes": peak_bytes(),
+    }
 
 
 def _footprint(compiled) -> int | None:

@@ -82,10 +82,28 @@ class Config:
 TINY = Config()  # seconds on a CPU
 # a GPU build's live run: seconds on an H200; TINY's learning rate and warm-up made its loss spike at step 7–9 on the
 # H200 (bf16), where the implementations' curves then parted
-SMALL = Config(layers=2, d_model=256, heads=4, head_dim=64, seq_len=512, batch=8, dtype="bfloat16",
-               learning_rate=1e-3, warmup_steps=15)  # fmt: skip
-H200 = Config(layers=6, d_model=768, heads=6, head_dim=128, seq_len=2048, batch=8, dtype="bfloat16",
-              learning_rate=1e-3, warmup_steps=30)  # fmt: skip
+SMALL = Config(
+    layers=2,
+    d_model=256,
+    heads=4,
+    head_dim=64,
+    seq_len=512,
+    batch=8,
+    dtype="bfloat16",
+    learning_rate=1e-3,
+    warmup_steps=15,
+)
+H200 = Config(
+    layers=6,
+    d_model=768,
+    heads=6,
+    head_dim=128,
+    seq_len=2048,
+    batch=8,
+    dtype="bfloat16",
+    learning_rate=1e-3,
+    warmup_steps=30,
+)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

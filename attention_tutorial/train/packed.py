@@ -43,8 +43,9 @@ def packed_batch(corpus: Corpus, config: Config, *, seed: int, step: int):
     """Batch ``step`` of packed documents for ``seed`` as device arrays: tokens and segment ids, (B, T + 1) int32."""
     if corpus.train_starts is None:
         raise ValueError("corpus.train_starts is None: packing needs where each document starts (load_corpus sets it).")
-    tokens, ids = packed_batch_at(corpus.train, corpus.train_starts, batch=config.batch, seq_len=config.seq_len,
-                                  seed=seed, step=step)  # fmt: skip
+    tokens, ids = packed_batch_at(
+        corpus.train, corpus.train_starts, batch=config.batch, seq_len=config.seq_len, seed=seed, step=step
+    )
     return jax.device_put(tokens), jax.device_put(ids)
 
 
@@ -56,8 +57,15 @@ def kept_fraction(segment_ids) -> float:
     return float(same.sum() / (ids.shape[0] * T * (T + 1) / 2))
 
 
-def packed_records(impls=("xla", "cudnn", "mosaic"), *, steps: int = 60, config: Config = TINY, seed: int = 0,
-                   corpus: Corpus | None = None, wait_every: int = 10) -> list[dict]:  # fmt: skip
+def packed_records(
+    impls=("xla", "cudnn", "mosaic"),
+    *,
+    steps: int = 60,
+    config: Config = TINY,
+    seed: int = 0,
+    corpus: Corpus | None = None,
+    wait_every: int = 10,
+) -> list[dict]:
     """Train ``steps`` steps on packed documents through each of ``impls`` (:data:`PACKED_IMPLS`), from the same
     initial parameters on the same batches: records of ``kind`` "step" (each step's loss before its update) and one
     "summary" per implementation (status; the steady steps' median, p10 and p90 ms and tokens/s; the mean number of
@@ -73,20 +81,36 @@ def packed_records(impls=("xla", "cudnn", "mosaic"), *, steps: int = 60, config:
     check_corpus(corpus, config)
     batches = [packed_batch(corpus, config, seed=seed, step=s) for s in range(steps)]
     ids = [np.asarray(b[1][:, :-1]) for b in batches]
-    docs = {"documents_per_row": float(np.mean([r.max() + 1 for i in ids for r in i])),
-            "kept_of_causal": float(np.mean([kept_fraction(i) for i in ids]))}  # fmt: skip
+    docs = {
+        "documents_per_row": float(np.mean([r.max() + 1 for i in ids for r in i])),
+        "kept_of_causal": float(np.mean([kept_fraction(i) for i in ids])),
+    }
     out = []
     for impl in impls:
-        base = {"impl": impl, **step_fields(config), "seed": seed, "steps": steps, "wait_every": wait_every,
-                "packed": True, **docs}  # fmt: skip
+        base = {
+            "impl": impl,
+            **step_fields(config),
+            "seed": seed,
+            "steps": steps,
+            "wait_every": wait_every,
+            "packed": True,
+            **docs,
+        }
         if reason := registry.why_not(impl, config.attention_shape(), config.dtype, causal=True):
             out.append({**base, "kind": "summary", "status": "unsupported", "reason": reason, "median_ms": None})
             continue
         try:
             out += _train(impl, config, seed, steps, wait_every, batches, base)
         except Exception as e:  # reported in the record, the other implementations still run
-            out.append({**base, "kind": "summary", "status": "error", "median_ms": None,
-                        "reason": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"})  # fmt: skip
+            out.append(
+                {
+                    **base,
+                    "kind": "summary",
+                    "status": "error",
+                    "median_ms": None,
+                    "reason": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}",
+                }
+            )
     return out
 
 
@@ -118,7 +142,16 @@ def _train(impl, config, seed, steps, wait_every, batches, base) -> list[dict]:
     steady = np.asarray(times[min(config.warmup_steps, steps // 2) :])
     median, p10, p90 = summarize(steady)
     tokens = config.batch * config.seq_len
-    summary = {**base, "kind": "summary", "status": "ok", "median_ms": median, "p10_ms": p10, "p90_ms": p90,
-               "tokens_per_s": tokens / (median / 1e3), "final_loss": records[-1]["loss"],
-               "compile_s": stats.compile_s, "attention_kernel": stats.attention_kernel}  # fmt: skip
+    summary = {
+        **base,
+        "kind": "summary",
+        "status": "ok",
+        "median_ms": median,
+        "p10_ms": p10,
+        "p90_ms": p90,
+        "tokens_per_s": tokens / (median / 1e3),
+        "final_loss": records[-1]["loss"],
+        "compile_s": stats.compile_s,
+        "attention_kernel": stats.attention_kernel,
+    }
     return [*records, summary]

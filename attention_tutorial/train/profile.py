@@ -46,8 +46,16 @@ def group_shares(kernels) -> dict[str, float]:
     return out
 
 
-def step_profile(impl: str, *, config: Config = H200, embedding: str | None = None, seed: int = 0,
-                 repeats: int = 5, top: int = 20, corpus=None) -> dict:  # fmt: skip
+def step_profile(
+    impl: str,
+    *,
+    config: Config = H200,
+    embedding: str | None = None,
+    seed: int = 0,
+    repeats: int = 5,
+    top: int = 20,
+    corpus=None,
+) -> dict:
     """One record: the profile of ``repeats`` training steps with attention ``impl`` (grid "train_profile").
 
     ``embedding`` overrides ``config.embedding`` ("onehot" or "gather"). The record holds the host time per step, the
@@ -62,9 +70,19 @@ def step_profile(impl: str, *, config: Config = H200, embedding: str | None = No
     kernels, host_ms, busy_ms = profile_step(impl, config=c, seed=seed, repeats=repeats, corpus=corpus)
     rows = [{"name": k.name, "us": k.device_us, "count": k.count, "kind": k.kind} for k in kernels]
     device_us = sum(k["us"] for k in rows if k["kind"] in DEVICE_KINDS)
-    return timed({**base, "status": "ok", "median_ms": host_ms, "device_ms": device_us / 1e3, "busy_ms": busy_ms,
-                  "step_flops": step_flops(c), "groups_us": group_shares(rows), "kernels": rows[:top]},
-                 repeats)  # fmt: skip
+    return timed(
+        {
+            **base,
+            "status": "ok",
+            "median_ms": host_ms,
+            "device_ms": device_us / 1e3,
+            "busy_ms": busy_ms,
+            "step_flops": step_flops(c),
+            "groups_us": group_shares(rows),
+            "kernels": rows[:top],
+        },
+        repeats,
+    )
 
 
 def timed(rec: dict, repeats: int) -> dict:

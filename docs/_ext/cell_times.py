@@ -44,9 +44,14 @@ def _start() -> None:
 
     def post_run_cell(result):
         first = next((line for line in result.info.raw_cell.splitlines() if line.strip()), "")[:80]
-        line = {"pid": os.getpid(), "seconds": round(time.perf_counter() - cell["start"], 3),
-                "compiles": cell["compiles"], "compile_s": round(cell["compile_s"], 3), "first_line": first,
-                "programs": cell["programs"]}  # fmt: skip
+        line = {
+            "pid": os.getpid(),
+            "seconds": round(time.perf_counter() - cell["start"], 3),
+            "compiles": cell["compiles"],
+            "compile_s": round(cell["compile_s"], 3),
+            "first_line": first,
+            "programs": cell["programs"],
+        }
         with open(log, "a") as f:  # one short write per cell: lines of concurrent kernels do not interleave
             f.write(json.dumps(line) + "\n")
 

@@ -52,17 +52,29 @@ _MD = (
 _INLINE = MarkdownIt("commonmark", {"html": False})
 # A role, or an inline code span (left alone: the first alternative that starts first wins).
 _ROLE = re.compile(r"\{(?P<name>[A-Za-z][\w:.+-]*)\}(?P<tick>`+)(?P<body>.+?)(?P=tick)|(?P<code>`+).+?(?P=code)", re.S)
-_LINK = re.compile(r"(?P<bang>!?)\[(?P<text>[^\]]*)\]\((?P<target>[^)\s]+)(?P<title>\s+\"[^\"]*\")?\)|(?P<code>`+).+?(?P=code)", re.S)  # fmt: skip
+_LINK = re.compile(
+    r"(?P<bang>!?)\[(?P<text>[^\]]*)\]\((?P<target>[^)\s]+)(?P<title>\s+\"[^\"]*\")?\)|(?P<code>`+).+?(?P=code)", re.S
+)
 _TITLE_TARGET = re.compile(r"^(?P<title>.+?)\s*<(?P<target>[^<>]+)>$", re.S)
 _PY_ROLE = re.compile(r"^(?:py:)?(?P<kind>func|meth|class|mod|data|attr|exc|obj|const|type|property)$")
 _GLUE_ROLES = {"glue", "glue:", "glue:any", "glue:text", "glue:md"}
 _LITERAL_ROLES = {"code", "samp", "file", "command", "program", "literal", "envvar", "option", "kbd", "dfn"}
 _ADMONITIONS = {
-    "note": "Note", "tip": "Tip", "hint": "Hint", "important": "Important", "warning": "Warning",
-    "caution": "Caution", "attention": "Attention", "danger": "Danger", "error": "Error", "seealso": "See also",
-    "todo": "To do", "versionadded": "New in version", "versionchanged": "Changed in version",
+    "note": "Note",
+    "tip": "Tip",
+    "hint": "Hint",
+    "important": "Important",
+    "warning": "Warning",
+    "caution": "Caution",
+    "attention": "Attention",
+    "danger": "Danger",
+    "error": "Error",
+    "seealso": "See also",
+    "todo": "To do",
+    "versionadded": "New in version",
+    "versionchanged": "Changed in version",
     "deprecated": "Deprecated since version",
-}  # fmt: skip
+}
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|$])")
 GLUE_IMPORT = re.compile(r"^(?P<indent>[ \t]*)from myst_nb import glue[ \t]*(?:#.*)?$", re.M)
 GLUE_STANDIN = (
@@ -257,7 +269,10 @@ class _Page:
 
     def inline(self, text: str) -> str:
         text = _ROLE.sub(self.role, text)
-        return _LINK.sub(lambda m: m[0] if m["code"] else f"{m['bang']}[{m['text']}]({self.url(m['target'])}{m['title'] or ''})", text)  # fmt: skip
+        return _LINK.sub(
+            lambda m: m[0] if m["code"] else f"{m['bang']}[{m['text']}]({self.url(m['target'])}{m['title'] or ''})",
+            text,
+        )
 
     # --- blocks --------------------------------------------------------------------------------------------------
     def markdown(self, text: str) -> str:

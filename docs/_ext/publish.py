@@ -70,9 +70,12 @@ def _start_environment_report(app) -> None:
     """Start ``python -m attention_tutorial env`` in the notebook kernels' environment as the build begins: it
     starts a JAX backend of its own, which then overlaps the pages' execution instead of following it."""
     app._publish_env_proc = subprocess.Popen(
-        [sys.executable, "-m", "attention_tutorial", "env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "attention_tutorial", "env"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env=os.environ.copy(),
-    )  # fmt: skip
+    )
 
 
 def _kernel_environment(app) -> dict:
@@ -156,14 +159,31 @@ def _on_page_context(app, pagename, templatename, context, doctree):
     buttons = context.get("header_buttons")
     if buttons is None or doctree is None or not _executable(app, pagename):
         return
-    links = [{"type": "link", "text": ".ipynb", "tooltip": "Download this page as a notebook",
-              "icon": "fas fa-file-code", "url": context["pathto"](f"{NB_DIR}/{pagename}.ipynb", 1),
-              "label": "notebook-download-button"}]  # fmt: skip
+    links = [
+        {
+            "type": "link",
+            "text": ".ipynb",
+            "tooltip": "Download this page as a notebook",
+            "icon": "fas fa-file-code",
+            "url": context["pathto"](f"{NB_DIR}/{pagename}.ipynb", 1),
+            "label": "notebook-download-button",
+        }
+    ]
     if url := colab_url(app.config.publish_repo_url, app.config.publish_notebooks_branch, pagename):
-        links.insert(0, {"type": "link", "text": "Colab", "tooltip": "Open this page in Colab", "url": url,
-                         "icon": context["pathto"](COLAB_ICON, 1), "label": "colab-button"})  # fmt: skip
-    buttons.append({"type": "group", "tooltip": "Run this page", "icon": "fas fa-rocket", "buttons": links,
-                    "label": "run-buttons"})  # fmt: skip
+        links.insert(
+            0,
+            {
+                "type": "link",
+                "text": "Colab",
+                "tooltip": "Open this page in Colab",
+                "url": url,
+                "icon": context["pathto"](COLAB_ICON, 1),
+                "label": "colab-button",
+            },
+        )
+    buttons.append(
+        {"type": "group", "tooltip": "Run this page", "icon": "fas fa-rocket", "buttons": links, "label": "run-buttons"}
+    )
 
 
 class _Glued(Mapping):
@@ -229,10 +249,14 @@ def _on_build_finished(app, exception):
     for docname in pages:
         try:
             write_notebook(
-                Path(app.env.doc2path(docname)), app.config.publish_repo_url, out / NB_DIR,
-                site_url=app.config.html_baseurl, glued=_Glued(glue_folder, docname),
-                resolve=_resolver(app, docname), ref=app.config.publish_repo_ref,
-            )  # fmt: skip
+                Path(app.env.doc2path(docname)),
+                app.config.publish_repo_url,
+                out / NB_DIR,
+                site_url=app.config.html_baseurl,
+                glued=_Glued(glue_folder, docname),
+                resolve=_resolver(app, docname),
+                ref=app.config.publish_repo_ref,
+            )
         except ValueError as error:
             raise ExtensionError(f"publish: the notebook of {docname} could not be made: {error}") from error
     LOG.info(f"publish: {len(pages)} notebooks in {out / NB_DIR}")

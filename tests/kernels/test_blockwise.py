@@ -17,9 +17,15 @@ blockwise_jit = jax.jit(blockwise_attention, static_argnames=("is_causal", "bloc
 
 @settings(max_examples=8)
 @given(
-    t=st.integers(1, 70), s=st.integers(1, 70), k=st.sampled_from([1, 2]), g=st.sampled_from([1, 2]),
-    causal=st.booleans(), bq=st.sampled_from([8, 16, 32]), bk=st.sampled_from([8, 16, 64]), seed=st.integers(0, 99),
-)  # fmt: skip
+    t=st.integers(1, 70),
+    s=st.integers(1, 70),
+    k=st.sampled_from([1, 2]),
+    g=st.sampled_from([1, 2]),
+    causal=st.booleans(),
+    bq=st.sampled_from([8, 16, 32]),
+    bk=st.sampled_from([8, 16, 64]),
+    seed=st.integers(0, 99),
+)
 def test_values_match_float64_reference(t, s, k, g, causal, bq, bk, seed):
     q, kk, v = normal_qkv(2, t, k * g, 8, seq_kv=s, kv_heads=k, seed=seed)
     out = blockwise_jit(q, kk, v, is_causal=causal, block_q=bq, block_k=bk)
@@ -217,8 +223,10 @@ def test_zero_and_negative_scales_give_the_reference_values_lse_and_gradients(sc
     scores = np.where(np.tril(np.ones((20, 20), bool)), scores, -np.inf)
     np.testing.assert_allclose(lse, np.logaddexp.reduce(scores, axis=-1), atol=2e-5)
     want = jax.vjp(lambda q, k, v: naive_attention(q, k, v, scale=scale, is_causal=True), q, k, v)[1](d_out)
-    for got in (jax.vjp(run, q, k, v)[1](d_out),
-                blockwise_backward(q, k, v, out, lse, d_out, is_causal=True, scale=scale, block_q=8, block_k=8)):  # fmt: skip
+    for got in (
+        jax.vjp(run, q, k, v)[1](d_out),
+        blockwise_backward(q, k, v, out, lse, d_out, is_causal=True, scale=scale, block_q=8, block_k=8),
+    ):
         for a, b in zip(got, want):
             np.testing.assert_allclose(a, b, atol=5e-5, rtol=5e-5)
 
@@ -235,8 +243,12 @@ def test_blockwise_backward_names_a_misshapen_argument():
 
     q, k, v = normal_qkv(1, 16, 2, 8)
     lse = jnp.zeros((1, 2, 16))
-    for args, name in (((q, lse[..., :5], q), "lse"), ((q[:, :4], lse, q), "out"), ((q, lse, None), "d_out"),
-                       ((q, [0.0], q), "lse")):  # fmt: skip
+    for args, name in (
+        ((q, lse[..., :5], q), "lse"),
+        ((q[:, :4], lse, q), "out"),
+        ((q, lse, None), "d_out"),
+        ((q, [0.0], q), "lse"),
+    ):
         out, lse_, d_out = args
         with pytest.raises(ValueError, match=f"^{name} must be an array of shape"):
             blockwise_backward(q, k, v, out, lse_, d_out)

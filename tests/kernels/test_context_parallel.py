@@ -47,9 +47,15 @@ def _grad_reference(q, k, v, d_out, causal):
 @needs8
 @pytest.mark.parametrize(
     ("devices", "strategy", "layout", "causal"),
-    [(4, "ring", "zigzag", True), (8, "ring", "zigzag", True), (2, "ring", "zigzag", False),
-     (4, "ring", "contiguous", True), (4, "allgather", "zigzag", True), (2, "allgather", "contiguous", False)],
-)  # fmt: skip
+    [
+        (4, "ring", "zigzag", True),
+        (8, "ring", "zigzag", True),
+        (2, "ring", "zigzag", False),
+        (4, "ring", "contiguous", True),
+        (4, "allgather", "zigzag", True),
+        (2, "allgather", "contiguous", False),
+    ],
+)
 def test_gradients_match_float64_autodiff(devices, strategy, layout, causal):
     q, k, v = make_qkv(1, 32, 4, 8, kv_heads=2, seed=7)
     d_out = jax.random.normal(jax.random.key(1), q.shape, q.dtype)
@@ -79,8 +85,10 @@ def test_local_backward_contributions_add_up():
     q, k, v = make_qkv(1, 12, 2, 8, seq_kv=20, seed=4)
     d_out = jax.random.normal(jax.random.key(2), q.shape, q.dtype)
     out, lse = cp.blockwise_local(q, k, v, is_causal=False, scale=0.3)
-    parts = [cp.blockwise_local_bwd(q, k[:, s], v[:, s], out, lse, d_out, is_causal=False, scale=0.3, block=4)
-             for s in (slice(0, 7), slice(7, 20))]  # fmt: skip
+    parts = [
+        cp.blockwise_local_bwd(q, k[:, s], v[:, s], out, lse, d_out, is_causal=False, scale=0.3, block=4)
+        for s in (slice(0, 7), slice(7, 20))
+    ]
     f = lambda q, k, v: naive_attention(q, k, v, scale=0.3)  # noqa: E731
     dq, dk, dv = jax.vjp(f, q, k, v)[1](d_out)
     np.testing.assert_allclose(parts[0][0] + parts[1][0], dq, atol=2e-5)
@@ -149,8 +157,10 @@ def test_communication_model():
 
 
 @needs8
-@pytest.mark.parametrize(("strategy", "present", "absent"),
-                         [("ring", "collective-permute", "all-gather"), ("allgather", "all-gather", "collective-permute")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("strategy", "present", "absent"),
+    [("ring", "collective-permute", "all-gather"), ("allgather", "all-gather", "collective-permute")],
+)
 def test_compiled_program_holds_the_collectives(strategy, present, absent):
     q, k, v = make_qkv(1, 32, 2, 8)
     mesh = cp.sequence_mesh(4)
@@ -168,9 +178,13 @@ def test_compiled_program_holds_the_collectives(strategy, present, absent):
 
 @pytest.mark.parametrize(
     ("opts", "match"),
-    [({"strategy": "tree"}, "strategy must be one of"), ({"layout": "striped"}, "layout must be one of"),
-     ({"axis": "data"}, "mesh has no axis 'data'"), ({"devices": 3}, r"T=32 must be a multiple of 6")],
-)  # fmt: skip
+    [
+        ({"strategy": "tree"}, "strategy must be one of"),
+        ({"layout": "striped"}, "layout must be one of"),
+        ({"axis": "data"}, "mesh has no axis 'data'"),
+        ({"devices": 3}, r"T=32 must be a multiple of 6"),
+    ],
+)
 def test_bad_arguments(opts, match):
     q, k, v = make_qkv(1, 32, 2, 8)
     mesh = cp.sequence_mesh(opts.pop("devices", 2))
@@ -244,15 +258,19 @@ def test_emulated_and_real_rings_refuse_what_is_no_device_count(devices):
 
 @pytest.mark.parametrize(
     ("local", "said"),
-    [(lambda q, k, v, **kw: q, "it returned shape"), (lambda q, k, v, **kw: (q, q, q), "a tuple of 3"),
-     (lambda q, k, v, **kw: (q, q), "lse (1, 2, ")],
-)  # fmt: skip
+    [
+        (lambda q, k, v, **kw: q, "it returned shape"),
+        (lambda q, k, v, **kw: (q, q, q), "a tuple of 3"),
+        (lambda q, k, v, **kw: (q, q), "lse (1, 2, "),
+    ],
+)
 @pytest.mark.parametrize("causal", [False, True])
 def test_a_local_step_breaking_its_contract_is_named(local, said, causal):
     q, k, v = make_qkv(1, 16, 2, 8, seed=4)
-    for run in (lambda: cp.emulate_ring(q, k, v, devices=2, is_causal=causal, local=local),
-                lambda: cp.context_parallel_attention(q, k, v, mesh=cp.sequence_mesh(2), is_causal=causal,
-                                                      local=local)):  # fmt: skip
+    for run in (
+        lambda: cp.emulate_ring(q, k, v, devices=2, is_causal=causal, local=local),
+        lambda: cp.context_parallel_attention(q, k, v, mesh=cp.sequence_mesh(2), is_causal=causal, local=local),
+    ):
         with pytest.raises(ValueError, match=r"local must return \(out, lse\)") as err:
             run()
         assert said in str(err.value)
@@ -260,8 +278,11 @@ def test_a_local_step_breaking_its_contract_is_named(local, said, causal):
 
 def test_a_local_backward_breaking_its_contract_is_named():
     q, k, v = make_qkv(1, 16, 2, 8, seed=5)
-    ring = lambda q: cp.context_parallel_attention(q, k, v, mesh=cp.sequence_mesh(2), block=4,  # noqa: E731
-                                                   local_bwd=lambda *a, **kw: a[0]).sum()  # fmt: skip
+
+    def ring(q):
+        bad = lambda *a, **kw: a[0]  # noqa: E731
+        return cp.context_parallel_attention(q, k, v, mesh=cp.sequence_mesh(2), block=4, local_bwd=bad).sum()
+
     with pytest.raises(ValueError, match=r"local_bwd must return \(dq, dk, dv\)"):
         jax.grad(ring)(q)
     with pytest.raises(ValueError, match="local must be a function or None; got int"):

@@ -19,10 +19,16 @@ attention_jit = jax.jit(dot_product_attention, static_argnames=("implementation"
 
 @settings(max_examples=12)
 @given(
-    b=st.integers(1, 2), t=st.integers(1, 33), s=st.integers(1, 33), k=st.sampled_from([1, 2]),
-    g=st.sampled_from([1, 2, 4]), h=st.sampled_from([8, 16]), causal=st.booleans(),
-    impl=st.sampled_from([None, "xla"]), seed=st.integers(0, 999),
-)  # fmt: skip
+    b=st.integers(1, 2),
+    t=st.integers(1, 33),
+    s=st.integers(1, 33),
+    k=st.sampled_from([1, 2]),
+    g=st.sampled_from([1, 2, 4]),
+    h=st.sampled_from([8, 16]),
+    causal=st.booleans(),
+    impl=st.sampled_from([None, "xla"]),
+    seed=st.integers(0, 999),
+)
 def test_xla_matches_float64_reference(b, t, s, k, g, h, causal, impl, seed):
     q, kk, v = normal_qkv(b, t, k * g, h, seq_kv=s, kv_heads=k, seed=seed)
     out = attention_jit(q, kk, v, implementation=impl, is_causal=causal)
@@ -83,8 +89,9 @@ def test_cudnn_matches_reference_and_runs_the_fused_kernel(causal, dtype):
     q, k, v = normal_qkv(2, 256, 8, 64, kv_heads=2, dtype=dtype, seed=11)
     fn = lambda q, k, v: dot_product_attention(q, k, v, implementation="cudnn", is_causal=causal)  # noqa: E731
     out = fn(q, k, v)
-    np.testing.assert_allclose(np.asarray(out, np.float32), reference_attention(q, k, v, is_causal=causal),
-                               atol=1e-2, rtol=1e-2)  # fmt: skip
+    np.testing.assert_allclose(
+        np.asarray(out, np.float32), reference_attention(q, k, v, is_causal=causal), atol=1e-2, rtol=1e-2
+    )
     assert any(t.startswith("__cudnn$fmha") for t in kernels_used(fn, q, k, v))
 
 

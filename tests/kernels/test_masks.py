@@ -38,8 +38,9 @@ def test_mask_kind_matches_reference(kind, causal, impl):
 def test_dense_causal_mask_equals_is_causal():
     q, k, v = make_qkv(1, 32, 2, 16)
     dense = mask_args("dense", AttentionShape(1, 32, 32, 2, 2, 16), q.dtype)
-    np.testing.assert_allclose(dot_product_attention(q, k, v, **dense), dot_product_attention(q, k, v, is_causal=True),
-                               rtol=1e-6, atol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        dot_product_attention(q, k, v, **dense), dot_product_attention(q, k, v, is_causal=True), rtol=1e-6, atol=1e-6
+    )
 
 
 def test_padding_lengths_are_within_range_and_first_row_full():
@@ -126,12 +127,15 @@ def test_causal_args_top_left_is_is_causal_and_bottom_right_a_mask():
 
 # Each way of leaving rows with no key: (seq_kv, keywords, the (B=2, T=4) rows that see nothing, written by hand).
 EMPTY = {
-    "mask row of False": (4, {"mask": np.array([[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1], [1, 0, 0, 1]], bool)},
-                          [[0, 1, 0, 0], [0, 1, 0, 0]]),
+    "mask row of False": (
+        4,
+        {"mask": np.array([[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1], [1, 0, 0, 1]], bool)},
+        [[0, 1, 0, 0], [0, 1, 0, 0]],
+    ),
     "key length 0": (4, {"key_value_seq_lengths": np.array([0, 4], np.int32)}, [[1, 1, 1, 1], [0, 0, 0, 0]]),
     "bottom-right, T > S": (3, {"is_causal": True, "causal_alignment": "bottom_right"}, [[1, 0, 0, 0], [1, 0, 0, 0]]),
     "window past the keys": (3, {"local_window_size": (0, 0)}, [[0, 0, 0, 1], [0, 0, 0, 1]]),
-}  # fmt: skip
+}
 
 
 def _empty_problem(how):
@@ -184,7 +188,10 @@ BAD = {  # keywords -> what the message must say (the fix or the accepted range)
     "lengths one per head": ({"key_value_seq_lengths": np.array([6, 6, 6, 6])}, r"shape \(B,\) = \(2,\)"),
     "lengths 2-D": ({"key_value_seq_lengths": np.full((2, 1), 6)}, r"shape \(B,\) = \(2,\)"),
     "lengths a bare int": ({"key_value_seq_lengths": 6}, r"jnp.full\(\(2,\), length, jnp.int32\)"),
-    "lengths float": ({"key_value_seq_lengths": np.array([6.0, 5.5])}, r"jnp.asarray\(key_value_seq_lengths, jnp.int32"),
+    "lengths float": (
+        {"key_value_seq_lengths": np.array([6.0, 5.5])},
+        r"jnp.asarray\(key_value_seq_lengths, jnp.int32",
+    ),
     "lengths ragged list": ({"query_seq_lengths": [[1, 2], [3]]}, "flat list of 2 ints"),
     "window negative": ({"local_window_size": -1}, r"not be negative; got \(-1, -1\)"),
     "window right negative": ({"local_window_size": (2, -1)}, r"not be negative.*\(left, right\)"),
@@ -200,7 +207,10 @@ BAD = {  # keywords -> what the message must say (the fix or the accepted range)
     "mask rank 3, B == 2 looks like heads": ({"mask": np.ones((2, T, S), bool)}, r"ambiguous.*mask\[:, None\]"),
     "mask of floats": ({"mask": np.zeros((T, S), np.float32)}, r"mask.astype\(bool\).*bias="),
     "mask a Python list": ({"mask": [[True] * S] * T}, r"jnp.asarray\(mask\)"),
-    "mask wrong T": ({"mask": np.ones((1, 1, T + 1, S), bool)}, r"\(B\|1, N\|1, T\|1, S\|1\) = \(2\|1, 4\|1, 4\|1, 6\|1\)"),
+    "mask wrong T": (
+        {"mask": np.ones((1, 1, T + 1, S), bool)},
+        r"\(B\|1, N\|1, T\|1, S\|1\) = \(2\|1, 4\|1, 4\|1, 6\|1\)",
+    ),
     "mask per kv head": ({"mask": np.ones((1, 2, T, S), bool)}, r"N\|1.*got \(1, 2, 4, 6\)"),
     "mask rank 1": ({"mask": np.ones(S, bool)}, r"\(T, S\) = \(4, 6\)"),
     "bias rank 3": ({"bias": np.zeros((N, T, S))}, r"ambiguous.*bias\[None\]"),
@@ -209,7 +219,7 @@ BAD = {  # keywords -> what the message must say (the fix or the accepted range)
     "is_causal a string": ({"is_causal": "yes"}, "True or False"),
     "alignment typo": ({"is_causal": True, "causal_alignment": "bottom-right"}, r"\('top_left', 'bottom_right'\)"),
     "alignment without is_causal": ({"causal_alignment": "bottom_right"}, "pass is_causal=True"),
-}  # fmt: skip
+}
 IMPLS = {"naive": naive_attention, "reference": reference_attention, "xla": dot_product_attention}
 
 
@@ -226,8 +236,11 @@ def test_bad_option_is_refused_with_the_fix(case, impl):
 def test_numpy_integers_and_lists_are_accepted_alike(impl):
     q, k, v = make_qkv(B, T, N, 8, seq_kv=S, kv_heads=2, seed=14)
     plain = {"local_window_size": (2, 1), "key_value_seq_lengths": jnp.array([6, 3], jnp.int32), "scale": 0.25}
-    numpy = {"local_window_size": (np.int64(2), np.int32(1)), "key_value_seq_lengths": [6, np.int64(3)],
-             "scale": np.float32(0.25)}  # fmt: skip
+    numpy = {
+        "local_window_size": (np.int64(2), np.int32(1)),
+        "key_value_seq_lengths": [6, np.int64(3)],
+        "scale": np.float32(0.25),
+    }
     np.testing.assert_allclose(IMPLS[impl](q, k, v, **numpy), reference_attention(q, k, v, **plain), atol=2e-5)
 
 
@@ -238,10 +251,12 @@ def test_per_batch_and_per_head_masks_are_not_confused(impl):
     m = np.ones((2, T, S), bool)
     m[0, :, 3:] = False  # entry 0 hides keys 3..5
     per_batch, per_head = IMPLS[impl](q, k, v, mask=m[:, None]), IMPLS[impl](q, k, v, mask=m[None])
-    np.testing.assert_allclose(per_batch, reference_attention(q, k, v, mask=np.broadcast_to(m[:, None], (2, 2, T, S))),
-                               atol=2e-5)  # fmt: skip
-    np.testing.assert_allclose(per_head, reference_attention(q, k, v, mask=np.broadcast_to(m[None], (2, 2, T, S))),
-                               atol=2e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        per_batch, reference_attention(q, k, v, mask=np.broadcast_to(m[:, None], (2, 2, T, S))), atol=2e-5
+    )
+    np.testing.assert_allclose(
+        per_head, reference_attention(q, k, v, mask=np.broadcast_to(m[None], (2, 2, T, S))), atol=2e-5
+    )
     assert not np.allclose(per_batch, per_head)
 
 
@@ -271,8 +286,9 @@ def test_traced_lengths_are_checked_under_checkify_and_clamped_otherwise(impl):
     assert "query_seq_lengths must lie in [0, T] = [0, 8]" in err.get()
     assert checkify.checkify(run)(q, k, v, good, good)[0].get() is None
     # without checkify: a length past the end means every position, a negative one none (the concrete call's values)
-    np.testing.assert_array_equal(run(q, k, v, good, bad), impl(q, k, v, query_seq_lengths=[8, 3],
-                                                                key_value_seq_lengths=[8, 0]))  # fmt: skip
+    np.testing.assert_array_equal(
+        run(q, k, v, good, bad), impl(q, k, v, query_seq_lengths=[8, 3], key_value_seq_lengths=[8, 0])
+    )
     with pytest.raises(ValueError, match=r"\[0, 8\]; batch row 0 has 99"):  # concrete: refused at once
         impl(q, k, v, key_value_seq_lengths=[99, 3])
 
@@ -282,20 +298,23 @@ def test_a_traced_window_says_to_make_it_static():
     with pytest.raises(ValueError, match="static argument"):
         jax.jit(lambda q, k, v, w: naive_attention(q, k, v, local_window_size=w))(q, k, v, 3)
     static = jax.jit(naive_attention, static_argnames=("local_window_size",))
-    np.testing.assert_allclose(static(q, k, v, local_window_size=3), reference_attention(q, k, v, local_window_size=3),
-                               atol=2e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        static(q, k, v, local_window_size=3), reference_attention(q, k, v, local_window_size=3), atol=2e-5
+    )
 
 
 @pytest.mark.parametrize(
     ("call", "match"),
-    [(lambda: causal_mask(-1, 3), "seq_q must be an integer >= 1"),
-     (lambda: causal_mask(2.5, 3), "seq_q must be an integer >= 1"),
-     (lambda: causal_mask(2, 0), "seq_kv must be an integer >= 1"),
-     (lambda: mask_args("window", AttentionShape(1, 8, 8, 2, 2, 8), "float32", window=-1), "window must be"),
-     (lambda: mask_args("padding", AttentionShape(1, 8, 8, 2, 2, 8), "float32", seed=-1), "seed must be"),
-     (lambda: mask_args("none", (1, 8, 0, 2, 2, 8), "float32"), "AttentionShape"),
-     (lambda: mask_args("nope", AttentionShape(1, 8, 8, 2, 2, 8), "float32"), "unknown mask kind")],
-)  # fmt: skip
+    [
+        (lambda: causal_mask(-1, 3), "seq_q must be an integer >= 1"),
+        (lambda: causal_mask(2.5, 3), "seq_q must be an integer >= 1"),
+        (lambda: causal_mask(2, 0), "seq_kv must be an integer >= 1"),
+        (lambda: mask_args("window", AttentionShape(1, 8, 8, 2, 2, 8), "float32", window=-1), "window must be"),
+        (lambda: mask_args("padding", AttentionShape(1, 8, 8, 2, 2, 8), "float32", seed=-1), "seed must be"),
+        (lambda: mask_args("none", (1, 8, 0, 2, 2, 8), "float32"), "AttentionShape"),
+        (lambda: mask_args("nope", AttentionShape(1, 8, 8, 2, 2, 8), "float32"), "unknown mask kind"),
+    ],
+)
 def test_mask_builders_name_a_bad_size(call, match):
     with pytest.raises(ValueError, match=match):
         call()

@@ -242,8 +242,16 @@ def test_head_dims_the_kernel_cannot_take_are_refused(head_dim):
 
 def test_padded_head_dims():
     assert [pf.padded_head_dim(h) for h in (8, 16, 64, 80, 96, 128, 136, 192, 256)] == [
-        16, 16, 64, 128, 128, 128, 256, 256, 256,
-    ]  # fmt: skip
+        16,
+        16,
+        64,
+        128,
+        128,
+        128,
+        256,
+        256,
+        256,
+    ]
 
 
 def test_smem_arithmetic_matches_what_the_compiler_reported():
@@ -261,8 +269,11 @@ def test_smem_arithmetic_matches_what_the_compiler_reported():
 
 def test_a_config_that_overflows_shared_memory_is_refused_before_compiling():
     q, k, v = normal_qkv(1, 128, 1, 256, dtype=jnp.bfloat16)
-    with pytest.raises(ValueError, match=r"num_stages=3: the forward kernel .* needs 262144 bytes .* 232448 .*"
-                                         r"q \(1, 128, 1, 256\).* Pass num_stages=2"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"num_stages=3: the forward kernel .* needs 262144 bytes .* 232448 .*"
+        r"q \(1, 128, 1, 256\).* Pass num_stages=2",
+    ):
         flash_attention(q, k, v, block_q=128, block_k=64, num_stages=3, interpret=True)
     q, k, v = normal_qkv(1, 256, 1, 256, dtype=jnp.bfloat16)
     with pytest.raises(ValueError, match=r"block_q=256, block_k=256 \(even at one stage\).*393216.*Pass block_k=64"):
@@ -272,15 +283,35 @@ def test_a_config_that_overflows_shared_memory_is_refused_before_compiling():
 def test_blocks_left_to_the_kernel_shrink_until_they_fit():
     """The forward's blocks the caller did not choose, and the backward's (never the caller's), are halved until
     the stages fit; here num_stages=4 at H = 192 (padded to 256)."""
-    plan = pf._configure(1024, 1024, 192, jnp.bfloat16, block_q=128, block_k=None, num_warps=None, num_stages=4,
-                         limit=HOPPER_SMEM_BYTES, shapes="")  # fmt: skip
+    plan = pf._configure(
+        1024,
+        1024,
+        192,
+        jnp.bfloat16,
+        block_q=128,
+        block_k=None,
+        num_warps=None,
+        num_stages=4,
+        limit=HOPPER_SMEM_BYTES,
+        shapes="",
+    )
     assert (plan["block_q"], plan["block_k"], plan["num_stages"], plan["bwd_stages"]) == (128, 32, 4, 4)
     assert smem_bytes("forward", 128, 32, 256, 4) <= HOPPER_SMEM_BYTES < smem_bytes("forward", 128, 64, 256, 4)
     for name in pf.KERNELS[1:]:
         assert smem_bytes(name, plan["bwd_q"], plan["bwd_k"], 256, 4) <= HOPPER_SMEM_BYTES
     with pytest.raises(ValueError, match=r"num_stages=4: the forward kernel .* Pass num_stages=2 .* or block_k=32"):
-        pf._configure(1024, 1024, 192, jnp.bfloat16, block_q=128, block_k=64, num_warps=None, num_stages=4,
-                      limit=HOPPER_SMEM_BYTES, shapes="")  # fmt: skip
+        pf._configure(
+            1024,
+            1024,
+            192,
+            jnp.bfloat16,
+            block_q=128,
+            block_k=64,
+            num_warps=None,
+            num_stages=4,
+            limit=HOPPER_SMEM_BYTES,
+            shapes="",
+        )
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
@@ -290,8 +321,18 @@ def test_default_configs_fit_hopper_at_every_head_dim(dtype):
     size = jnp.dtype(dtype).itemsize
     for head_dim in range(8, 257, 8):
         hp = pf.padded_head_dim(head_dim)
-        plan = pf._configure(4096, 4096, head_dim, dtype, block_q=None, block_k=None, num_warps=None, num_stages=None,
-                             limit=HOPPER_SMEM_BYTES, shapes="")  # fmt: skip
+        plan = pf._configure(
+            4096,
+            4096,
+            head_dim,
+            dtype,
+            block_q=None,
+            block_k=None,
+            num_warps=None,
+            num_stages=None,
+            limit=HOPPER_SMEM_BYTES,
+            shapes="",
+        )
         fwd = [("forward", plan["block_q"], plan["block_k"], plan["num_stages"])]
         bwd = [(name, plan["bwd_q"], plan["bwd_k"], plan["bwd_stages"]) for name in pf.KERNELS[1:]]
         for name, bq, bk, stages in fwd + bwd:
@@ -299,8 +340,18 @@ def test_default_configs_fit_hopper_at_every_head_dim(dtype):
             deeper = stages + 1 <= pf.MAX_STAGES and smem_bytes(name, bq, bk, hp, stages + 1, size) <= HOPPER_SMEM_BYTES
             assert not deeper or name != "forward", (head_dim, name)  # the forward takes every stage that fits
     if dtype != jnp.float32:
-        plan = pf._configure(4096, 4096, 256, dtype, block_q=None, block_k=None, num_warps=None, num_stages=None,
-                             limit=HOPPER_SMEM_BYTES, shapes="")  # fmt: skip
+        plan = pf._configure(
+            4096,
+            4096,
+            256,
+            dtype,
+            block_q=None,
+            block_k=None,
+            num_warps=None,
+            num_stages=None,
+            limit=HOPPER_SMEM_BYTES,
+            shapes="",
+        )
         assert (plan["block_q"], plan["block_k"], plan["num_stages"], plan["bwd_stages"]) == (128, 64, 2, 2)
 
 
@@ -352,8 +403,7 @@ def test_gpu_head_dims_match_float64(head_dim, causal):
         out = np.asarray(fn(q, k, v), np.float32)
         assert out.shape == q.shape and np.isfinite(out).all()
         np.testing.assert_allclose(out, reference_attention(q, k, v, is_causal=causal), atol=1e-2, rtol=1e-2)
-        assert_grads_close(lambda q, k, v: flash_attention(q, k, v, is_causal=causal), q, k, v, causal=causal,
-                           tol=3e-2)  # fmt: skip
+        assert_grads_close(lambda q, k, v: flash_attention(q, k, v, is_causal=causal), q, k, v, causal=causal, tol=3e-2)
 
 
 def compiler_request(kernel, block_q, block_k, head_dim, stages):
@@ -361,8 +411,18 @@ def compiler_request(kernel, block_q, block_k, head_dim, stages):
     it past our check (None when it fits)."""
     x = jnp.zeros((1, 256, 1, head_dim), jnp.bfloat16)
     row = jnp.zeros((1, 1, 256), jnp.float32)
-    plan = pf._Plan(causal=False, scale=0.1, block_q=block_q, block_k=block_k, bwd_q=block_q, bwd_k=block_k,
-                    num_warps=4, num_stages=stages, bwd_stages=stages, interpret=False)  # fmt: skip
+    plan = pf._Plan(
+        causal=False,
+        scale=0.1,
+        block_q=block_q,
+        block_k=block_k,
+        bwd_q=block_q,
+        bwd_k=block_k,
+        num_warps=4,
+        num_stages=stages,
+        bwd_stages=stages,
+        interpret=False,
+    )
     try:
         if kernel == "forward":
             jax.block_until_ready(pf._forward(x, x, x, plan))

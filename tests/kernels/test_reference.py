@@ -43,8 +43,9 @@ def problems(draw):
 @settings(max_examples=12)
 @given(problems())
 def test_naive_matches_float64_reference(p):
-    q, k, v = normal_qkv(p["batch"], p["seq_q"], p["heads"], p["head_dim"], seq_kv=p["seq_kv"], kv_heads=p["kv_heads"],
-                         seed=p["seed"])  # fmt: skip
+    q, k, v = normal_qkv(
+        p["batch"], p["seq_q"], p["heads"], p["head_dim"], seq_kv=p["seq_kv"], kv_heads=p["kv_heads"], seed=p["seed"]
+    )
     out = naive_jit(q, k, v, is_causal=p["causal"])
     ref = reference_attention(q, k, v, is_causal=p["causal"])
     assert out.shape == q.shape and out.dtype == q.dtype
@@ -55,8 +56,12 @@ def test_naive_bf16_within_bf16_tolerance():
     q, k, v = normal_qkv(2, 64, 4, 32, kv_heads=2, dtype=jnp.bfloat16)
     out = naive_attention(q, k, v, is_causal=True)
     assert out.dtype == jnp.bfloat16
-    np.testing.assert_allclose(np.asarray(out, np.float32), reference_attention(q, k, v, is_causal=True),
-                               atol=TOL["bfloat16"], rtol=TOL["bfloat16"])  # fmt: skip
+    np.testing.assert_allclose(
+        np.asarray(out, np.float32),
+        reference_attention(q, k, v, is_causal=True),
+        atol=TOL["bfloat16"],
+        rtol=TOL["bfloat16"],
+    )
 
 
 def test_reference_against_a_hand_computed_case():
@@ -66,8 +71,11 @@ def test_reference_against_a_hand_computed_case():
     v = np.array([[[[10.0]], [[20.0]]]])
     w1 = np.exp(1) / (1 + np.exp(1))
     np.testing.assert_allclose(reference_attention(q, k, v), [[[[10 * (1 - w1) + 20 * w1]]]], rtol=1e-12)
-    np.testing.assert_allclose(naive_attention(jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32),
-                                               jnp.asarray(v, jnp.float32)), [[[[10 * (1 - w1) + 20 * w1]]]], rtol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        naive_attention(jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32), jnp.asarray(v, jnp.float32)),
+        [[[[10 * (1 - w1) + 20 * w1]]]],
+        rtol=1e-6,
+    )
 
 
 def test_causal_first_position_sees_only_itself_and_last_sees_all():
@@ -96,8 +104,9 @@ def test_boolean_mask_matches_reference_and_excludes_keys():
     q, k, v = normal_qkv(2, 10, 2, 8, seq_kv=12, seed=1)
     mask = np.random.default_rng(0).random((2, 1, 10, 12)) > 0.3
     mask[..., 0] = True  # every row keeps a key
-    np.testing.assert_allclose(naive_attention(q, k, v, mask=mask), reference_attention(q, k, v, mask=mask),
-                               atol=2e-5, rtol=2e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        naive_attention(q, k, v, mask=mask), reference_attention(q, k, v, mask=mask), atol=2e-5, rtol=2e-5
+    )
     # changing a masked-out value leaves the output unchanged
     v2 = np.array(v)
     v2[0, 11] += 100.0
@@ -121,15 +130,23 @@ def test_fully_masked_rows_give_zeros_not_nan():
 def test_scale_and_bias():
     q, k, v = normal_qkv(1, 6, 2, 8, seed=5)
     bias = np.random.default_rng(1).normal(size=(1, 2, 6, 6))
-    np.testing.assert_allclose(naive_attention(q, k, v, scale=0.3, bias=bias),
-                               reference_attention(q, k, v, scale=0.3, bias=bias), atol=2e-5, rtol=2e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        naive_attention(q, k, v, scale=0.3, bias=bias),
+        reference_attention(q, k, v, scale=0.3, bias=bias),
+        atol=2e-5,
+        rtol=2e-5,
+    )
 
 
 @pytest.mark.parametrize("window", [0, 2, (3, 0), (1, 4)])
 def test_local_window(window):
     q, k, v = normal_qkv(1, 12, 2, 8, seed=6)
-    np.testing.assert_allclose(naive_attention(q, k, v, local_window_size=window),
-                               reference_attention(q, k, v, local_window_size=window), atol=2e-5, rtol=2e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        naive_attention(q, k, v, local_window_size=window),
+        reference_attention(q, k, v, local_window_size=window),
+        atol=2e-5,
+        rtol=2e-5,
+    )
 
 
 def test_padding_lengths():
@@ -221,8 +238,11 @@ def test_a_scale_past_float32_is_the_hard_maximum_not_a_tie(scale, value):
 def test_the_shifted_scores_keep_values_and_gradients_at_ordinary_scales(scale):
     q, k, v = normal_qkv(2, 12, 4, 8, seq_kv=10, kv_heads=2, seed=31)
     d_out = jnp.asarray(np.random.default_rng(31).standard_normal(q.shape), jnp.float32)
-    np.testing.assert_allclose(naive_attention(q, k, v, scale=scale, is_causal=True),
-                               reference_attention(q, k, v, scale=scale, is_causal=True), atol=2e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        naive_attention(q, k, v, scale=scale, is_causal=True),
+        reference_attention(q, k, v, scale=scale, is_causal=True),
+        atol=2e-5,
+    )
     ours = jax.vjp(lambda q, k, v: naive_attention(q, k, v, scale=scale, is_causal=True), q, k, v)[1](d_out)
     jaxs = jax.vjp(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True), q, k, v)
     for a, b in zip(ours, jaxs[1](d_out)):

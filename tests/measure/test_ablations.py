@@ -15,8 +15,9 @@ from attention_tutorial.results.store import validate
 
 def test_the_kernels_are_the_plain_and_pipelined_forwards_at_h128_and_h256_and_fp8_with_both_masks():
     got = {(k.impl, k.head_dim, k.causal, k.baseline) for k in KERNELS}
-    want = {(impl, H, causal, "cudnn") for impl in ("mosaic", "mosaic_pipe") for H in (128, 256)
-            for causal in (False, True)} | {("mosaic_fp8_regs", 128, c, "cudnn_fp8_s448") for c in (False, True)}  # fmt: skip
+    want = {
+        (impl, H, causal, "cudnn") for impl in ("mosaic", "mosaic_pipe") for H in (128, 256) for causal in (False, True)
+    } | {("mosaic_fp8_regs", 128, c, "cudnn_fp8_s448") for c in (False, True)}
     assert got == want and len(KERNELS) == len(want)
     assert ab.SHAPE == (4, 8192, 16) and ab.ROUNDS == 2
     assert ab.VARIANTS == ("as_is", "no_exp", "exp_poly_25", "exp_poly_50") and set(ab.DESCRIPTIONS) == set(ab.VARIANTS)
@@ -26,8 +27,12 @@ def test_the_kernels_are_the_plain_and_pipelined_forwards_at_h128_and_h256_and_f
 def test_only_the_plain_and_pipelined_bf16_forwards_at_h128_try_the_polynomial():
     poly = {(k.impl, k.head_dim, k.causal) for k in KERNELS if "exp_poly_25" in ab.kernel_variants(k)}
     assert poly == {(impl, 128, causal) for impl in ("mosaic", "mosaic_pipe") for causal in (False, True)}
-    assert all(ab.kernel_variants(k) == ab.VARIANTS if (k.impl, k.head_dim, k.causal) in poly
-               else ab.kernel_variants(k) == ("as_is", "no_exp") for k in KERNELS)  # fmt: skip
+    assert all(
+        ab.kernel_variants(k) == ab.VARIANTS
+        if (k.impl, k.head_dim, k.causal) in poly
+        else ab.kernel_variants(k) == ("as_is", "no_exp")
+        for k in KERNELS
+    )
     assert sum(len(ab.kernel_variants(k)) for k in KERNELS) == 28  # pairs per round: 2 × 10 kernels + 2 × 4
 
 
@@ -97,21 +102,38 @@ def test_each_kernel_record_has_its_cudnn_record_timed_beside_it_in_every_round(
         assert (r["batch"], r["seq_q"], r["seq_kv"], r["heads"], r["kv_heads"]) == (1, 128, 128, 2, 2)
     ours = [r for r in recs if r["impl"] == r["pair"]]
     assert {(r["impl"], r["variant"], r["round"]) for r in ours} == {
-        (k.impl, v, n) for k in kernels for v in ab.kernel_variants(k) for n in (1, 2)}  # fmt: skip
+        (k.impl, v, n) for k in kernels for v in ab.kernel_variants(k) for n in (1, 2)
+    }
     for r in ours:  # exactly one baseline per kernel record, the one timed right before it
         mates = [c for c in recs if c["impl"] != c["pair"] and ab._pair_key(c) == ab._pair_key(r)]
         assert len(mates) == 1 and recs.index(mates[0]) == recs.index(r) - 1
         assert mates[0]["impl"] == ("cudnn_fp8_s448" if r["impl"] == "mosaic_fp8_regs" else "cudnn")
         assert r["dtype"] == mates[0]["dtype"] == ("float8_e4m3fn" if r["impl"] == "mosaic_fp8_regs" else "bfloat16")
     assert [r["round"] for r in recs] == [1] * 12 + [2] * 12  # round by round over all pairs
-    prov = {"gpu": "g", "driver": "d", "jax": "j", "jaxlib": "j", "cudnn": "c", "transformer_engine": None,
-            "python": "p", "created": "2026-01-01T00:00:00", "command": "c", "matmul_bf16_tflops": None,
-            "copy_gbps": None, "grids": {"ablations": {"created": "2026-01-01T00:00:00"}}}  # fmt: skip
+    prov = {
+        "gpu": "g",
+        "driver": "d",
+        "jax": "j",
+        "jaxlib": "j",
+        "cudnn": "c",
+        "transformer_engine": None,
+        "python": "p",
+        "created": "2026-01-01T00:00:00",
+        "command": "c",
+        "matmul_bf16_tflops": None,
+        "copy_gbps": None,
+        "grids": {"ablations": {"created": "2026-01-01T00:00:00"}},
+    }
     assert validate({"provenance": prov, "records": [{**r, "grid": "ablations"} for r in recs]}) == []
     ratios = ablation_ratios(recs)
     assert [(x.impl, x.variant, len(x.per_round)) for x in ratios] == [
-        ("mosaic", "as_is", 2), ("mosaic", "no_exp", 2), ("mosaic", "exp_poly_25", 2), ("mosaic", "exp_poly_50", 2),
-        ("mosaic_fp8_regs", "as_is", 2), ("mosaic_fp8_regs", "no_exp", 2)]  # fmt: skip
+        ("mosaic", "as_is", 2),
+        ("mosaic", "no_exp", 2),
+        ("mosaic", "exp_poly_25", 2),
+        ("mosaic", "exp_poly_50", 2),
+        ("mosaic_fp8_regs", "as_is", 2),
+        ("mosaic_fp8_regs", "no_exp", 2),
+    ]
 
 
 def test_variants_chooses_the_same_variants_for_every_kernel(monkeypatch):
@@ -119,8 +141,15 @@ def test_variants_chooses_the_same_variants_for_every_kernel(monkeypatch):
     kernels = (AblationKernel("mosaic", 128, False, "cudnn"), AblationKernel("mosaic_pipe", 128, True, "cudnn"))
     recs = ablation_records(kernels=kernels, rounds=1, variants=("as_is", "exp_poly_25"), **TINY)
     assert [(r["impl"], r["variant"]) for r in recs] == [
-        ("cudnn", "as_is"), ("mosaic", "as_is"), ("cudnn", "exp_poly_25"), ("mosaic", "exp_poly_25"),
-        ("cudnn", "as_is"), ("mosaic_pipe", "as_is"), ("cudnn", "exp_poly_25"), ("mosaic_pipe", "exp_poly_25")]  # fmt: skip
+        ("cudnn", "as_is"),
+        ("mosaic", "as_is"),
+        ("cudnn", "exp_poly_25"),
+        ("mosaic", "exp_poly_25"),
+        ("cudnn", "as_is"),
+        ("mosaic_pipe", "as_is"),
+        ("cudnn", "exp_poly_25"),
+        ("mosaic_pipe", "exp_poly_25"),
+    ]
 
 
 def test_a_pair_that_fails_is_recorded_on_both_sides_in_every_round_and_the_others_stand(monkeypatch):
@@ -140,23 +169,41 @@ def test_off_hopper_every_pair_is_unsupported_with_the_reason():
 
 
 def _rec(impl, pair, variant, rnd, median, p10, p90, *, causal=False, status="ok", H=128):
-    return {"grid": "ablations", "impl": impl, "pair": pair, "variant": variant, "round": rnd, "batch": 4,
-            "seq_q": 8192, "seq_kv": 8192, "heads": 16, "kv_heads": 16, "head_dim": H, "causal": causal,
-            "status": status, "median_ms": median, "p10_ms": p10, "p90_ms": p90}  # fmt: skip
+    return {
+        "grid": "ablations",
+        "impl": impl,
+        "pair": pair,
+        "variant": variant,
+        "round": rnd,
+        "batch": 4,
+        "seq_q": 8192,
+        "seq_kv": 8192,
+        "heads": 16,
+        "kv_heads": 16,
+        "head_dim": H,
+        "causal": causal,
+        "status": status,
+        "median_ms": median,
+        "p10_ms": p10,
+        "p90_ms": p90,
+    }
 
 
 def test_ablation_ratios_are_cudnns_time_over_ours_round_by_round_with_the_range_over_rounds():
     recs = [
-        _rec("cudnn", "mosaic", "as_is", 1, 1.00, 0.98, 1.02), _rec("mosaic", "mosaic", "as_is", 1, 1.04, 1.02, 1.10),
-        _rec("cudnn", "mosaic", "as_is", 2, 1.00, 0.99, 1.01), _rec("mosaic", "mosaic", "as_is", 2, 0.98, 0.97, 1.00),
-        _rec("cudnn", "mosaic", "no_exp", 1, 1.00, 0.99, 1.01), _rec("mosaic", "mosaic", "no_exp", 1, 0.80, 0.79, 0.81),
+        _rec("cudnn", "mosaic", "as_is", 1, 1.00, 0.98, 1.02),
+        _rec("mosaic", "mosaic", "as_is", 1, 1.04, 1.02, 1.10),
+        _rec("cudnn", "mosaic", "as_is", 2, 1.00, 0.99, 1.01),
+        _rec("mosaic", "mosaic", "as_is", 2, 0.98, 0.97, 1.00),
+        _rec("cudnn", "mosaic", "no_exp", 1, 1.00, 0.99, 1.01),
+        _rec("mosaic", "mosaic", "no_exp", 1, 0.80, 0.79, 0.81),
         # a failed pair is left out; a pair of another mask stands apart
-        _rec("cudnn", "mosaic", "no_exp", 2, 1.0, 1.0, 1.0), _rec("mosaic", "mosaic", "no_exp", 2, None, None, None,
-                                                                   status="error"),
-        _rec("cudnn", "mosaic", "as_is", 1, 2.0, 2.0, 2.0, causal=True), _rec("mosaic", "mosaic", "as_is", 1, 1.0, 1.0,
-                                                                              1.0, causal=True),
+        _rec("cudnn", "mosaic", "no_exp", 2, 1.0, 1.0, 1.0),
+        _rec("mosaic", "mosaic", "no_exp", 2, None, None, None, status="error"),
+        _rec("cudnn", "mosaic", "as_is", 1, 2.0, 2.0, 2.0, causal=True),
+        _rec("mosaic", "mosaic", "as_is", 1, 1.0, 1.0, 1.0, causal=True),
         {"grid": "beyond", "impl": "mosaic"},  # another grid: ignored
-    ]  # fmt: skip
+    ]
     as_is, no_exp, causal = ablation_ratios(recs)
     assert (as_is.impl, as_is.variant, as_is.causal, as_is.baseline) == ("mosaic", "as_is", False, "cudnn")
     assert as_is.per_round == pytest.approx((1.00 / 1.04, 1.00 / 0.98))

@@ -21,8 +21,9 @@ def test_describe_kernels_families():
     assert describe_kernels(("__cublas$lt$matmul", "__cudnn$fmhaSoftmax")).startswith("cuDNN fused attention")
     assert "ScaleBias" in describe_kernels(("__cudnn$fmhaScaleBiasSoftmax",))
     assert describe_kernels(("te_fused_attn_forward_ffi",)).startswith("TransformerEngine")
-    both = describe_kernels(("te_fused_attn_forward_ffi", "__cublas$lt$matmul", "te_fused_attn_backward_ffi",
-                             "te_fused_attn_forward_ffi"))  # fmt: skip
+    both = describe_kernels(
+        ("te_fused_attn_forward_ffi", "__cublas$lt$matmul", "te_fused_attn_backward_ffi", "te_fused_attn_forward_ffi")
+    )
     assert both == "TransformerEngine fused attention (te_fused_attn_forward_ffi, te_fused_attn_backward_ffi)"
     assert "cuBLAS" in describe_kernels(("__cublas$lt$matmul",))
     assert describe_kernels(()).startswith("XLA")
@@ -34,8 +35,9 @@ def test_naive_temporaries_grow_quadratically_blockwise_linearly():
     for t in (256, 512, 1024):
         q, k, v = make_qkv(1, t, 2, 32)
         naive.append(compile_stats(lambda q, k, v: naive_attention(q, k, v), q, k, v).temp_bytes)
-        block.append(compile_stats(lambda q, k, v: blockwise_attention(q, k, v, block_q=128, block_k=128), q, k, v)
-                     .temp_bytes)  # fmt: skip
+        block.append(
+            compile_stats(lambda q, k, v: blockwise_attention(q, k, v, block_q=128, block_k=128), q, k, v).temp_bytes
+        )
     assert naive[0] >= 2 * 256 * 256 * 4  # at least one float32 (N, T, T) matrix
     assert 3.5 < naive[2] / naive[1] < 4.5  # doubling T quadruples it
     assert block[2] / block[1] < 2.5  # doubling T at most doubles it

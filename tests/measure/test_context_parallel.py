@@ -9,8 +9,18 @@ FAST = {"repeats": 2, "warmup": 1, "min_sample_ms": 0.5, "max_seconds": 0.2}
 
 
 def test_records_at_a_tiny_size():
-    recs = cp_records(seq=(16,), heads=2, kv_heads=1, head_dim=8, dtype="float32", causal=(True,), devices=(2,),
-                      passes=("fwd", "fwd+bwd"), block=8, **FAST)  # fmt: skip
+    recs = cp_records(
+        seq=(16,),
+        heads=2,
+        kv_heads=1,
+        head_dim=8,
+        dtype="float32",
+        causal=(True,),
+        devices=(2,),
+        passes=("fwd", "fwd+bwd"),
+        block=8,
+        **FAST,
+    )
     assert [(r["impl"], r["pass"]) for r in recs] == [
         (impl, p) for p in ("fwd", "fwd+bwd") for impl in ("cp_local", "cp_ring_1dev", "cp_emulated_P2")
     ]
@@ -26,16 +36,35 @@ def test_records_at_a_tiny_size():
 
 
 def test_the_one_device_ring_can_be_left_out():
-    recs = cp_records(seq=(16,), heads=2, kv_heads=1, head_dim=8, dtype="float32", causal=(True,), devices=(2, 4),
-                      block=4, one_device_ring=False, **FAST)  # fmt: skip
+    recs = cp_records(
+        seq=(16,),
+        heads=2,
+        kv_heads=1,
+        head_dim=8,
+        dtype="float32",
+        causal=(True,),
+        devices=(2, 4),
+        block=4,
+        one_device_ring=False,
+        **FAST,
+    )
     assert [r["impl"] for r in recs] == ["cp_local", "cp_emulated_P2", "cp_emulated_P4"]
     assert all(r["status"] == "ok" for r in recs)
 
 
 def test_a_local_step_that_cannot_run_becomes_error_records():
     # our Mosaic kernel is Hopper-only: on a CPU every point fails, and each failure is recorded with its reason
-    recs = cp_records(seq=(256,), heads=1, kv_heads=1, head_dim=64, dtype="bfloat16", causal=(False,), devices=(2,),
-                      local="mosaic", **FAST)  # fmt: skip
+    recs = cp_records(
+        seq=(256,),
+        heads=1,
+        kv_heads=1,
+        head_dim=64,
+        dtype="bfloat16",
+        causal=(False,),
+        devices=(2,),
+        local="mosaic",
+        **FAST,
+    )
     assert [r["impl"] for r in recs] == ["cp_local", "cp_ring_1dev", "cp_emulated_P2"]
     assert all(r["status"] == "error" and r["reason"] and r["local"] == "mosaic" for r in recs)
     assert all(check_record(r) == [] for r in recs)

@@ -19,12 +19,20 @@ FAST = {"repeats": 2, "warmup": 1, "min_sample_ms": 0.1, "min_inner": 1, "max_se
 
 
 def test_records_are_valid_and_complete():
-    recs = cp_scaling.scaling_records(2, seqs=(256,), weak_base=128, passes=("fwd",), causal=(True,), block=32,
-                                      profile=False, **TINY, **FAST)  # fmt: skip
+    recs = cp_scaling.scaling_records(
+        2, seqs=(256,), weak_base=128, passes=("fwd",), causal=(True,), block=32, profile=False, **TINY, **FAST
+    )
     assert all(check_record(r) == [] for r in recs), [check_record(r) for r in recs]
     impls = {r["impl"] for r in recs}
-    assert {"local_P1_strong", "cp_ring_zigzag_P2_strong", "cp_allgather_contiguous_P2_strong",
-            "local_P1_weak", "cp_ring_contiguous_P2_weak", "te_ring_P2_strong", "te_local_P1_weak"} <= impls  # fmt: skip
+    assert {
+        "local_P1_strong",
+        "cp_ring_zigzag_P2_strong",
+        "cp_allgather_contiguous_P2_strong",
+        "local_P1_weak",
+        "cp_ring_contiguous_P2_weak",
+        "te_ring_P2_strong",
+        "te_local_P1_weak",
+    } <= impls
     assert len(impls) == len(recs)  # every record its own point
     for r in recs:
         assert r["experiment"] == "context_parallel" and r["scaling"] in ("strong", "weak")
@@ -60,15 +68,17 @@ def _rec(impl, t, p, ms, *, scaling, family="ours", status="ok"):
 
 
 def test_strong_and_weak_efficiency_arithmetic():
-    recs = cp_scaling.add_efficiency([
-        _rec("base", 1024, 1, 100.0, scaling="strong"),
-        _rec("p2", 1024, 2, 60.0, scaling="strong"),  # t1 / (P tP) = 100 / 120
-        _rec("p4", 1024, 4, 25.0, scaling="strong"),  # 100 / 100: linear
-        _rec("wbase", 512, 1, 10.0, scaling="weak"),
-        _rec("w2", 1024, 2, 25.0, scaling="weak"),  # 4x the work on 2 devices in 2.5x the time: 4 / (2 · 2.5)
-        _rec("failed", 1024, 2, 1.0, scaling="strong", status="oom"),
-        _rec("te", 1024, 2, 50.0, scaling="strong", family="te"),  # no TE baseline
-    ])  # fmt: skip
+    recs = cp_scaling.add_efficiency(
+        [
+            _rec("base", 1024, 1, 100.0, scaling="strong"),
+            _rec("p2", 1024, 2, 60.0, scaling="strong"),  # t1 / (P tP) = 100 / 120
+            _rec("p4", 1024, 4, 25.0, scaling="strong"),  # 100 / 100: linear
+            _rec("wbase", 512, 1, 10.0, scaling="weak"),
+            _rec("w2", 1024, 2, 25.0, scaling="weak"),  # 4x the work on 2 devices in 2.5x the time: 4 / (2 · 2.5)
+            _rec("failed", 1024, 2, 1.0, scaling="strong", status="oom"),
+            _rec("te", 1024, 2, 50.0, scaling="strong", family="te"),  # no TE baseline
+        ]
+    )
     eff = {r["impl"]: r["efficiency"] for r in recs}
     assert eff["p2"] == pytest.approx(100 / 120)
     assert eff["p4"] == pytest.approx(1.0)
@@ -123,16 +133,21 @@ def test_device_counts():
 
 
 def test_spent_budget_records_the_reason():
-    recs = cp_scaling.scaling_records(2, seqs=(256,), weak_base=None, passes=("fwd",), causal=(False,), te=False,
-                                      budget_s=0.0, **TINY)  # fmt: skip
-    assert [r["impl"] for r in recs] == ["local_P1_strong", "cp_ring_contiguous_P2_strong",
-                                         "cp_allgather_contiguous_P2_strong"]  # fmt: skip
+    recs = cp_scaling.scaling_records(
+        2, seqs=(256,), weak_base=None, passes=("fwd",), causal=(False,), te=False, budget_s=0.0, **TINY
+    )
+    assert [r["impl"] for r in recs] == [
+        "local_P1_strong",
+        "cp_ring_contiguous_P2_strong",
+        "cp_allgather_contiguous_P2_strong",
+    ]
     assert all(r["status"] == "unsupported" and "budget" in r["reason"] and check_record(r) == [] for r in recs)
 
 
 def test_records_say_the_gpus_and_the_ring_steps_apart():
-    recs = cp_scaling.scaling_records(4, seqs=(256,), weak_base=None, passes=("fwd",), causal=(False,), te=True,
-                                      budget_s=0.0, **TINY)  # fmt: skip
+    recs = cp_scaling.scaling_records(
+        4, seqs=(256,), weak_base=None, passes=("fwd",), causal=(False,), te=True, budget_s=0.0, **TINY
+    )
     ran = {r["impl"]: (r["gpus"], r["ring_steps"]) for r in recs}
     assert ran["local_P1_strong"] == (1, None) and ran["te_local_P1_strong"] == (1, None)
     assert ran["cp_ring_contiguous_P4_strong"] == (4, 4) and ran["te_ring_P4_strong"] == (4, 4)

@@ -122,8 +122,10 @@ def test_materialised_bytes_add_the_scores_and_weights_written_and_read_once():
 
 
 def test_materialised_traffic_grows_with_s_while_the_fused_minimum_does_not_at_fixed_t():
-    grow = [materialised_bytes(1, 128, s, 8, 8, 64, "bfloat16") - attention_bytes(1, 128, s, 8, 8, 64, "bfloat16")
-            for s in (1024, 2048, 4096)]  # fmt: skip
+    grow = [
+        materialised_bytes(1, 128, s, 8, 8, 64, "bfloat16") - attention_bytes(1, 128, s, 8, 8, 64, "bfloat16")
+        for s in (1024, 2048, 4096)
+    ]
     assert grow[1] == 2 * grow[0] and grow[2] == 2 * grow[1]  # the score part is linear in S
 
 

@@ -65,8 +65,11 @@ def test_kernel_table_sums_per_name_and_divides_by_calls():
 
 def test_compare_record_fields_and_ratio():
     t = Timing(median_ms=2.1, p10_ms=2.0, p90_ms=2.3, repeats=10, inner=5, compile_s=0.5, single_call_ms=2.4)
-    rows = [Kernel("fmha", 1500.0, 1.0, "kernel"), Kernel("transpose", 500.0, 2.0, "kernel"),
-            Kernel("graph", 9999.0, 1.0, "other")]  # fmt: skip
+    rows = [
+        Kernel("fmha", 1500.0, 1.0, "kernel"),
+        Kernel("transpose", 500.0, 2.0, "kernel"),
+        Kernel("graph", 9999.0, 1.0, "other"),
+    ]
     rec = compare(t, rows, profiled_calls=10)
     assert rec["device_ms"] == pytest.approx(2.0)
     assert rec["device_ratio"] == pytest.approx(1.05)
@@ -96,8 +99,19 @@ def test_busy_span_leaves_out_the_untimed_call_and_counts_gaps():
 
 
 def test_profile_records_follow_the_schema():
-    recs = profile.profile_records(("xla", "cudnn"), batch=1, seq=128, heads=2, head_dim=32, dtype="float32",
-                                   causal=(True,), repeats=3, max_seconds=0.2, min_sample_ms=2.0, profiled_calls=2)  # fmt: skip
+    recs = profile.profile_records(
+        ("xla", "cudnn"),
+        batch=1,
+        seq=128,
+        heads=2,
+        head_dim=32,
+        dtype="float32",
+        causal=(True,),
+        repeats=3,
+        max_seconds=0.2,
+        min_sample_ms=2.0,
+        profiled_calls=2,
+    )
     assert [(r["impl"], r["causal"]) for r in recs] == [("xla", True), ("cudnn", True)]
     assert all(check_record(r) == [] for r in recs), [check_record(r) for r in recs]
     xla = recs[0]
@@ -126,14 +140,28 @@ def test_device_time_agrees_with_pipelined_time_for_a_long_cudnn_call():
 
 
 def _rec(impl, ratio, dev_ms, source="device", causal=False):
-    return {"impl": impl, "causal": causal, "status": "ok", "device_ratio": ratio, "device_ms": dev_ms,
-            "time_source": source}  # fmt: skip
+    return {
+        "impl": impl,
+        "causal": causal,
+        "status": "ok",
+        "device_ratio": ratio,
+        "device_ms": dev_ms,
+        "time_source": source,
+    }
 
 
 def test_kernel_rows_format_records():
-    rec = {**_rec("cudnn", 1.0123, 2.5), "median_ms": 2.53, "p10_ms": 2.5, "p90_ms": 2.6, "dispatch_ms": 0.012,
-           "kernels": [{"name": "k" * 200, "us": 12345.6, "count": 1.0, "kind": "kernel"},
-                       {"name": "fmha", "us": 99.94, "count": 2.0, "kind": "kernel"}]}  # fmt: skip
+    rec = {
+        **_rec("cudnn", 1.0123, 2.5),
+        "median_ms": 2.53,
+        "p10_ms": 2.5,
+        "p90_ms": 2.6,
+        "dispatch_ms": 0.012,
+        "kernels": [
+            {"name": "k" * 200, "us": 12345.6, "count": 1.0, "kind": "kernel"},
+            {"name": "fmha", "us": 99.94, "count": 2.0, "kind": "kernel"},
+        ],
+    }
     rows = profile.kernel_rows([rec, {"status": "unsupported"}], top=2)
     assert [r["µs per call"] for r in rows] == ["12346", "99.94"] and rows[1]["launches per call"] == "2"
     assert len(rows[0]["kernel or op"]) == 110 and rows[0]["kernel or op"].endswith("…")
@@ -145,8 +173,14 @@ FMHA = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x12
 def _prof(kernels, causal=False, wall=None):
     """A profiled record whose device_ms is the sum of its (name, µs, count, kind) kernels."""
     ks = [{"name": n, "us": us, "count": c, "kind": kind} for n, us, c, kind in kernels]
-    return {"impl": "x", "status": "ok", "causal": causal, "kernels": ks, "traced_wall_ms": wall,
-            "device_ms": sum(us for _, us, _, kind in kernels if kind in profile.DEVICE_KINDS) / 1e3}  # fmt: skip
+    return {
+        "impl": "x",
+        "status": "ok",
+        "causal": causal,
+        "kernels": ks,
+        "traced_wall_ms": wall,
+        "device_ms": sum(us for _, us, _, kind in kernels if kind in profile.DEVICE_KINDS) / 1e3,
+    }
 
 
 def test_same_kernel_compares_full_names_past_the_table_cut():
@@ -163,8 +197,15 @@ def test_same_kernel_compares_full_names_past_the_table_cut():
 
 
 def test_extra_kernels_are_those_beside_the_main_one():
-    te = _prof([(FMHA, 873.2, 1, "kernel"), ("rng_state", 1.2, 1, "kernel"), ("Memset 3", 0.9, 1, "memset"),
-                ("loop_broadcast_fusion", 0.7, 1, "kernel"), ("graph", 5.0, 1, "graph")])  # fmt: skip
+    te = _prof(
+        [
+            (FMHA, 873.2, 1, "kernel"),
+            ("rng_state", 1.2, 1, "kernel"),
+            ("Memset 3", 0.9, 1, "memset"),
+            ("loop_broadcast_fusion", 0.7, 1, "kernel"),
+            ("graph", 5.0, 1, "graph"),
+        ]
+    )
     jax_cudnn = _prof([(FMHA, 835.9, 1, "kernel"), ("Memset 3", 17.6, 3, "memset")])
     assert [k["name"] for k in profile.extra_kernels(te)] == ["rng_state", "Memset 3", "loop_broadcast_fusion"]
     assert profile.listed_all(te) and profile.listed_all(jax_cudnn)

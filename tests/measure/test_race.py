@@ -42,11 +42,19 @@ def test_every_group_builds_its_cases_and_unknown_groups_are_refused():
 
 def test_a_race_times_the_right_contenders_and_reports_the_wrong_one_untimed():
     case = race.Case(
-        "masks", "tiny", (1, 16, 16, 2, 2, 8), {"is_causal": True},
-        {"XLA": race.xla(is_causal=True), "same": race.xla(is_causal=True), "wrong": race.xla(is_causal=False),
-         "plain, causal": race.xla(is_causal=False)},
-        "fwd", "XLA",
-    )  # fmt: skip
+        "masks",
+        "tiny",
+        (1, 16, 16, 2, 2, 8),
+        {"is_causal": True},
+        {
+            "XLA": race.xla(is_causal=True),
+            "same": race.xla(is_causal=True),
+            "wrong": race.xla(is_causal=False),
+            "plain, causal": race.xla(is_causal=False),
+        },
+        "fwd",
+        "XLA",
+    )
     rec = race.run_case(case, rounds=2, repeats=2, max_seconds=0.05)
     rows = {r["contender"]: r for r in rec["rows"]}
     assert rows["XLA"]["speed"] == 1.0 and rows["XLA"]["error"] is None

@@ -7,17 +7,38 @@ from attention_tutorial.results import store
 
 
 def cp_rec(impl, t, causal, ms, lo=None, hi=None, **kw):
-    base = {"impl": impl, "experiment": "context_parallel", "batch": 1, "seq_q": t, "seq_kv": t, "heads": 16,
-            "kv_heads": 4, "head_dim": 128, "dtype": "bfloat16", "causal": causal, "pass": "fwd", "mask": "none",
-            "status": "ok", "local": "mosaic", "median_ms": ms, "p10_ms": lo or ms, "p90_ms": hi or ms}  # fmt: skip
+    base = {
+        "impl": impl,
+        "experiment": "context_parallel",
+        "batch": 1,
+        "seq_q": t,
+        "seq_kv": t,
+        "heads": 16,
+        "kv_heads": 4,
+        "head_dim": 128,
+        "dtype": "bfloat16",
+        "causal": causal,
+        "pass": "fwd",
+        "mask": "none",
+        "status": "ok",
+        "local": "mosaic",
+        "median_ms": ms,
+        "p10_ms": lo or ms,
+        "p90_ms": hi or ms,
+    }
     return {**base, **kw}
 
 
-OLD = [cp_rec("cp_local", 4096, True, 0.16, devices=1), cp_rec("cp_ring_1dev", 4096, True, 0.20, devices=1),
-       cp_rec("cp_emulated_P2", 4096, True, 0.24, devices=2), cp_rec("cp_emulated_P4", 4096, True, 0.60, devices=4),
-       cp_rec("cp_local", 8192, True, 0.54, devices=1), cp_rec("cp_emulated_P4", 8192, True, 0.98, devices=4),
-       cp_rec("cp_local", 8192, False, 0.95, devices=1, tflops=580.0),
-       cp_rec("cp_local", 4096, False, 0.24, devices=1, tflops=570.0)]  # fmt: skip
+OLD = [
+    cp_rec("cp_local", 4096, True, 0.16, devices=1),
+    cp_rec("cp_ring_1dev", 4096, True, 0.20, devices=1),
+    cp_rec("cp_emulated_P2", 4096, True, 0.24, devices=2),
+    cp_rec("cp_emulated_P4", 4096, True, 0.60, devices=4),
+    cp_rec("cp_local", 8192, True, 0.54, devices=1),
+    cp_rec("cp_emulated_P4", 8192, True, 0.98, devices=4),
+    cp_rec("cp_local", 8192, False, 0.95, devices=1, tflops=580.0),
+    cp_rec("cp_local", 4096, False, 0.24, devices=1, tflops=570.0),
+]
 NEW = [{**r, "gpus": 1, "ring_steps": int(r["devices"])} for r in OLD]
 for r in NEW:
     r.pop("devices")
@@ -26,8 +47,11 @@ for r in NEW:
 
 
 def _cost(records, *, steps, causal, seq=None):
-    found = [c for c in ring_cost.ring_costs(records) if c.steps == steps and c.causal == causal
-             and (seq is None or c.seq == seq)]  # fmt: skip
+    found = [
+        c
+        for c in ring_cost.ring_costs(records)
+        if c.steps == steps and c.causal == causal and (seq is None or c.seq == seq)
+    ]
     return min(found, key=lambda c: c.seq) if found else None
 
 

@@ -13,8 +13,19 @@ needs_data = pytest.mark.skipif(DATA is None, reason="no recorded results")
 
 
 def rec(impl, ms, **kw):
-    base = {"impl": impl, "status": "ok", "pass": "fwd", "batch": 2, "seq_q": 1024, "seq_kv": 1024, "heads": 4,
-            "kv_heads": 4, "head_dim": 64, "dtype": "bfloat16", "causal": False}  # fmt: skip
+    base = {
+        "impl": impl,
+        "status": "ok",
+        "pass": "fwd",
+        "batch": 2,
+        "seq_q": 1024,
+        "seq_kv": 1024,
+        "heads": 4,
+        "kv_heads": 4,
+        "head_dim": 64,
+        "dtype": "bfloat16",
+        "causal": False,
+    }
     return {**base, "median_ms": ms, **kw}
 
 

@@ -50,13 +50,21 @@ def test_parse_trace_reads_back_the_regions_pallas_wrote_with_nesting_and_the_fi
     # one cycle between two events: the dumper's estimate of the profiler's own cost per event is then 0
     compute = _events(("qk", 100, 400, ("wait", 150, 300)), ("softmax", 401, 900), ("pv", 901, 1000))
     copy = _events(("copy", 100, 120), ("wait", 130, 800))
-    trace = _dumped([[(1000, 7, compute), (1000, 7, compute), (1000, 7, copy)],
-                     [(1000 + late, 9, compute), (1000 + late, 9, compute), (1000 + late, 9, copy)]])  # fmt: skip
+    trace = _dumped(
+        [
+            [(1000, 7, compute), (1000, 7, compute), (1000, 7, copy)],
+            [(1000 + late, 9, compute), (1000 + late, 9, compute), (1000 + late, 9, copy)],
+        ]
+    )
     tracks = tl.parse_trace(trace, ctas=1)
     assert [(t["cta"], t["warpgroup"], t["sm"]) for t in tracks] == [(0, 0, 7), (0, 1, 7), (0, 2, 7)]
     # each track's first event sits at its start (the dumper subtracts the first clock); cycles after it
-    assert tracks[0]["regions"] == [["qk", 0, 300, 0], ["wait", 50, 200, 1], ["softmax", 301, 800, 0],
-                                    ["pv", 801, 900, 0]]  # fmt: skip
+    assert tracks[0]["regions"] == [
+        ["qk", 0, 300, 0],
+        ["wait", 50, 200, 1],
+        ["softmax", 301, 800, 0],
+        ["pv", 801, 900, 0],
+    ]
     assert tracks[2]["regions"] == [["copy", 0, 20, 0], ["wait", 30, 700, 0]]
     both = tl.parse_trace(trace, ctas=2)
     assert [t["cta"] for t in both] == [0, 0, 0, 1, 1, 1]

@@ -39,6 +39,11 @@ def test_the_record_names_what_ran_where():
     rec = timing_lesson.timing_lesson_record()
     shape, dtype = timing_lesson.lesson_shape()
     assert (rec["batch"], rec["seq_q"], rec["heads"], rec["head_dim"], rec["dtype"]) == (
-        shape.batch, shape.seq_q, shape.heads, shape.head_dim, dtype)  # fmt: skip
+        shape.batch,
+        shape.seq_q,
+        shape.heads,
+        shape.head_dim,
+        dtype,
+    )
     assert rec["backend"] == jax.default_backend() and rec["device"] == jax.devices()[0].device_kind
     assert len(rec["samples_ms"]) == 20 and rec["inner"] == 10

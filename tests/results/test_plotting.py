@@ -161,8 +161,12 @@ def test_temporaries_are_plotted_in_mib():
 
 
 def test_oom_reasons_lose_the_allocator_tags():
-    rec = {"impl": "naive", "status": "oom", "reason": "JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while "
-           "trying to allocate 64.00GiB. [tf-allocator-allocation-error=''] [executable_name='jit_forward']"}  # fmt: skip
+    rec = {
+        "impl": "naive",
+        "status": "oom",
+        "reason": "JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while "
+        "trying to allocate 64.00GiB. [tf-allocator-allocation-error=''] [executable_name='jit_forward']",
+    }
     text = markdown_table([rec], ["impl", "reason"])
     assert "| out of memory (64.00 GiB requested) |" in text and "tf-allocator" not in text and "RESOURCE" not in text
     other = {**rec, "reason": "JaxRuntimeError: INTERNAL: a different failure [executable_name='jit_forward']"}
@@ -173,8 +177,10 @@ def test_oom_reasons_lose_the_allocator_tags():
 
 def test_series_that_overlap_on_the_plot_are_drawn_once_and_say_how_close():
     """The H200's memory plot: naive and XLA differ by about 2 MiB of 3 GiB (0.07 %), one line hid the other."""
-    xla = [{"impl": "xla", "seq_q": t, "status": "ok", "temp_bytes": b}
-           for t, b in ((1024, 3221225744), (2048, 6442451216))]  # fmt: skip
+    xla = [
+        {"impl": "xla", "seq_q": t, "status": "ok", "temp_bytes": b}
+        for t, b in ((1024, 3221225744), (2048, 6442451216))
+    ]
     naive = [{**r, "impl": "naive", "temp_bytes": b} for r, b in zip(xla, (3223322640, 6444548112))]
     apart = [{**r, "impl": "blockwise", "temp_bytes": r["temp_bytes"] * 1.02} for r in xla]  # 2 %: its own line
     fig = plot_records(xla + naive + apart, y="temp_bytes")
@@ -196,9 +202,22 @@ def test_loss_curves_turn_the_near_merge_off_but_still_join_identical_ones():
 
 
 def _shape(impl="xla", t=1024, **kw):
-    return {"impl": impl, "batch": 4, "seq_q": t, "seq_kv": t, "heads": 16, "kv_heads": 4, "head_dim": 128,
-            "dtype": "bfloat16", "causal": False, "mask": "none", "pass": "fwd", "status": "ok", "tflops": t / 100,
-            **kw}  # fmt: skip
+    return {
+        "impl": impl,
+        "batch": 4,
+        "seq_q": t,
+        "seq_kv": t,
+        "heads": 16,
+        "kv_heads": 4,
+        "head_dim": 128,
+        "dtype": "bfloat16",
+        "causal": False,
+        "mask": "none",
+        "pass": "fwd",
+        "status": "ok",
+        "tflops": t / 100,
+        **kw,
+    }
 
 
 def test_shape_words_name_what_is_fixed_and_say_when_batch_moves_with_t():

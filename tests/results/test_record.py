@@ -6,16 +6,25 @@ from attention_tutorial import results
 from attention_tutorial.measure.grids import points
 from attention_tutorial.results import record as rec_mod
 
-FAKE_ENV = {"gpu": "NVIDIA H200", "driver": "580.0", "jax": "0.11.2", "jaxlib": "0.11.2", "cudnn": "9.19.0",
-            "transformer_engine": None, "python": "3.12.3", "created": "2026-12-02T00:00:00+00:00"}  # fmt: skip
+FAKE_ENV = {
+    "gpu": "NVIDIA H200",
+    "driver": "580.0",
+    "jax": "0.11.2",
+    "jaxlib": "0.11.2",
+    "cudnn": "9.19.0",
+    "transformer_engine": None,
+    "python": "3.12.3",
+    "created": "2026-12-02T00:00:00+00:00",
+}
 
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
     monkeypatch.setattr(rec_mod.jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(rec_mod, "environment", lambda: dict(FAKE_ENV))
-    monkeypatch.setattr(rec_mod, "measure_ceilings", lambda: {"matmul_bf16_tflops": 2.0, "copy_gbps": 10.0,
-                                                              "read_gbps": 20.0})  # fmt: skip
+    monkeypatch.setattr(
+        rec_mod, "measure_ceilings", lambda: {"matmul_bf16_tflops": 2.0, "copy_gbps": 10.0, "read_gbps": 20.0}
+    )
     # the first float32 point of each grid in its CPU size, so the measuring itself runs here for real
     monkeypatch.setattr(
         rec_mod,
@@ -23,10 +32,30 @@ def fake_gpu(monkeypatch):
         lambda name, gpu, memory: ([p for p in points(name, gpu=False) if p.dtype == "float32"][:1], []),
     )
     # EXTRAS holds the experiments by reference: the stand-in goes there, or the real FP8 runs at its GPU sizes
-    monkeypatch.setitem(rec_mod.EXTRAS, "fp8", lambda peak, **t: [
-        {"impl": "cudnn_fp8_s1", "batch": 1, "seq_q": 8, "seq_kv": 8, "heads": 1, "kv_heads": 1, "head_dim": 8,
-         "dtype": "float8_e4m3fn", "causal": False, "pass": "fwd", "status": "unsupported", "reason": "simulated",
-         "median_ms": None, "p10_ms": None, "p90_ms": None, "tflops": None}])  # fmt: skip
+    monkeypatch.setitem(
+        rec_mod.EXTRAS,
+        "fp8",
+        lambda peak, **t: [
+            {
+                "impl": "cudnn_fp8_s1",
+                "batch": 1,
+                "seq_q": 8,
+                "seq_kv": 8,
+                "heads": 1,
+                "kv_heads": 1,
+                "head_dim": 8,
+                "dtype": "float8_e4m3fn",
+                "causal": False,
+                "pass": "fwd",
+                "status": "unsupported",
+                "reason": "simulated",
+                "median_ms": None,
+                "p10_ms": None,
+                "p90_ms": None,
+                "tflops": None,
+            }
+        ],
+    )
     monkeypatch.setattr(rec_mod, "_kernel_code_records", lambda: {"mosaic bfloat16": {"status": "ok", "run": 1}})
 
 
@@ -57,7 +86,11 @@ def test_the_timing_lesson_is_kept_beside_the_other_lessons(fake_gpu, tmp_path, 
     assert set(prov["lessons"]) == {"gqa", "timing"} and set(prov["grids"]) == {"decode", "lessons", "timing_lesson"}
     timing = prov["lessons"]["timing"]
     assert (timing["fn"], timing["inner"], len(timing["samples_ms"]), len(timing["waited_ms"])) == (
-        "jax.nn.dot_product_attention", 10, 20, 5)  # fmt: skip
+        "jax.nn.dot_product_attention",
+        10,
+        20,
+        5,
+    )
     assert timing["compile_s"] > 0 and timing["no_wait_ms"] > 0 and min(timing["samples_ms"]) > 0
 
 
@@ -65,16 +98,35 @@ def test_ablations_are_a_grid_and_the_timeline_is_kept_in_the_provenance_and_mer
     from attention_tutorial.measure import ablations, timeline
 
     out = tmp_path / "gpu.json"
-    rec = {"impl": "mosaic", "batch": 1, "seq_q": 8, "seq_kv": 8, "heads": 1, "kv_heads": 1, "head_dim": 8,
-           "dtype": "bfloat16", "causal": False, "pass": "fwd", "status": "unsupported", "reason": "simulated",
-           "median_ms": None, "p10_ms": None, "p90_ms": None, "tflops": None, "variant": "no_exp", "round": 1,
-           "pair": "mosaic"}  # fmt: skip
+    rec = {
+        "impl": "mosaic",
+        "batch": 1,
+        "seq_q": 8,
+        "seq_kv": 8,
+        "heads": 1,
+        "kv_heads": 1,
+        "head_dim": 8,
+        "dtype": "bfloat16",
+        "causal": False,
+        "pass": "fwd",
+        "status": "unsupported",
+        "reason": "simulated",
+        "median_ms": None,
+        "p10_ms": None,
+        "p90_ms": None,
+        "tflops": None,
+        "variant": "no_exp",
+        "round": 1,
+        "pair": "mosaic",
+    }
     monkeypatch.setattr(ablations, "ablation_records", lambda **kw: [rec, {**rec, "impl": "cudnn"}])
     monkeypatch.setattr(timeline, "timeline_records", lambda: {"mosaic": {"status": "ok", "tracks": [1]}})
     rec_mod.record([], out=out, extras=("ablations", "timeline"), progress=False, command="t")
     data = results.load(out)
     assert [(r["grid"], r["impl"], r["variant"]) for r in data["records"]] == [
-        ("ablations", "mosaic", "no_exp"), ("ablations", "cudnn", "no_exp")]  # fmt: skip
+        ("ablations", "mosaic", "no_exp"),
+        ("ablations", "cudnn", "no_exp"),
+    ]
     assert data["provenance"]["timeline"] == {"mosaic": {"status": "ok", "tracks": [1]}}
     assert set(data["provenance"]["grids"]) == {"ablations", "timeline"}
     monkeypatch.setattr(timeline, "timeline_records", lambda: {"mosaic_pipe": {"status": "error"}})
@@ -92,8 +144,15 @@ def test_ablations_are_a_grid_and_the_timeline_is_kept_in_the_provenance_and_mer
 def test_record_writes_a_valid_file_grid_by_grid_and_merges(fake_gpu, tmp_path, monkeypatch):
     out = tmp_path / "gpu.json"
     monkeypatch.setattr(rec_mod, "environment", lambda: {**FAKE_ENV, "transformer_engine": "2.20.2"})
-    rec_mod.record(["seq_short", "decode"], out=out, repeats=3, max_seconds=0.1, progress=False, extras=("fp8", "kernel_code"),
-                   command="test")  # fmt: skip
+    rec_mod.record(
+        ["seq_short", "decode"],
+        out=out,
+        repeats=3,
+        max_seconds=0.1,
+        progress=False,
+        extras=("fp8", "kernel_code"),
+        command="test",
+    )
     data = results.load(out)
     assert {r["grid"] for r in data["records"]} == {"seq_short", "decode", "fp8"}
     assert [r["reason"] for r in data["records"] if r["grid"] == "fp8"] == ["simulated"]
@@ -131,8 +190,9 @@ def test_points_that_do_not_fit_the_gpu_are_recorded_not_run(fake_gpu, tmp_path,
 
     monkeypatch.setattr(rec_mod, "plan", grids.plan)
     monkeypatch.setattr(rec_mod, "device_memory", lambda: 2**20)  # a 1 MiB "GPU"
-    monkeypatch.setattr(grids, "points", lambda name, gpu: [p for p in points(name, gpu=False)
-                                                            if p.dtype == "float32"][:2])  # fmt: skip
+    monkeypatch.setattr(
+        grids, "points", lambda name, gpu: [p for p in points(name, gpu=False) if p.dtype == "float32"][:2]
+    )
     out = tmp_path / "small.json"
     rec_mod.record(["seq_long"], out=out, repeats=3, max_seconds=0.1, progress=False, extras=(), command="t")
     recs = results.load(out)["records"]
@@ -157,8 +217,9 @@ def test_the_shipped_file_is_refused_from_a_dirty_tree(fake_gpu, tmp_path, monke
         rec_mod.record(["decode"], extras=())
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    monkeypatch.setattr(rec_mod, "measure_ceilings", lambda: {"matmul_bf16_tflops": 2.0, "copy_gbps": 10.0,
-                                                              "read_gbps": 20.0})  # fmt: skip
+    monkeypatch.setattr(
+        rec_mod, "measure_ceilings", lambda: {"matmul_bf16_tflops": 2.0, "copy_gbps": 10.0, "read_gbps": 20.0}
+    )
     assert rec_mod.record(["decode"], out=elsewhere / "x.json", extras=()).exists()
 
 

@@ -8,10 +8,17 @@ import pytest
 from attention_tutorial.results.stamp import last_executed
 
 H200 = {
-    "backend": "gpu", "gpu": "NVIDIA H200", "driver": "580.82.07", "cpu": "x86_64", "jax": "0.11.2",
-    "jaxlib": "0.11.2", "cudnn": "9.19.0", "transformer_engine": "2.20.0", "python": "3.12.3",
+    "backend": "gpu",
+    "gpu": "NVIDIA H200",
+    "driver": "580.82.07",
+    "cpu": "x86_64",
+    "jax": "0.11.2",
+    "jaxlib": "0.11.2",
+    "cudnn": "9.19.0",
+    "transformer_engine": "2.20.0",
+    "python": "3.12.3",
     "created": "2026-12-02T21:05:09+00:00",
-}  # fmt: skip
+}
 
 
 def test_a_gpu_stamp_names_gpu_driver_versions_and_date():

@@ -18,19 +18,56 @@ RESULTS = Path(__file__).resolve().parents[2] / "attention_tutorial" / "results"
 
 GOOD = {
     "provenance": {
-        "gpu": "NVIDIA H200", "driver": "580.1", "jax": "0.11.2", "jaxlib": "0.11.2", "cudnn": "9.19.0",
-        "transformer_engine": None, "python": "3.12.3", "created": "2026-12-02T00:00:00+00:00",
-        "command": "python -m attention_tutorial record", "matmul_bf16_tflops": 780.0, "copy_gbps": 3300.0,
+        "gpu": "NVIDIA H200",
+        "driver": "580.1",
+        "jax": "0.11.2",
+        "jaxlib": "0.11.2",
+        "cudnn": "9.19.0",
+        "transformer_engine": None,
+        "python": "3.12.3",
+        "created": "2026-12-02T00:00:00+00:00",
+        "command": "python -m attention_tutorial record",
+        "matmul_bf16_tflops": 780.0,
+        "copy_gbps": 3300.0,
     },
     "records": [
-        {"impl": "cudnn", "batch": 1, "seq_q": 8, "seq_kv": 8, "heads": 1, "kv_heads": 1, "head_dim": 64,
-         "dtype": "bfloat16", "causal": False, "pass": "fwd", "status": "ok", "median_ms": 1.0, "p10_ms": 0.9,
-         "p90_ms": 1.1, "tflops": 1.0},
-        {"impl": "naive", "batch": 1, "seq_q": 8, "seq_kv": 8, "heads": 1, "kv_heads": 1, "head_dim": 64,
-         "dtype": "bfloat16", "causal": True, "pass": "fwd+bwd", "status": "oom", "reason": "RESOURCE_EXHAUSTED",
-         "median_ms": None, "p10_ms": None, "p90_ms": None, "tflops": None},
+        {
+            "impl": "cudnn",
+            "batch": 1,
+            "seq_q": 8,
+            "seq_kv": 8,
+            "heads": 1,
+            "kv_heads": 1,
+            "head_dim": 64,
+            "dtype": "bfloat16",
+            "causal": False,
+            "pass": "fwd",
+            "status": "ok",
+            "median_ms": 1.0,
+            "p10_ms": 0.9,
+            "p90_ms": 1.1,
+            "tflops": 1.0,
+        },
+        {
+            "impl": "naive",
+            "batch": 1,
+            "seq_q": 8,
+            "seq_kv": 8,
+            "heads": 1,
+            "kv_heads": 1,
+            "head_dim": 64,
+            "dtype": "bfloat16",
+            "causal": True,
+            "pass": "fwd+bwd",
+            "status": "oom",
+            "reason": "RESOURCE_EXHAUSTED",
+            "median_ms": None,
+            "p10_ms": None,
+            "p90_ms": None,
+            "tflops": None,
+        },
     ],
-}  # fmt: skip
+}
 
 
 def _ms(value):
@@ -113,15 +150,28 @@ def test_each_defect_is_reported_on_top_of_a_valid_file_with_grids():
 
 def test_a_cpu_file_with_no_ceilings_is_valid_and_described():
     cpu = copy.deepcopy(GOOD)
-    cpu["provenance"].update(backend="cpu", gpu=None, driver=None, cudnn=None, cpu="x86_64",
-                             matmul_bf16_tflops=None, copy_gbps=None)  # fmt: skip
+    cpu["provenance"].update(
+        backend="cpu", gpu=None, driver=None, cudnn=None, cpu="x86_64", matmul_bf16_tflops=None, copy_gbps=None
+    )
     assert results.validate(cpu) == []
     assert results.describe(cpu["provenance"]).startswith("CPU (x86_64), JAX 0.11.2")
 
 
 def test_a_gemm_record_has_its_own_sizes():
-    gemm = {"impl": "te_dense_fp8", "problem": "gemm", "m": 32768, "k": 4096, "n": 4096, "dtype": "float8",
-            "pass": "fwd", "status": "ok", "median_ms": 1.0, "p10_ms": 0.9, "p90_ms": 1.1, "tflops": 1100.0}  # fmt: skip
+    gemm = {
+        "impl": "te_dense_fp8",
+        "problem": "gemm",
+        "m": 32768,
+        "k": 4096,
+        "n": 4096,
+        "dtype": "float8",
+        "pass": "fwd",
+        "status": "ok",
+        "median_ms": 1.0,
+        "p10_ms": 0.9,
+        "p90_ms": 1.1,
+        "tflops": 1100.0,
+    }
     assert results.validate({**GOOD, "records": [gemm]}) == []
     bad = {**gemm, "k": 0, "seq_kv": 4096}
     assert any("'k' must be positive" in p for p in results.validate({**GOOD, "records": [bad]}))
@@ -171,9 +221,14 @@ def test_committed_result_files_validate(path):
 
 
 def test_describe_names_each_grid_s_own_run():
-    prov = {**GOOD["provenance"], "transformer_engine": "2.20.2",
-            "grids": {"te": {"created": "2026-12-01T10:00:00+00:00", "transformer_engine": "2.19.0"},
-                      "old": {"created": "2026-11-30T10:00:00+00:00"}}}  # fmt: skip
+    prov = {
+        **GOOD["provenance"],
+        "transformer_engine": "2.20.2",
+        "grids": {
+            "te": {"created": "2026-12-01T10:00:00+00:00", "transformer_engine": "2.19.0"},
+            "old": {"created": "2026-11-30T10:00:00+00:00"},
+        },
+    }
     assert "TransformerEngine 2.20.2" in results.describe(prov)
     assert "TransformerEngine 2.19.0" in results.describe(prov, "te") and "2026-12-01" in results.describe(prov, "te")
     old = results.describe(prov, "old")  # written before grids kept their versions: TE unknown, not claimed
@@ -182,9 +237,15 @@ def test_describe_names_each_grid_s_own_run():
 
 
 def test_describe_names_the_code_a_run_measured_only_where_it_kept_it_and_when_asked():
-    prov = {**GOOD["provenance"], "commit": "fedcba9876543210", "dirty": False,
-            "grids": {"new": {"created": "2026-12-05T10:00:00+00:00", "commit": "0123456789abcdef", "dirty": True},
-                      "old": {"created": "2026-11-30T10:00:00+00:00"}}}  # fmt: skip
+    prov = {
+        **GOOD["provenance"],
+        "commit": "fedcba9876543210",
+        "dirty": False,
+        "grids": {
+            "new": {"created": "2026-12-05T10:00:00+00:00", "commit": "0123456789abcdef", "dirty": True},
+            "old": {"created": "2026-11-30T10:00:00+00:00"},
+        },
+    }
     assert "commit" not in results.describe(prov, "new")  # the open text names no commit
     assert results.describe(prov, "new", code=True).endswith(", commit 0123456, uncommitted changes")
     assert "commit" not in results.describe(prov, "old", code=True)  # a grid that kept none: not the file's latest
@@ -350,12 +411,19 @@ def test_merge_modes_never_drop_records_they_were_not_asked_to(tmp_path):
     results.save(path, GOOD["provenance"], [dict(a1, **_ms(5.0)), _rec("c")], replace_grids=False)
     recs = results.load(path)["records"]
     assert sorted((r["grid"], r["impl"], r["median_ms"]) for r in recs) == [
-        ("a", "cudnn", 1.0), ("a", "xla", 5.0), ("b", "cudnn", 1.0), ("c", "cudnn", 1.0)]  # fmt: skip
+        ("a", "cudnn", 1.0),
+        ("a", "xla", 5.0),
+        ("b", "cudnn", 1.0),
+        ("c", "cudnn", 1.0),
+    ]
     # grid merge (the recorder): grid a is re-measured as a whole, b and c stay
     results.save(path, GOOD["provenance"], [dict(a2, **_ms(7.0))], replace_grids=True)
     recs = results.load(path)["records"]
     assert sorted((r["grid"], r["impl"], r["median_ms"]) for r in recs) == [
-        ("a", "cudnn", 7.0), ("b", "cudnn", 1.0), ("c", "cudnn", 1.0)]  # fmt: skip
+        ("a", "cudnn", 7.0),
+        ("b", "cudnn", 1.0),
+        ("c", "cudnn", 1.0),
+    ]
 
 
 def test_merge_keeps_provenance_history_and_refuses_another_device(tmp_path):
@@ -425,8 +493,15 @@ def test_processes_saving_to_one_file_at_once_keep_every_point(tmp_path):
     path, go, workers, each = tmp_path / "same.json", tmp_path / "go", 3, 12
     code = SAVER.format(prov=GOOD["provenance"], rec=_rec("a"))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "JAX_PLATFORMS": "cpu"}
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), str(go), str(w), str(each)], env=env,
-                              stdout=subprocess.PIPE, text=True) for w in range(workers)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(path), str(go), str(w), str(each)],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for w in range(workers)
+    ]
     try:
         assert [p.stdout.readline().strip() for p in procs] == ["ready"] * workers
         go.touch()  # all start saving at once
@@ -506,8 +581,17 @@ def test_a_save_path_must_name_a_json_file(tmp_path, monkeypatch, name, message)
 
 
 def _cpu(**changes):
-    return {**GOOD["provenance"], "backend": "cpu", "gpu": None, "driver": None, "cudnn": None, "cpu": "x86_64",
-            "matmul_bf16_tflops": None, "copy_gbps": None, **changes}  # fmt: skip
+    return {
+        **GOOD["provenance"],
+        "backend": "cpu",
+        "gpu": None,
+        "driver": None,
+        "cudnn": None,
+        "cpu": "x86_64",
+        "matmul_bf16_tflops": None,
+        "copy_gbps": None,
+        **changes,
+    }
 
 
 def test_merging_results_of_another_environment_never_relabels_the_old_records(tmp_path):

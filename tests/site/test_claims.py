@@ -139,8 +139,15 @@ def test_mask_throughput_on_kept_positions_stays_below_the_peak():
 
     peak = DATA["provenance"]["matmul_bf16_tflops"]
     for r in _recs(grid="masks"):
-        f = attention_flops(r["batch"], r["seq_q"], r["seq_kv"], r["heads"], r["head_dim"], causal=r["causal"],
-                            mask=r.get("mask", "none"))  # fmt: skip
+        f = attention_flops(
+            r["batch"],
+            r["seq_q"],
+            r["seq_kv"],
+            r["heads"],
+            r["head_dim"],
+            causal=r["causal"],
+            mask=r.get("mask", "none"),
+        )
         assert f / (r["median_ms"] * 1e-3) / 1e12 < peak, (r["impl"], r["mask"], r["causal"])
 
 
@@ -195,8 +202,11 @@ def test_recorded_training_runs_agree_within_bf16_rounding():
     got = claims.loss_agreement(steps, "bfloat16")
     assert set(got) == set(by) - {first, twin} and "mosaic" in got
     # the yardstick, recomputed from the raw records: how far the nudged twin moved (or bf16's tolerance without one)
-    limit = (claims.TWIN_FACTOR * max(abs(by[twin][s] - by[first][s]) for s in by[first]) if twin in by
-             else claims.TOLERANCES["bfloat16"])  # fmt: skip
+    limit = (
+        claims.TWIN_FACTOR * max(abs(by[twin][s] - by[first][s]) for s in by[first])
+        if twin in by
+        else claims.TOLERANCES["bfloat16"]
+    )
     for impl, claim in got.items():
         diff = max(abs(by[impl][s] - by[first][s]) for s in by[first])  # recomputed from the raw records
         if twin in by:  # judged by the nearer of the two rounding-only curves
@@ -219,8 +229,12 @@ def test_a_spike_of_the_reference_run_alone_is_not_held_against_the_others():
     base = [5.0, 4.0, 3.5, 3.0, 3.2, 2.9]
     spiky = [5.0, 4.0, 3.6, 3.0, 3.2, 2.9]  # the reference's own excursion at one step
     twin = [5.0, 4.0, 3.49, 3.01, 3.2, 2.9]
-    recs = (_steps("xla", spiky) + _steps("xla_twin", twin) + _steps("ours", [x + 0.005 for x in base])
-            + _steps("bad", [x + 0.3 for x in base]))  # fmt: skip
+    recs = (
+        _steps("xla", spiky)
+        + _steps("xla_twin", twin)
+        + _steps("ours", [x + 0.005 for x in base])
+        + _steps("bad", [x + 0.3 for x in base])
+    )
     got = claims.loss_agreement(recs, "bfloat16")
     assert claims.loss_noise(recs) == pytest.approx(0.11)
     assert got["ours"].value == pytest.approx(0.015) and got["ours"].word == "agree within rounding noise"
@@ -230,8 +244,12 @@ def test_a_spike_of_the_reference_run_alone_is_not_held_against_the_others():
 def test_loss_agreement_with_a_twin_judges_against_rounding_noise():
     base = [5.0, 4.0, 3.5, 3.0, 3.2, 2.9]
     twin = [5.0, 4.0, 3.52, 3.01, 3.18, 2.9]  # rounding alone moved the curve by up to 0.02
-    recs = (_steps("xla", base) + _steps("ours", [x + 0.015 for x in base]) + _steps("bad", [x + 0.03 for x in base])
-            + _steps("xla_twin", twin))  # fmt: skip
+    recs = (
+        _steps("xla", base)
+        + _steps("ours", [x + 0.015 for x in base])
+        + _steps("bad", [x + 0.03 for x in base])
+        + _steps("xla_twin", twin)
+    )
     assert claims.loss_noise(recs) == pytest.approx(0.02)
     got = claims.loss_agreement(recs, "bfloat16")
     assert list(got) == ["ours", "bad"]  # the twin is the yardstick, not a contender
@@ -301,12 +319,28 @@ def test_a_twin_that_did_not_move_makes_only_an_exact_match_noise():
 
 def test_device_speed_ratios_pair_the_same_point():
     def rec(impl, causal, device_ms, median_ms, status="ok"):
-        return {"impl": impl, "causal": causal, "batch": 4, "seq_q": 4096, "seq_kv": 4096, "heads": 16,
-                "kv_heads": 16, "head_dim": 128, "dtype": "bfloat16", "pass": "fwd", "status": status,
-                "device_ms": device_ms, "median_ms": median_ms}  # fmt: skip
+        return {
+            "impl": impl,
+            "causal": causal,
+            "batch": 4,
+            "seq_q": 4096,
+            "seq_kv": 4096,
+            "heads": 16,
+            "kv_heads": 16,
+            "head_dim": 128,
+            "dtype": "bfloat16",
+            "pass": "fwd",
+            "status": status,
+            "device_ms": device_ms,
+            "median_ms": median_ms,
+        }
 
-    recs = [rec("cudnn", False, 0.85, 0.95), rec("mosaic", False, 0.92, 0.99), rec("cudnn", True, 0.5, 0.56),
-            rec("mosaic", True, None, None, status="error")]  # fmt: skip
+    recs = [
+        rec("cudnn", False, 0.85, 0.95),
+        rec("mosaic", False, 0.92, 0.99),
+        rec("cudnn", True, 0.5, 0.56),
+        rec("mosaic", True, None, None, status="error"),
+    ]
     got = claims.device_speed_ratios(recs, "mosaic", "cudnn")
     assert list(got) == [False]
     assert got[False] == (pytest.approx(0.85 / 0.92), pytest.approx(0.95 / 0.99))
@@ -319,8 +353,12 @@ def test_twin_yardstick_has_a_floor_of_a_few_float32_steps():
     base = [5.0, 4.0, 3.5, 3.0]
     step = float(np.spacing(np.float32(5.0)))  # one float32 step of the largest loss
     twin = [5.0 + step, 4.0, 3.5, 3.0]  # the twin moved by one step only
-    recs = (_steps("xla", base) + _steps("ours", [x + 2 * step for x in base])
-            + _steps("bad", [x + 10 * step for x in base]) + _steps("xla_twin", twin))  # fmt: skip
+    recs = (
+        _steps("xla", base)
+        + _steps("ours", [x + 2 * step for x in base])
+        + _steps("bad", [x + 10 * step for x in base])
+        + _steps("xla_twin", twin)
+    )
     assert claims.loss_floor(recs) == pytest.approx(claims.LOSS_ULPS * step)
     got = claims.loss_agreement(recs, "float32")
     assert got["ours"].word == "agree within rounding noise"  # two steps: the loss's own last bits
@@ -344,8 +382,11 @@ def test_a_twin_that_logged_fewer_steps_judges_no_run():
     recs = _steps("xla", base) + _steps("ours", [x + 0.3 for x in base]) + _steps("xla_twin", base[:1])[:1]
     got = claims.loss_agreement(recs, "bfloat16")
     assert got["ours"].value == pytest.approx(0.3) and got["ours"].word.startswith("differ")
-    far = _steps("xla", base) + _steps("ours", [5.0, 9.0, 9.0, 9.0]) + [{**r, "step": r["step"] + 100} for r in
-                                                                      _steps("xla_twin", base)]  # fmt: skip
+    far = (
+        _steps("xla", base)
+        + _steps("ours", [5.0, 9.0, 9.0, 9.0])
+        + [{**r, "step": r["step"] + 100} for r in _steps("xla_twin", base)]
+    )
     assert claims.loss_agreement(far, "bfloat16")["ours"].word.startswith("differ")  # shares no step with the twin
     assert claims.loss_yardstick(far).noise is None
     short = _steps("xla", base) + _steps("ours", [x + 0.01 for x in base]) + _steps("xla_twin", [5.0, 4.004])

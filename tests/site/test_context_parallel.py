@@ -66,8 +66,10 @@ def test_the_compiled_library_holds_the_collectives_the_page_names(strategy, dev
     mesh = Mesh(np.array(jax.devices()[:devices]), ("seq",))
     q, k, v = make_qkv(1, 16 * devices, 2, 8, seed=0)
     args = [jax.device_put(x, NamedSharding(mesh, PartitionSpec(None, "seq"))) for x in (q, k, v)]
-    f = lambda q, k, v: cp.context_parallel_attention(q, k, v, mesh=mesh, strategy=strategy, is_causal=True,  # noqa: E731
-                                                      reorder=False)  # fmt: skip
+
+    def f(q, k, v):
+        return cp.context_parallel_attention(q, k, v, mesh=mesh, strategy=strategy, is_causal=True, reorder=False)
+
     ring = strategy == "ring"  # P - 1 steps, each permuting K and V; or K and V gathered once each
     want = {"all-gather": 0 if ring else 2, "collective-permute": 2 * (devices - 1) if ring else 0}
     assert cp.collectives(jax.jit(f).lower(*args).compile().as_text()) == want
@@ -128,15 +130,36 @@ def test_overlap_figure_marks_where_each_transfer_meets_the_compute():
 
 
 def cp_rec(impl, t, causal, ms, lo=None, hi=None, **kw):
-    base = {"impl": impl, "experiment": "context_parallel", "batch": 1, "seq_q": t, "seq_kv": t, "heads": 16,
-            "kv_heads": 4, "head_dim": 128, "dtype": "bfloat16", "causal": causal, "pass": "fwd", "mask": "none",
-            "status": "ok", "local": "mosaic", "median_ms": ms, "p10_ms": lo or ms, "p90_ms": hi or ms}  # fmt: skip
+    base = {
+        "impl": impl,
+        "experiment": "context_parallel",
+        "batch": 1,
+        "seq_q": t,
+        "seq_kv": t,
+        "heads": 16,
+        "kv_heads": 4,
+        "head_dim": 128,
+        "dtype": "bfloat16",
+        "causal": causal,
+        "pass": "fwd",
+        "mask": "none",
+        "status": "ok",
+        "local": "mosaic",
+        "median_ms": ms,
+        "p10_ms": lo or ms,
+        "p90_ms": hi or ms,
+    }
     return {**base, **kw}
 
 
-OLD = [cp_rec("cp_local", 4096, True, 0.16, devices=1), cp_rec("cp_ring_1dev", 4096, True, 0.20, devices=1),
-       cp_rec("cp_emulated_P2", 4096, True, 0.24, devices=2), cp_rec("cp_emulated_P4", 4096, True, 0.60, devices=4),
-       cp_rec("cp_local", 8192, True, 0.54, devices=1), cp_rec("cp_emulated_P4", 8192, True, 0.98, devices=4)]  # fmt: skip
+OLD = [
+    cp_rec("cp_local", 4096, True, 0.16, devices=1),
+    cp_rec("cp_ring_1dev", 4096, True, 0.20, devices=1),
+    cp_rec("cp_emulated_P2", 4096, True, 0.24, devices=2),
+    cp_rec("cp_emulated_P4", 4096, True, 0.60, devices=4),
+    cp_rec("cp_local", 8192, True, 0.54, devices=1),
+    cp_rec("cp_emulated_P4", 8192, True, 0.98, devices=4),
+]
 
 
 def test_ring_cost_figure_bars_are_the_per_device_shares():
@@ -158,8 +181,11 @@ def test_cost_rows_are_the_ring_costs_as_cells():
 
 
 def test_the_live_check_pairs_the_same_implementation_on_the_same_local_step():
-    live = [cp_rec("cp_local", 4096, True, 0.17, 0.169, 0.171), cp_rec("cp_emulated_P4", 4096, True, 0.6),
-            cp_rec("cp_local", 256, True, 1.0)]  # fmt: skip
+    live = [
+        cp_rec("cp_local", 4096, True, 0.17, 0.169, 0.171),
+        cp_rec("cp_emulated_P4", 4096, True, 0.6),
+        cp_rec("cp_local", 256, True, 1.0),
+    ]
     other = [cp_rec("cp_local", 4096, True, 0.5, local="blockwise")]
     rows = live_check(live, store.select(OLD + other, local="mosaic"))  # as the page selects the recording
     assert [(r["impl"], r["verdict"]) for r in rows] == [("cp_local", "slower"), ("cp_emulated_P4", "on par")]
@@ -170,14 +196,19 @@ def test_the_live_check_pairs_the_same_implementation_on_the_same_local_step():
 
 
 def test_the_work_and_memory_per_device_at_a_million_tokens(built):
-    rate = max(store.select(RECORDED, impl="cp_local", status="ok", causal=False, pass_="fwd"),
-               key=lambda r: (r["seq_q"], r["tflops"]))  # fmt: skip
+    rate = max(
+        store.select(RECORDED, impl="cp_local", status="ok", causal=False, pass_="fwd"),
+        key=lambda r: (r["seq_q"], r["tflops"]),
+    )
     seconds = attention_flops(1, 2**20, 2**20, 32, 128, causal=True) / (rate["tflops"] * 1e12)
     gib = 2**20 * (2 * 32 + 2 * 8) * 128 * 2 / 2**30
     assert built["why_f"] == f"{rate['tflops']:.0f}" and built["rate_seq"] == f"{rate['seq_q']:,}"
     assert (built["why_s1"], built["why_s8"]) == (f"{seconds:.1f}", f"{seconds / 8:.1f}")
-    assert (built["why_gib"], built["why_model1"], built["why_model8"]) == (f"{gib:.0f}", f"{32 * gib:,.0f}",
-                                                                            f"{4 * gib:,.0f}")  # fmt: skip
+    assert (built["why_gib"], built["why_model1"], built["why_model8"]) == (
+        f"{gib:.0f}",
+        f"{32 * gib:,.0f}",
+        f"{4 * gib:,.0f}",
+    )
     assert num(built["why_model1"]) > num(built["why_mem"]) > num(built["why_model8"])  # fits only when split
 
 

@@ -43,8 +43,20 @@ def timed(ms, lo, hi, **kw):
 
 
 def dec(impl, k, s, ms, lo, hi, gbps, pct=None, **kw):
-    point = {"impl": impl, "batch": 16, "seq_q": 1, "seq_kv": s, "heads": 32, "kv_heads": k, "head_dim": 128,
-             "dtype": "bfloat16", "causal": False, "pass": "fwd", "mask": "none", "gbps": gbps}  # fmt: skip
+    point = {
+        "impl": impl,
+        "batch": 16,
+        "seq_q": 1,
+        "seq_kv": s,
+        "heads": 32,
+        "kv_heads": k,
+        "head_dim": 128,
+        "dtype": "bfloat16",
+        "causal": False,
+        "pass": "fwd",
+        "mask": "none",
+        "gbps": gbps,
+    }
     if pct is not None:
         point["pct_read"] = pct
     return {**point, **timed(ms, lo, hi), **kw}
@@ -129,8 +141,12 @@ def test_decode_figure_draws_each_series_a_marker_per_k_and_the_read_ceiling_onl
 # --- prefill
 
 
-PREFILL = [timed(1.87, 1.85, 1.88, impl="cudnn", kv_heads=32), timed(1.86, 1.84, 1.88, impl="cudnn", kv_heads=1),
-           timed(7.3, 7.29, 7.4, impl="xla", kv_heads=32), timed(9.4, 9.35, 9.41, impl="xla", kv_heads=1)]  # fmt: skip
+PREFILL = [
+    timed(1.87, 1.85, 1.88, impl="cudnn", kv_heads=32),
+    timed(1.86, 1.84, 1.88, impl="cudnn", kv_heads=1),
+    timed(7.3, 7.29, 7.4, impl="xla", kv_heads=32),
+    timed(9.4, 9.35, 9.41, impl="xla", kv_heads=1),
+]
 
 
 def test_prefill_figure_bars_are_the_medians():
@@ -169,13 +185,30 @@ def test_masks_figure_draws_one_panel_per_kind():
 
 
 def msk(impl, mask, causal, ms=None, status="ok", **kw):
-    base = {"impl": impl, "batch": 1, "seq_q": 1024, "seq_kv": 1024, "heads": 2, "kv_heads": 2, "head_dim": 64,
-            "dtype": "bfloat16", "causal": causal, "pass": "fwd", "mask": mask, "status": status}  # fmt: skip
+    base = {
+        "impl": impl,
+        "batch": 1,
+        "seq_q": 1024,
+        "seq_kv": 1024,
+        "heads": 2,
+        "kv_heads": 2,
+        "head_dim": 64,
+        "dtype": "bfloat16",
+        "causal": causal,
+        "pass": "fwd",
+        "mask": mask,
+        "status": status,
+    }
     return {**base, **(timed(ms, ms * 0.99, ms * 1.01) if ms else {"median_ms": None}), **kw}
 
 
-MASKS = [msk("cudnn", "none", True, 0.5), msk("cudnn", "dense", False, 1.5), msk("cudnn", "dense", True, 0.9),
-         msk("cudnn", "window", False, status="unsupported", reason="left only"), msk("xla", "none", True, 6.0)]  # fmt: skip
+MASKS = [
+    msk("cudnn", "none", True, 0.5),
+    msk("cudnn", "dense", False, 1.5),
+    msk("cudnn", "dense", True, 0.9),
+    msk("cudnn", "window", False, status="unsupported", reason="left only"),
+    msk("xla", "none", True, 6.0),
+]
 
 
 def test_masks_cost_figure_bars_are_the_medians_and_a_failure_is_named():
@@ -217,8 +250,9 @@ def test_no_recorded_mask_point_beats_the_peak_when_only_kept_positions_count():
     peak = DATA["provenance"]["grids"]["masks"]["matmul_bf16_tflops"]
     assert masks
     for r in masks:
-        kept = attention_flops(r["batch"], r["seq_q"], r["seq_kv"], r["heads"], r["head_dim"], causal=r["causal"],
-                               mask=r["mask"])  # fmt: skip
+        kept = attention_flops(
+            r["batch"], r["seq_q"], r["seq_kv"], r["heads"], r["head_dim"], causal=r["causal"], mask=r["mask"]
+        )
         assert r["tflops"] == pytest.approx(kept / (r["median_ms"] * 1e-3) / 1e12, rel=1e-6), (r["impl"], r["mask"])
         assert r["pct_peak"] == pytest.approx(100 * r["tflops"] / peak, rel=1e-6) and r["pct_peak"] < 100
 
@@ -278,8 +312,9 @@ def test_decoding_reads_the_cache_near_the_ceiling_and_one_kv_head_is_not_32_tim
 
 
 def test_short_decode_calls_hit_a_floor_that_xla_does_not(built):
-    short = sorted((r for r in _recs(grid="decode", impl="cudnn", kv_heads=1) if r["seq_kv"] < 131072),
-                   key=lambda r: r["seq_kv"])  # fmt: skip
+    short = sorted(
+        (r for r in _recs(grid="decode", impl="cudnn", kv_heads=1) if r["seq_kv"] < 131072), key=lambda r: r["seq_kv"]
+    )
     per_doubling = growth([r["seq_kv"] for r in short], [r["median_ms"] for r in short], var="S")
     assert built["floor_word"] == per_doubling.word == "stays flat"
     assert built["floor_growth"] == f"{per_doubling.value:.2f}"

@@ -7,10 +7,19 @@ from attention_tutorial.measure.flops import BF16_PEAK
 from attention_tutorial.results import store
 from attention_tutorial.site import how_we_measure as page
 
-PROV = {"gpu": "NVIDIA H200", "matmul_bf16_tflops": 700.0, "created": "2026-12-02T18:00:00+00:00",
-        "grids": {"a": {"matmul_bf16_tflops": 695.94}, "b": {"matmul_bf16_tflops": 696.41}, "c": {}},
-        "lessons": {"inputs": [{"inputs": "zeros", "tflops": 827.0}, {"inputs": "ones", "tflops": 818.0},
-                               {"inputs": "random normal", "tflops": 697.0}]}}  # fmt: skip
+PROV = {
+    "gpu": "NVIDIA H200",
+    "matmul_bf16_tflops": 700.0,
+    "created": "2026-12-02T18:00:00+00:00",
+    "grids": {"a": {"matmul_bf16_tflops": 695.94}, "b": {"matmul_bf16_tflops": 696.41}, "c": {}},
+    "lessons": {
+        "inputs": [
+            {"inputs": "zeros", "tflops": 827.0},
+            {"inputs": "ones", "tflops": 818.0},
+            {"inputs": "random normal", "tflops": 697.0},
+        ]
+    },
+}
 DATA = store.recorded()
 needs_data = pytest.mark.skipif(DATA is None, reason="no recorded results")
 
@@ -108,8 +117,14 @@ def test_verdict_figure_draws_each_range_and_median():
 
 
 def test_provenance_and_record_rows():
-    rows = page.provenance_rows({**PROV, "matmul_shape": [8192, 8192, 8192], "cudnn": None,
-                                 "command": "python -m attention_tutorial record --grids"})  # fmt: skip
+    rows = page.provenance_rows(
+        {
+            **PROV,
+            "matmul_shape": [8192, 8192, 8192],
+            "cudnn": None,
+            "command": "python -m attention_tutorial record --grids",
+        }
+    )
     by = {r["field"]: r["value"] for r in rows}
     assert by["matmul_bf16_tflops"] == "700" and by["matmul_shape"] == "8192 × 8192 × 8192" and by["cudnn"] == "–"
     assert by["command"] == "`python -m attention_tutorial record --grids`"  # code: "--" stays two hyphens

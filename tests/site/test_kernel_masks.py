@@ -6,11 +6,19 @@ from attention_tutorial.site import kernel_masks as page
 
 
 def _race(ours_ms, causal_ms, xla_ms, T=256):
-    rows = [{"contender": "XLA", "median_ms": xla_ms, "tflops": 1.0, "speed": 1.0},
-            {"contender": "ours", "median_ms": ours_ms, "tflops": 100.0, "speed": xla_ms / ours_ms},
-            {"contender": "ours, causal", "median_ms": causal_ms, "tflops": None, "speed": None}]  # fmt: skip
-    return {"group": "masks", "case": "packed documents of 256-4096, causal", "pass": "fwd", "baseline": "XLA",
-            "shape": [1, T, T, 1, 1, 8], "rows": rows}  # fmt: skip
+    rows = [
+        {"contender": "XLA", "median_ms": xla_ms, "tflops": 1.0, "speed": 1.0},
+        {"contender": "ours", "median_ms": ours_ms, "tflops": 100.0, "speed": xla_ms / ours_ms},
+        {"contender": "ours, causal", "median_ms": causal_ms, "tflops": None, "speed": None},
+    ]
+    return {
+        "group": "masks",
+        "case": "packed documents of 256-4096, causal",
+        "pass": "fwd",
+        "baseline": "XLA",
+        "shape": [1, T, T, 1, 1, 8],
+        "rows": rows,
+    }
 
 
 def test_tile_counts_and_a_band_alone_gives_one_grid():

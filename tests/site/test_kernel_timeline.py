@@ -13,25 +13,32 @@ def _track(cta, wg, regions):
 
 
 TIMELINE = {
-    "mosaic": {"status": "ok", "tracks": [
-        _track(0, 0, [["qk", 0, 100, 0], ["wait", 20, 60, 1], ["softmax", 100, 300, 0], ["pv", 300, 400, 0]]),
-        _track(0, 1, [["wait", 0, 50, 0], ["qk", 50, 150, 0], ["softmax", 150, 350, 0], ["pv", 350, 400, 0]]),
-        _track(0, 2, [["copy", 0, 10, 0], ["wait", 10, 300, 0], ["copy", 300, 320, 0]]),
-        _track(1, 0, [["qk", 1000, 1100, 0]]),
-    ]},
-    "mosaic_pipe": {"status": "ok", "tracks": [
-        _track(0, 0, [["qk", 0, 80, 0], ["softmax", 80, 200, 0]]),
-        _track(0, 1, [["pv", 0, 200, 0]]),
-        _track(0, 2, [["copy", 0, 200, 0]]),
-    ]},
+    "mosaic": {
+        "status": "ok",
+        "tracks": [
+            _track(0, 0, [["qk", 0, 100, 0], ["wait", 20, 60, 1], ["softmax", 100, 300, 0], ["pv", 300, 400, 0]]),
+            _track(0, 1, [["wait", 0, 50, 0], ["qk", 50, 150, 0], ["softmax", 150, 350, 0], ["pv", 350, 400, 0]]),
+            _track(0, 2, [["copy", 0, 10, 0], ["wait", 10, 300, 0], ["copy", 300, 320, 0]]),
+            _track(1, 0, [["qk", 1000, 1100, 0]]),
+        ],
+    },
+    "mosaic_pipe": {
+        "status": "ok",
+        "tracks": [
+            _track(0, 0, [["qk", 0, 80, 0], ["softmax", 80, 200, 0]]),
+            _track(0, 1, [["pv", 0, 200, 0]]),
+            _track(0, 2, [["copy", 0, 200, 0]]),
+        ],
+    },
     "other": {"status": "error", "reason": "no GPU"},
-}  # fmt: skip
+}
 
 
 def test_rows_go_kernel_by_kernel_warpgroup_by_warpgroup_and_keep_the_first_ctas():
     rows = kt.timeline_rows(TIMELINE)
     assert [(r.kernel, r.cta, r.warpgroup) for r in rows] == [("mosaic", 0, w) for w in range(3)] + [
-        ("mosaic_pipe", 0, w) for w in range(3)]  # fmt: skip
+        ("mosaic_pipe", 0, w) for w in range(3)
+    ]
     assert [r.compute for r in rows[:3]] == [True, True, False]
     assert rows[0].bars[1] == kt.Bar("wait", 20, 60, 1)
     assert (
@@ -79,7 +86,9 @@ def test_the_figure_draws_one_row_per_warpgroup_each_bar_where_its_region_lies()
 def test_times_are_cycles_the_warpgroups_start_offset_converted_from_ns():
     # a track recorded 1000 ns after the first, its regions 0 and 100 cycles after its own start
     assert kt.in_cycles([["qk", 1000, 1100, 0], ["wait", 1020, 1060, 1]], clock_ghz=2.0) == [
-        ("qk", 2000, 2100, 0), ("wait", 2020, 2060, 1)]  # fmt: skip
+        ("qk", 2000, 2100, 0),
+        ("wait", 2020, 2060, 1),
+    ]
     assert kt.in_cycles([]) == []
     cta1 = next(r for r in kt.timeline_rows(TIMELINE, ctas=2, clock_ghz=1.5) if r.cta == 1)
     assert cta1.bars[0] == kt.Bar("qk", 1500, 1600, 0)
@@ -97,8 +106,12 @@ def _pingpong_timeline(wg1_offset=150):
             regions += [["softmax", t, t + 100, 0], ["pv", t + 110, t + 200, 0], ["qk", t + 200, t + 290, 0]]
         return _track(0, wg, regions)
 
-    entry = {"status": "ok", "tiles": {"block_q": 64, "block_kv": 128, "stages": 2}, "shape": {"head_dim": 128},
-             "tracks": [track(0, 20), track(1, 20 + wg1_offset), _track(0, 2, [["copy", 0, 50, 0]])]}  # fmt: skip
+    entry = {
+        "status": "ok",
+        "tiles": {"block_q": 64, "block_kv": 128, "stages": 2},
+        "shape": {"head_dim": 128},
+        "tracks": [track(0, 20), track(1, 20 + wg1_offset), _track(0, 2, [["copy", 0, 50, 0]])],
+    }
     return {"mosaic": entry}
 
 
@@ -134,11 +147,18 @@ def test_the_zoom_shows_a_few_key_blocks_from_the_window_start():
 
 
 def test_a_backward_timeline_draws_its_own_regions_each_in_its_colour():
-    backward = {"mosaic_atomic": {"status": "ok", "tracks": [
-        _track(0, 0, [["qk", 0, 50, 0], ["softmax", 50, 120, 0], ["grads", 120, 220, 0], ["dq_add", 220, 240, 0]]),
-        _track(0, 1, [["wait", 0, 40, 0], ["qk", 40, 90, 0], ["grads", 90, 200, 0]]),
-        _track(0, 2, [["copy", 0, 10, 0], ["wait", 10, 240, 0]]),
-    ]}}  # fmt: skip
+    backward = {
+        "mosaic_atomic": {
+            "status": "ok",
+            "tracks": [
+                _track(
+                    0, 0, [["qk", 0, 50, 0], ["softmax", 50, 120, 0], ["grads", 120, 220, 0], ["dq_add", 220, 240, 0]]
+                ),
+                _track(0, 1, [["wait", 0, 40, 0], ["qk", 40, 90, 0], ["grads", 90, 200, 0]]),
+                _track(0, 2, [["copy", 0, 10, 0], ["wait", 10, 240, 0]]),
+            ],
+        }
+    }
     fig = kt.timeline_figure(backward, kernels=("mosaic_atomic",))
     ax = fig.axes[0]
     assert ax.get_yticklabels()[0].get_text() == "dQ by atomic adds, CTA 0: compute warpgroup 0"
@@ -147,8 +167,8 @@ def test_a_backward_timeline_draws_its_own_regions_each_in_its_colour():
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert any(t.startswith("gradient matmuls") for t in legend) and any(t.startswith("dQ's share") for t in legend)
     assert kt.region_shares(kt.timeline_rows(backward, kernels=("mosaic_atomic",)))[0].shares["grads"] == (
-        pytest.approx(210 / 440)
-    )  # fmt: skip  (grads 100 + 110 over spans 240 + 200)
+        pytest.approx(210 / 440)  # grads 100 + 110 over spans 240 + 200
+    )
     matplotlib.pyplot.close("all")
 
 

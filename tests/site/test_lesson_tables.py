@@ -34,8 +34,12 @@ def test_the_error_and_time_tables_are_split_by_shape():
     assert [len(r) for r in errors] == [4, 4]  # no time column beside an error at another shape
     assert errors[0]["max |out − float64| at B=4, T=S=128"] == "6.0e-04"
     times = lt.precision_time_table(rows)
-    assert times[1] == {"precision": "highest", "matmuls in": "float32", "shape": "T=2048",
-                        "ms per call (p10–p90)": "3.00 (2.90–3.10)"}  # fmt: skip
+    assert times[1] == {
+        "precision": "highest",
+        "matmuls in": "float32",
+        "shape": "T=2048",
+        "ms per call (p10–p90)": "3.00 (2.90–3.10)",
+    }
     assert lt.precision_time_table([{k: v for k, v in r.items() if "ms" not in k} for r in rows]) == []
 
 
@@ -47,8 +51,15 @@ def test_highest_vs_default_says_slower_only_outside_the_spread():
 
 
 def test_refusal_table_and_consistency():
-    rows = [{"head_dim": 128, "dtype": "bfloat16", "why_not": None, "forced": "runs"},
-            {"head_dim": 100, "dtype": "bfloat16", "why_not": "head_dim must be a multiple of 8", "forced": "ValueError: x"}]  # fmt: skip
+    rows = [
+        {"head_dim": 128, "dtype": "bfloat16", "why_not": None, "forced": "runs"},
+        {
+            "head_dim": 100,
+            "dtype": "bfloat16",
+            "why_not": "head_dim must be a multiple of 8",
+            "forced": "ValueError: x",
+        },
+    ]
     table = lt.refusal_table(rows)
     assert [r["H"] for r in table] == [100, 128]  # sorted by head size
     assert table[1]["`cudnn_why_not` says"] == "runs" and table[0]["JAX with cuDNN forced"] == "ValueError: x"
@@ -59,7 +70,13 @@ def test_refusal_table_and_consistency():
 
 def test_generation_and_head_dim_limit_follow_the_compute_capability():
     assert [lt.generation(cc) for cc in ("9.0", "8.0", "8.6", "8.9", "10.0", "7.5")] == [
-        "Hopper", "Ampere", "Ampere", "Ada Lovelace", "Blackwell", "Turing"]  # fmt: skip
+        "Hopper",
+        "Ampere",
+        "Ampere",
+        "Ada Lovelace",
+        "Blackwell",
+        "Turing",
+    ]
     assert lt.generation("6.1") is None
     assert [lt.cudnn_head_dim_limit(cc) for cc in ("9.0", "10.0", "8.0", "8.9", "7.5")] == [256, 256, 128, 128, None]
     with pytest.raises(ValueError, match=r"like '9\.0'"):
@@ -86,15 +103,28 @@ SEED = [  # recorded rows as the result file keeps them: the kernel in words, th
 def test_kernel_table_names_what_ran_and_the_library_calls():
     table = lt.kernel_table(SEED)
     assert [(r["implementation"], r["dtype"]) for r in table] == [
-        ("`None` (default)", "float32"), ('`"xla"`', "float32"), ("`None` (default)", "bfloat16"),
-        ('`"cudnn"`', "bfloat16")]  # fmt: skip
-    assert table[3] == {"implementation": '`"cudnn"`', "dtype": "bfloat16", "what ran": "cuDNN fused attention",
-                        "library calls": "__cudnn$fmhaSoftmax"}  # fmt: skip
+        ("`None` (default)", "float32"),
+        ('`"xla"`', "float32"),
+        ("`None` (default)", "bfloat16"),
+        ('`"cudnn"`', "bfloat16"),
+    ]
+    assert table[3] == {
+        "implementation": '`"cudnn"`',
+        "dtype": "bfloat16",
+        "what ran": "cuDNN fused attention",
+        "library calls": "__cudnn$fmhaSoftmax",
+    }
     assert table[0]["what ran"] == "XLA's own kernels" and table[0]["library calls"] == "none"
     assert table[1]["what ran"] == "XLA's own kernels and cuBLAS matmuls"
-    live = [{"impl": "cudnn", "dtype": "float32", "reason": "it takes float16 or bfloat16 inputs"},
-            {"impl": "xla", "dtype": "bfloat16", "kernel": "XLA: cuBLAS matmuls + fusions",
-             "kernels": ("__cublas$lt$matmul",)}]  # fmt: skip
+    live = [
+        {"impl": "cudnn", "dtype": "float32", "reason": "it takes float16 or bfloat16 inputs"},
+        {
+            "impl": "xla",
+            "dtype": "bfloat16",
+            "kernel": "XLA: cuBLAS matmuls + fusions",
+            "kernels": ("__cublas$lt$matmul",),
+        },
+    ]
     table = lt.kernel_table(live)
     assert table[0]["what ran"] == "not tried" and table[0]["library calls"] == "it takes float16 or bfloat16 inputs"
     assert table[1]["library calls"] == "__cublas$lt$matmul"
@@ -114,9 +144,11 @@ def test_where_recorded_leaves_out_libraries_the_grid_does_not_use(tmp_path):
 
 
 def test_each_constant_input_kind_is_compared_with_random_data():
-    rows = [timed(0.8, 0.78, 0.82, inputs="zeros", n=8192, tflops=1.0),
-            timed(0.99, 0.95, 1.05, inputs="ones", n=8192, tflops=1.0),
-            timed(1.0, 0.97, 1.03, inputs="random normal", n=8192, tflops=1.0)]  # fmt: skip
+    rows = [
+        timed(0.8, 0.78, 0.82, inputs="zeros", n=8192, tflops=1.0),
+        timed(0.99, 0.95, 1.05, inputs="ones", n=8192, tflops=1.0),
+        timed(1.0, 0.97, 1.03, inputs="random normal", n=8192, tflops=1.0),
+    ]
     claims = lt.inputs_vs_random(rows)
     assert claims["zeros"].word == "faster" and claims["zeros"].value == pytest.approx(1.25)
     assert claims["ones"].word == "on par" and claims["ones"].value == pytest.approx(1 / 0.99)
@@ -128,8 +160,16 @@ def test_recorded_lesson_reads_the_provenance_and_says_none_when_absent(tmp_path
     assert lt.recorded_lesson("gqa", tmp_path) == (None, None)
     with pytest.raises(ValueError, match="unknown lesson 'tf32'; choose from precision"):
         lt.recorded_lesson("tf32", tmp_path)
-    env = {"gpu": "NVIDIA H200", "driver": "580.0", "jax": "0.11.2", "jaxlib": "0.11.2", "cudnn": "9.19.0",
-           "transformer_engine": None, "python": "3.12.3", "created": "2026-12-03T00:00:00+00:00"}  # fmt: skip
+    env = {
+        "gpu": "NVIDIA H200",
+        "driver": "580.0",
+        "jax": "0.11.2",
+        "jaxlib": "0.11.2",
+        "cudnn": "9.19.0",
+        "transformer_engine": None,
+        "python": "3.12.3",
+        "created": "2026-12-03T00:00:00+00:00",
+    }
     prov = rec_mod.provenance(env, {"matmul_bf16_tflops": 700.0, "copy_gbps": 3000.0}, "test")
     prov["lessons"] = {"gqa": [{"impl": "xla", "status": "ok"}]}
     one = store.recorded("nvidia-h200")["records"][:1]  # any valid record: a result file is never empty

@@ -53,10 +53,14 @@ def test_the_last_step_is_the_full_softmax_even_for_huge_scores():
 
 @pytest.mark.parametrize(
     ("scores", "values", "block", "match"),
-    [(np.zeros((2, 3)), np.zeros((2, 3)), 2, "one row"), (np.zeros(3), np.zeros(4), 2, "one equal length"),
-     (np.zeros(0), np.zeros(0), 2, "one row"), (np.zeros(3), np.zeros(3), 0, "block must be a positive int"),
-     (np.zeros(3), np.zeros(3), 1.5, "block must be a positive int")],
-)  # fmt: skip
+    [
+        (np.zeros((2, 3)), np.zeros((2, 3)), 2, "one row"),
+        (np.zeros(3), np.zeros(4), 2, "one equal length"),
+        (np.zeros(0), np.zeros(0), 2, "one row"),
+        (np.zeros(3), np.zeros(3), 0, "block must be a positive int"),
+        (np.zeros(3), np.zeros(3), 1.5, "block must be a positive int"),
+    ],
+)
 def test_bad_rows_and_blocks_are_refused(scores, values, block, match):
     with pytest.raises(ValueError, match=match):
         page.online_softmax_steps(scores, values, block)
@@ -66,8 +70,13 @@ def test_the_online_softmax_figure_draws_the_running_max_and_the_sums():
     fig = page.online_softmax_figure(ROW, VALUES, 4)
     top, bottom = fig.axes[:2]
     steps = page.online_softmax_steps(ROW, VALUES, 4)
-    maxima = [seg[0][1] for coll in top.collections if hasattr(coll, "get_segments")
-              for seg in coll.get_segments() if seg[0][1] == seg[1][1] and seg[0][0] != seg[1][0]]  # fmt: skip
+    maxima = [
+        seg[0][1]
+        for coll in top.collections
+        if hasattr(coll, "get_segments")
+        for seg in coll.get_segments()
+        if seg[0][1] == seg[1][1] and seg[0][0] != seg[1][0]
+    ]
     assert maxima == [st.m for st in steps]  # one horizontal segment per block, at the running max
     added = [c.patches[0] for c in bottom.containers][1::2]  # each block: carried below, added on top
     tops = [b.get_y() + b.get_height() for b in added]
@@ -154,8 +163,10 @@ def test_the_io_numbers_against_bytes_and_flops_counted_by_hand(built):
     moved = scores * (4 + 2) * 2 + io  # a float32 score and a bf16 weight, each written and read once
     roof = reference_roof()
     assert built["io_shape"] == f"B = {B}, T = S = {T}, N = {N}, H = {H}, bf16"
-    assert built["io_arith"] == (f"{B} · {N} · {T} · {T} scores × 12 bytes = {scores * 12 / 1e9:.1f} GB, plus "
-                                 f"{io / 1e9:.2f} GB for q, k, v and the output")  # fmt: skip
+    assert built["io_arith"] == (
+        f"{B} · {N} · {T} · {T} scores × 12 bytes = {scores * 12 / 1e9:.1f} GB, plus "
+        f"{io / 1e9:.2f} GB for q, k, v and the output"
+    )
     assert built["io_naive_gb"] == f"{moved / 1e9:.1f} GB" and built["io_ratio"] == f"{moved / io:.0f}×"
     bytes_ms = moved / (roof.gbps * 1e9) * 1e3
     flops = 4 * B * N * T * T * H  # two matmuls, 2 FLOPs per multiply-add

@@ -16,15 +16,35 @@ def _close_figures():
 
 
 def r(impl, T, ms, lo, hi, *, H=128, causal=False, grid="flash", dtype="bfloat16", status="ok"):
-    return {"grid": grid, "impl": impl, "batch": 65536 // T, "seq_q": T, "seq_kv": T, "heads": 16, "kv_heads": 16,
-            "head_dim": H, "dtype": dtype, "causal": causal, "pass": "fwd", "mask": None, "status": status,
-            "median_ms": ms, "p10_ms": lo, "p90_ms": hi}  # fmt: skip
+    return {
+        "grid": grid,
+        "impl": impl,
+        "batch": 65536 // T,
+        "seq_q": T,
+        "seq_kv": T,
+        "heads": 16,
+        "kv_heads": 16,
+        "head_dim": H,
+        "dtype": dtype,
+        "causal": causal,
+        "pass": "fwd",
+        "mask": None,
+        "status": status,
+        "median_ms": ms,
+        "p10_ms": lo,
+        "p90_ms": hi,
+    }
 
 
-RECS = [r("cudnn", 8192, 1.00, 0.99, 1.01), r("mosaic", 8192, 0.90, 0.89, 0.91),
-        r("cudnn", 16384, 2.00, 1.98, 2.02), r("mosaic", 16384, 2.01, 1.99, 2.03),
-        r("cudnn", 2048, 0.2, 0.2, 0.2), r("mosaic", 2048, 0.1, 0.1, 0.1),
-        r("mosaic", 8192, 3.0, 2.9, 3.1, H=256, causal=True)]  # no cuDNN at H = 256 causal: no speed  # fmt: skip
+RECS = [
+    r("cudnn", 8192, 1.00, 0.99, 1.01),
+    r("mosaic", 8192, 0.90, 0.89, 0.91),
+    r("cudnn", 16384, 2.00, 1.98, 2.02),
+    r("mosaic", 16384, 2.01, 1.99, 2.03),
+    r("cudnn", 2048, 0.2, 0.2, 0.2),
+    r("mosaic", 2048, 0.1, 0.1, 0.1),
+    r("mosaic", 8192, 3.0, 2.9, 3.1, H=256, causal=True),
+]  # no cuDNN at H = 256 causal: no speed
 
 
 def test_race_gives_each_t_the_baseline_time_over_ours_and_its_verdict():
@@ -109,12 +129,24 @@ def test_the_timeline_figure_draws_every_box():
 
 
 CODE = {
-    "pallas bfloat16": {"batch": 4, "seq_q": 4096, "heads": 16, "head_dim": 128, "registers": [],
-                        "counts": {"sass": {"wgmma (warpgroup matmul)": 16, "cp.async (per-thread async copy)": 48}}},
-    "mosaic_pipe bfloat16 causal H=256": {"batch": 4, "seq_q": 4096, "heads": 16, "head_dim": 256,
-                                          "registers": [168], "wgmma_serialised": ["C7513: serialised"],
-                                          "counts": {"ptx": {"wgmma (warpgroup matmul)": 60}}},
-}  # fmt: skip
+    "pallas bfloat16": {
+        "batch": 4,
+        "seq_q": 4096,
+        "heads": 16,
+        "head_dim": 128,
+        "registers": [],
+        "counts": {"sass": {"wgmma (warpgroup matmul)": 16, "cp.async (per-thread async copy)": 48}},
+    },
+    "mosaic_pipe bfloat16 causal H=256": {
+        "batch": 4,
+        "seq_q": 4096,
+        "heads": 16,
+        "head_dim": 256,
+        "registers": [168],
+        "wgmma_serialised": ["C7513: serialised"],
+        "counts": {"ptx": {"wgmma (warpgroup matmul)": 60}},
+    },
+}
 
 
 def test_code_names_counts_and_rows():
@@ -126,7 +158,11 @@ def test_code_names_counts_and_rows():
     rows = {row["kernel"]: row for row in page.code_rows(CODE)}
     tri, pipe = rows["our Triton-lowered"], rows["our Mosaic GPU, pipelined, causal, H = 256"]
     assert (tri["code"], tri["cp.async"], tri["registers (ptxas)"], tri["matmuls serialised (ptxas)"]) == (
-        "SASS", 48, "—", "—")  # fmt: skip
+        "SASS",
+        48,
+        "—",
+        "—",
+    )
     assert (pipe["code"], pipe["wgmma"], pipe["registers (ptxas)"]) == ("PTX", 60, "168")
     assert pipe["matmuls serialised (ptxas)"].startswith("C7513")
     assert page.code_shape(CODE) == {"B": 4, "T": 4096, "N": 16, "H": [128, 256]}
@@ -170,7 +206,7 @@ def test_the_recorded_race_puts_the_mosaic_kernel_near_cudnn_and_triton_below():
     assert page.span(page.pick(speeds, impl="pallas", head_dim=128))[1] < low
 
 
-def _sample(a, b):  # fmt: skip
+def _sample(a, b):
     f = lambda t: t + b  # noqa: E731
     x = f(a)
     y = x * 2
@@ -198,11 +234,13 @@ def test_the_printed_kernel_excerpts_hold_what_the_page_says():
 
 
 def test_tensor_core_share_reads_the_long_points_of_one_impl():
-    recs = [{"impl": "cudnn", "head_dim": 128, "seq_q": 8192, "status": "ok", "tflops": 494.7},
-            {"impl": "cudnn", "head_dim": 128, "seq_q": 4096, "status": "ok", "tflops": 400.0},
-            {"impl": "cudnn", "head_dim": 128, "seq_q": 1024, "status": "ok", "tflops": 100.0},
-            {"impl": "cudnn", "head_dim": 64, "seq_q": 8192, "status": "ok", "tflops": 900.0},
-            {"impl": "mosaic", "head_dim": 128, "seq_q": 8192, "status": "ok", "tflops": 900.0}]  # fmt: skip
+    recs = [
+        {"impl": "cudnn", "head_dim": 128, "seq_q": 8192, "status": "ok", "tflops": 494.7},
+        {"impl": "cudnn", "head_dim": 128, "seq_q": 4096, "status": "ok", "tflops": 400.0},
+        {"impl": "cudnn", "head_dim": 128, "seq_q": 1024, "status": "ok", "tflops": 100.0},
+        {"impl": "cudnn", "head_dim": 64, "seq_q": 8192, "status": "ok", "tflops": 900.0},
+        {"impl": "mosaic", "head_dim": 128, "seq_q": 8192, "status": "ok", "tflops": 900.0},
+    ]
     low, high = page.tensor_core_share(recs, datasheet_tflops=1000.0)
     assert (low, high) == (pytest.approx(0.4), pytest.approx(0.4947))
     assert page.tensor_core_share(recs, impl="pallas") is None

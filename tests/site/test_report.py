@@ -5,21 +5,53 @@ import pytest
 from attention_tutorial.results import store
 from attention_tutorial.site import report
 
-PROV = {"gpu": "NVIDIA H200", "driver": "580", "jax": "0.11.2", "jaxlib": "0.11.2", "cudnn": "9.19.0",
-        "transformer_engine": None, "python": "3.12.3", "created": "2026-12-02T18:00:00+00:00", "command": "record",
-        "matmul_bf16_tflops": 700.0, "copy_gbps": 3300.0,
-        "grids": {"te": {"created": "2026-12-02T17:00:00+00:00", "transformer_engine": "2.20.2",
-                         "matmul_bf16_tflops": 680.0}}}  # fmt: skip
+PROV = {
+    "gpu": "NVIDIA H200",
+    "driver": "580",
+    "jax": "0.11.2",
+    "jaxlib": "0.11.2",
+    "cudnn": "9.19.0",
+    "transformer_engine": None,
+    "python": "3.12.3",
+    "created": "2026-12-02T18:00:00+00:00",
+    "command": "record",
+    "matmul_bf16_tflops": 700.0,
+    "copy_gbps": 3300.0,
+    "grids": {
+        "te": {"created": "2026-12-02T17:00:00+00:00", "transformer_engine": "2.20.2", "matmul_bf16_tflops": 680.0}
+    },
+}
 
 
 def _rec(grid, impl, seq_q, head_dim=128):
-    return {"grid": grid, "impl": impl, "batch": 1, "seq_q": seq_q, "seq_kv": seq_q, "heads": 1, "kv_heads": 1,
-            "head_dim": head_dim, "dtype": "bfloat16", "causal": False, "pass": "fwd", "status": "ok",
-            "median_ms": 1.0, "p10_ms": 0.9, "p90_ms": 1.1, "tflops": 100.0}  # fmt: skip
+    return {
+        "grid": grid,
+        "impl": impl,
+        "batch": 1,
+        "seq_q": seq_q,
+        "seq_kv": seq_q,
+        "heads": 1,
+        "kv_heads": 1,
+        "head_dim": head_dim,
+        "dtype": "bfloat16",
+        "causal": False,
+        "pass": "fwd",
+        "status": "ok",
+        "median_ms": 1.0,
+        "p10_ms": 0.9,
+        "p90_ms": 1.1,
+        "tflops": 100.0,
+    }
 
 
-RECORDS = [_rec("flash", "mosaic", 4096), _rec("flash", "mosaic", 4096, 64), _rec("seq_long", "xla", 4096),
-           _rec("seq_long", "xla", 2048), _rec("seq_long", "cudnn", 4096), _rec("te", "te", 4096)]  # fmt: skip
+RECORDS = [
+    _rec("flash", "mosaic", 4096),
+    _rec("flash", "mosaic", 4096, 64),
+    _rec("seq_long", "xla", 4096),
+    _rec("seq_long", "xla", 2048),
+    _rec("seq_long", "cudnn", 4096),
+    _rec("te", "te", 4096),
+]
 
 
 @pytest.fixture
@@ -38,9 +70,12 @@ def test_reference_filters_by_grid_and_fields(recorded):
 
 
 def test_recorded_facts_name_the_gpu_the_count_and_the_versions(recorded, monkeypatch):
-    assert report.recorded_facts() == {"recorded_gpu": "NVIDIA H200", "recorded_count": "6",
-                                       "recorded_versions": "JAX 0.11.2, cuDNN 9.19.0",
-                                       "recorded_kernel_speed": "not yet measured"}  # fmt: skip
+    assert report.recorded_facts() == {
+        "recorded_gpu": "NVIDIA H200",
+        "recorded_count": "6",
+        "recorded_versions": "JAX 0.11.2, cuDNN 9.19.0",
+        "recorded_kernel_speed": "not yet measured",
+    }
     monkeypatch.setattr(store, "recorded", lambda gpu: None)
     assert report.recorded_facts()["recorded_gpu"] == "no GPU yet"
 
@@ -50,9 +85,16 @@ def test_recorded_facts_give_our_forwards_speed_against_cudnn_at_long_sequences(
         return {**_rec("beyond", impl, t, h), "causal": causal, "median_ms": ms, "p10_ms": ms, "p90_ms": ms}
 
     # cuDNN over ours: 0.97 and 1.01 at T >= 8192; T = 4096 and H = 64 are left out
-    records = [rec("cudnn", 8192, 0.97), rec("mosaic", 8192, 1.0), rec("cudnn", 16384, 1.01, True),
-               rec("mosaic", 16384, 1.0, True), rec("cudnn", 4096, 0.5), rec("mosaic", 4096, 1.0),
-               rec("cudnn", 8192, 2.0, h=64), rec("mosaic", 8192, 1.0, h=64)]  # fmt: skip
+    records = [
+        rec("cudnn", 8192, 0.97),
+        rec("mosaic", 8192, 1.0),
+        rec("cudnn", 16384, 1.01, True),
+        rec("mosaic", 16384, 1.0, True),
+        rec("cudnn", 4096, 0.5),
+        rec("mosaic", 4096, 1.0),
+        rec("cudnn", 8192, 2.0, h=64),
+        rec("mosaic", 8192, 1.0, h=64),
+    ]
     monkeypatch.setattr(store, "recorded", lambda gpu: {"provenance": PROV, "records": records})
     assert report.recorded_facts()["recorded_kernel_speed"] == "97–101 %"
 
@@ -156,9 +198,19 @@ def test_shapes_in_words():
 
 
 def test_train_rows_format_ok_and_failed_runs():
-    ok = {"impl": "mosaic", "status": "ok", "median_ms": 52.4, "tokens_per_s": 312797.1, "tflops": 100.7,
-          "step_bytes": 3 * 2**20, "peak_bytes": 4 * 2**30, "final_loss": 2.4442, "eval_loss_init": 5.61,
-          "eval_loss": 2.5, "attention_kernel": "mosaic_gpu"}  # fmt: skip
+    ok = {
+        "impl": "mosaic",
+        "status": "ok",
+        "median_ms": 52.4,
+        "tokens_per_s": 312797.1,
+        "tflops": 100.7,
+        "step_bytes": 3 * 2**20,
+        "peak_bytes": 4 * 2**30,
+        "final_loss": 2.4442,
+        "eval_loss_init": 5.61,
+        "eval_loss": 2.5,
+        "attention_kernel": "mosaic_gpu",
+    }
     failed = {"impl": "pallas", "status": "error", "median_ms": None, "tflops": None, "reason": "no kernel"}
     rows = report.train_rows([ok, failed])
     assert rows[0]["tokens/s"] == "312,797" and rows[0]["peak memory (MiB)"] == "4096.0"
@@ -242,8 +294,12 @@ def test_with_range_puts_the_spread_in_one_column():
 
 def test_live_check_pairs_exact_points_and_judges_from_both_spreads():
     recorded = [_timed(0.30, 0.29, 0.31, kv_heads=1), _timed(0.13, 0.129, 0.131, kv_heads=32)]
-    live = [_timed(0.33, 0.329, 0.331, kv_heads=1), _timed(0.2, 0.2, 0.2, kv_heads=1, batch=4),
-            _timed(0.1305, 0.1295, 0.1315, kv_heads=32), _timed(1, 1, 1, kv_heads=8)]  # fmt: skip
+    live = [
+        _timed(0.33, 0.329, 0.331, kv_heads=1),
+        _timed(0.2, 0.2, 0.2, kv_heads=1, batch=4),
+        _timed(0.1305, 0.1295, 0.1315, kv_heads=32),
+        _timed(1, 1, 1, kv_heads=8),
+    ]
     rows = report.live_check(live, recorded)
     assert [(r["kv_heads"], r["verdict"]) for r in rows] == [(1, "slower"), (32, "on par")]
     assert rows[0]["recorded_ms"] == 0.30 and rows[0]["live_over_recorded"] == pytest.approx(0.33 / 0.30)

@@ -22,8 +22,19 @@ DATA = store.recorded()
 
 
 def rec(impl, ms, lo=None, hi=None, **kw):
-    base = {"impl": impl, "status": "ok", "pass": "fwd", "batch": 2, "seq_q": 1024, "seq_kv": 1024, "heads": 4,
-            "kv_heads": 4, "head_dim": 64, "dtype": "bfloat16", "causal": False}  # fmt: skip
+    base = {
+        "impl": impl,
+        "status": "ok",
+        "pass": "fwd",
+        "batch": 2,
+        "seq_q": 1024,
+        "seq_kv": 1024,
+        "heads": 4,
+        "kv_heads": 4,
+        "head_dim": 64,
+        "dtype": "bfloat16",
+        "causal": False,
+    }
     return {**base, "median_ms": ms, "p10_ms": lo or ms, "p90_ms": hi or ms, **kw}
 
 
@@ -54,10 +65,14 @@ def test_io_figure_draws_the_budget_and_the_roofline():
     fig = page.io_figure(points, points, r)
     left, right = fig.axes
     widths = [b.get_width() for b in left.patches]
-    assert widths == pytest.approx([2.0, r.bytes_ms(points[0]), r.matmul_ms(points[0]),
-                                    0.5, r.bytes_ms(points[1]), r.matmul_ms(points[1])])  # fmt: skip
-    marks = {line.get_label(): (line.get_xdata()[0], line.get_ydata()[0]) for line in right.lines
-             if line.get_linestyle() == "None"}  # fmt: skip
+    assert widths == pytest.approx(
+        [2.0, r.bytes_ms(points[0]), r.matmul_ms(points[0]), 0.5, r.bytes_ms(points[1]), r.matmul_ms(points[1])]
+    )
+    marks = {
+        line.get_label(): (line.get_xdata()[0], line.get_ydata()[0])
+        for line in right.lines
+        if line.get_linestyle() == "None"
+    }
     assert marks["XLA"] == pytest.approx((points[0].intensity, points[0].tflops))
     assert marks["cuDNN"] == pytest.approx((points[1].intensity, points[1].tflops))
     roofs = [line for line in right.lines if line.get_label().endswith("TB/s")]
@@ -94,8 +109,11 @@ def test_dodge_pushes_close_labels_apart():
 
 
 def test_batch_floor():
-    recs = [rec("cudnn", 0.07, 0.06, 0.08, batch=1), rec("cudnn", 0.075, 0.07, 0.09, batch=16),
-            rec("xla", 0.04, 0.035, 0.045, batch=8)]  # fmt: skip
+    recs = [
+        rec("cudnn", 0.07, 0.06, 0.08, batch=1),
+        rec("cudnn", 0.075, 0.07, 0.09, batch=16),
+        rec("xla", 0.04, 0.035, 0.045, batch=8),
+    ]
     f = page.batch_floor(recs, "cudnn")
     assert (f.work_ratio, f.fastest_ms, f.claim.word) == (16, 0.04, "on par")
     assert f.time_ratio == pytest.approx(0.075 / 0.07)
@@ -106,8 +124,12 @@ def test_batch_floor():
 
 
 def test_batch_figure_draws_microseconds_from_zero():
-    recs = [rec("cudnn", 0.07, 0.06, 0.08, batch=1), rec("cudnn", 0.075, 0.07, 0.09, batch=16),
-            rec("xla", 0.05, batch=1), rec("xla", 0.04, batch=16)]  # fmt: skip
+    recs = [
+        rec("cudnn", 0.07, 0.06, 0.08, batch=1),
+        rec("cudnn", 0.075, 0.07, 0.09, batch=16),
+        rec("xla", 0.05, batch=1),
+        rec("xla", 0.04, batch=16),
+    ]
     fig = page.batch_figure(recs)
     (ax,) = fig.axes
     lines = {line.get_label(): line for line in ax.lines}
@@ -171,8 +193,10 @@ def test_causal_masks_save_time_for_cudnn_only(built):
     _, xla_hi = map(float, built["t_mask_xla_range"].split("–"))
     assert cudnn_lo > 1.3 and xla_hi < 1.05
     for impl in ("xla", "cudnn"):  # every causal call against the unmasked one, from the ranges over runs
-        words = {compare([r], _recs(grid="seq_long", impl=impl, causal=False, seq_q=r["seq_q"])).word
-                 for r in _recs(grid="seq_long", impl=impl, causal=True)}  # fmt: skip
+        words = {
+            compare([r], _recs(grid="seq_long", impl=impl, causal=False, seq_q=r["seq_q"])).word
+            for r in _recs(grid="seq_long", impl=impl, causal=True)
+        }
         assert (words == {"faster"}) == (built[f"t_mask_{impl}"] == "faster")
     full, causal = (_recs(grid="seq_long", impl="cudnn", seq_q=4096, causal=c)[0] for c in (False, True))
     assert built["t_credit"] == "50"  # the kept pairs: T·(T+1)/2 of T²
@@ -228,8 +252,11 @@ def test_the_backward_race_against_independent_ratios(built):
     for key, impl in (("bw_xla_speed", "xla"), ("bw_own_speed", own)):
         assert _pct_range(built[key]) == pytest.approx(tuple(round(s, 2) for s in speeds[impl]), abs=0.006)
     assert _pct_range(built["bw_xla_speed"])[1] < 0.5 and _pct_range(built["bw_own_speed"])[0] > 0.8
-    assert (built["bw_main_ts"], built["bw_main_bs"], built["bw_main_tokens"]) == ("1,024, 4,096 and 16,384",
-                                                                                   "16, 4 and 1", "16k")  # fmt: skip
+    assert (built["bw_main_ts"], built["bw_main_bs"], built["bw_main_tokens"]) == (
+        "1,024, 4,096 and 16,384",
+        "16, 4 and 1",
+        "16k",
+    )
     assert (built["bw_last_t"], built["bw_last_b"], built["bw_last_tokens"]) == ("32,768", "1", "32k")
     best = max(store.select(race, impl="cudnn", causal=False), key=lambda r: r["tflops"])
     assert (built["bw_cudnn_pct"], built["bw_cudnn_t"]) == (f"{best['pct_peak']:.0f}", f"{best['seq_q']:,}")

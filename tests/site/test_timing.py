@@ -12,8 +12,14 @@ from attention_tutorial.results import store
 from attention_tutorial.site import timing
 from tests.built_pages import glued
 
-TIMES = {"compile_s": 0.25, "warmup_ms": (9.0, 1.1, 1.0), "no_wait_ms": 0.05, "waited_ms": (1.2, 1.3, 1.25),
-         "samples_ms": (1.0, 1.02, 0.98, 1.01, 0.99, 1.5, 1.0, 1.0, 1.03, 0.97), "inner": 10}  # fmt: skip
+TIMES = {
+    "compile_s": 0.25,
+    "warmup_ms": (9.0, 1.1, 1.0),
+    "no_wait_ms": 0.05,
+    "waited_ms": (1.2, 1.3, 1.25),
+    "samples_ms": (1.0, 1.02, 0.98, 1.01, 0.99, 1.5, 1.0, 1.0, 1.03, 0.97),
+    "inner": 10,
+}
 DATA = store.recorded()
 
 
@@ -64,8 +70,15 @@ def test_the_listing_keeps_the_five_steps_and_drops_the_argument_checks():
 
 
 def _rec(impl, ratio, dev_ms, source="device", causal=False, **kw):
-    return {"impl": impl, "causal": causal, "status": "ok", "device_ratio": ratio, "device_ms": dev_ms,
-            "time_source": source, **kw}  # fmt: skip
+    return {
+        "impl": impl,
+        "causal": causal,
+        "status": "ok",
+        "device_ratio": ratio,
+        "device_ms": dev_ms,
+        "time_source": source,
+        **kw,
+    }
 
 
 def test_device_row_formats_a_record():
@@ -81,11 +94,13 @@ def test_device_row_formats_a_record():
 
 
 def test_host_kernel_rows_keep_the_long_traced_calls_longest_first():
-    recs = [_rec("xla", 1.02, 3.0, traced_wall_ms=3.03, device_span_ms=3.0),
-            _rec("blockwise", 1.08, 6.0, causal=True, traced_wall_ms=6.6, device_span_ms=6.6),
-            _rec("cudnn", 1.1, 0.5, traced_wall_ms=0.52, device_span_ms=0.51),  # shorter than a millisecond
-            _rec("te", 1.0, 2.0),  # no host time of the traced calls
-            _rec("naive", 1.0, 4.0, source="host", traced_wall_ms=4.0)]  # a CPU's ops, not GPU kernels  # fmt: skip
+    recs = [
+        _rec("xla", 1.02, 3.0, traced_wall_ms=3.03, device_span_ms=3.0),
+        _rec("blockwise", 1.08, 6.0, causal=True, traced_wall_ms=6.6, device_span_ms=6.6),
+        _rec("cudnn", 1.1, 0.5, traced_wall_ms=0.52, device_span_ms=0.51),  # shorter than a millisecond
+        _rec("te", 1.0, 2.0),  # no host time of the traced calls
+        _rec("naive", 1.0, 4.0, source="host", traced_wall_ms=4.0),
+    ]  # a CPU's ops, not GPU kernels
     rows = timing.host_kernel_rows(recs)
     assert [(r["mask"], r["kernels summed (ms)"]) for r in rows] == [("causal", "6.000"), ("none", "3.000")]
     assert rows[0]["host / kernels"] == "1.100" and rows[0]["GPU busy"] == "91 %"

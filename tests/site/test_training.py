@@ -117,23 +117,43 @@ def test_noise_share():
 def _dispatch(impl, cb, waiting, ms, queue, status="ok"):
     if status != "ok":
         return {"impl": impl, "command_buffers": cb, "waiting": waiting, "status": status, "median_ms": None}
-    return {"impl": impl, "command_buffers": cb, "waiting": waiting, "status": status, "median_ms": ms,
-            "p10_ms": ms - 0.1, "p90_ms": ms + 0.2, "queue_ms": queue, "steps_per_wait": 10 if waiting == "ahead" else 1,
-            "mfu_datasheet_pct": 530.0 / ms}  # fmt: skip
+    return {
+        "impl": impl,
+        "command_buffers": cb,
+        "waiting": waiting,
+        "status": status,
+        "median_ms": ms,
+        "p10_ms": ms - 0.1,
+        "p90_ms": ms + 0.2,
+        "queue_ms": queue,
+        "steps_per_wait": 10 if waiting == "ahead" else 1,
+        "mfu_datasheet_pct": 530.0 / ms,
+    }
 
 
 def test_dispatch_rows_set_waiting_after_each_step_beside_queuing_ahead_per_setting():
-    recs = [_dispatch("cudnn", "XLA's default", "every step", 15.5, 3.2), _dispatch("cudnn", "XLA's default", "ahead",
-            13.2, 2.2), _dispatch("cudnn", "off", "every step", 16.5, 7.0), _dispatch("cudnn", "off", "ahead", 13.6,
-            13.2), _dispatch("mosaic", "off", "ahead", 0.0, 0.0, status="error")]  # fmt: skip
+    recs = [
+        _dispatch("cudnn", "XLA's default", "every step", 15.5, 3.2),
+        _dispatch("cudnn", "XLA's default", "ahead", 13.2, 2.2),
+        _dispatch("cudnn", "off", "every step", 16.5, 7.0),
+        _dispatch("cudnn", "off", "ahead", 13.6, 13.2),
+        _dispatch("mosaic", "off", "ahead", 0.0, 0.0, status="error"),
+    ]
     times = page.dispatch_times(recs)
     assert set(times) == {("cudnn", cb, w) for cb in ("XLA's default", "off") for w in ("every step", "ahead")}
     rows = page.dispatch_rows(recs)
-    assert [(r["command buffers"], r["waiting after each step (ms)"], r["10 steps queued, then one wait (ms)"],
-             r["host time to queue a step (ms)"]) for r in rows] == [
+    assert [
+        (
+            r["command buffers"],
+            r["waiting after each step (ms)"],
+            r["10 steps queued, then one wait (ms)"],
+            r["host time to queue a step (ms)"],
+        )
+        for r in rows
+    ] == [
         ("XLA's default", "15.5 (15.4–15.7)", "13.2 (13.1–13.4)", "2.2"),
         ("off", "16.5 (16.4–16.7)", "13.6 (13.5–13.8)", "13.2"),
-    ]  # fmt: skip
+    ]
     assert rows[0]["MFU waiting / queued (% of datasheet)"] == f"{530 / 15.5:.1f} / {530 / 13.2:.1f}"
 
 
@@ -152,8 +172,12 @@ def _bias_row(impl, bias, ms, status="ok"):
 
 
 def test_bias_rows_set_the_step_with_and_without_biases_side_by_side():
-    rows = [_bias_row("cudnn", True, 13.0), _bias_row("cudnn", False, 12.5), _bias_row("mosaic", True, 13.1),
-            _bias_row("mosaic", False, None, status="error")]  # fmt: skip
+    rows = [
+        _bias_row("cudnn", True, 13.0),
+        _bias_row("cudnn", False, 12.5),
+        _bias_row("mosaic", True, 13.1),
+        _bias_row("mosaic", False, None, status="error"),
+    ]
     assert set(page.bias_times(rows)) == {("cudnn", True), ("cudnn", False), ("mosaic", True)}
     got = page.bias_rows(rows)
     assert [r["step with biases (ms)"] for r in got] == ["13.00 (12.90–13.20)", "13.10 (13.00–13.30)"]

@@ -20,8 +20,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_fp8_speedup_figure_draws_each_mask():
-    rows = [{"seq_q": 4096, "causal": False, "ratio": 2.0, "low": 1.9, "high": 2.1, "word": "faster"},
-            {"seq_q": 4096, "causal": True, "ratio": 0.8, "low": 0.7, "high": 0.9, "word": "slower"}]  # fmt: skip
+    rows = [
+        {"seq_q": 4096, "causal": False, "ratio": 2.0, "low": 1.9, "high": 2.1, "word": "faster"},
+        {"seq_q": 4096, "causal": True, "ratio": 0.8, "low": 0.7, "high": 0.9, "word": "slower"},
+    ]
     fig = page.fp8_speedup_figure(rows)
     ys = [float(c.lines[0].get_ydata()[0]) for c in fig.axes[0].containers]
     assert ys == pytest.approx([2.0, 0.8])  # no mask, then causal
@@ -185,8 +187,10 @@ def test_fp8_attention_pays_on_long_sequences(built):
     first = next(t for t, _ in causal if all(w == "faster" for u, w in causal if u >= t))
     assert built["fp8_from_causal"] == f"from T = {first}" and first > causal[0][0]
     assert re.fullmatch(r"\d+ % more time at T = \d+ \(slower\)", built["fp8_below_causal"])
-    err = {i: store.select(fp8, impl=i, causal=False, seq_q=4096)[0]["rel_error"]
-           for i in ("cudnn", "cudnn_fp8_s1", "cudnn_fp8_s448")}  # fmt: skip
+    err = {
+        i: store.select(fp8, impl=i, causal=False, seq_q=4096)[0]["rel_error"]
+        for i in ("cudnn", "cudnn_fp8_s1", "cudnn_fp8_s448")
+    }
     assert all(built[f"err_{i}"] == f"{e:.3f}" for i, e in err.items())
     assert err["cudnn"] < err["cudnn_fp8_s448"] / 10  # FP8's error: E4M3's mantissa, not bf16's
     assert built["p_scale_verdict"] == "the P scale makes no difference, with or without a mask"

@@ -70,10 +70,14 @@ def test_too_short_a_stream_names_the_sizes():
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"tokens": [1, 2, 3] * 100}, "1-D NumPy array of integer ids"), ({"batch": 0}, "batch must be an integer"),
-     ({"seq_len": -1}, "seq_len must be an integer"), ({"seed": -1}, "seed must be an integer >= 0"),
-     ({"step": 1.5}, "step must be an integer >= 0")],
-)  # fmt: skip
+    [
+        ({"tokens": [1, 2, 3] * 100}, "1-D NumPy array of integer ids"),
+        ({"batch": 0}, "batch must be an integer"),
+        ({"seq_len": -1}, "seq_len must be an integer"),
+        ({"seed": -1}, "seed must be an integer >= 0"),
+        ({"step": 1.5}, "step must be an integer >= 0"),
+    ],
+)
 def test_batch_at_names_a_bad_argument(kwargs, match):
     args = {"tokens": np.zeros(100, np.uint8), "batch": 1, "seq_len": 4, "seed": 0, "step": 0, **kwargs}
     with pytest.raises(ValueError, match=match):

@@ -37,8 +37,14 @@ def test_the_twin_runs_last_with_the_first_implementation_nudged_by_one_rounding
     monkeypatch.setattr(grid, "_in_process", fake)
     for dtype, step in (("bfloat16", 2.0**-7), ("float32", 2.0**-23)):
         runs.clear()
-        train_grid(("xla", "naive"), steps=3, config=dataclasses.replace(TINY, dtype=dtype), isolate=False,
-                   eval_batches=2, wait_every=5)  # fmt: skip
+        train_grid(
+            ("xla", "naive"),
+            steps=3,
+            config=dataclasses.replace(TINY, dtype=dtype),
+            isolate=False,
+            eval_batches=2,
+            wait_every=5,
+        )
         assert runs == [("xla", 0.0, 3, 2, 5), ("naive", 0.0, 3, 2, 5), ("xla", step, 3, 2, 5)]
     runs.clear()
     train_grid(("xla",), steps=1, config=TINY, isolate=False, twin=False)
@@ -116,8 +122,23 @@ def test_the_module_run_with_bad_arguments_prints_no_traceback(tmp_path):
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-m", "attention_tutorial.train.grid", "xla", "2.5", "tiny", "0", "1",
-                          str(tmp_path / "r.json"), "0"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "attention_tutorial.train.grid",
+            "xla",
+            "2.5",
+            "tiny",
+            "0",
+            "1",
+            str(tmp_path / "r.json"),
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 2 and "Traceback" not in run.stderr and run.stderr.strip().count("\n") == 0
     assert "steps" in run.stderr and not (tmp_path / "r.json").exists()
 

@@ -49,8 +49,19 @@ def test_bf16_runs_agree_within_bf16_noise():
 
 def test_records_fit_the_result_file_schema(runs):
     rec, summary = runs["blockwise"]
-    prov = {"gpu": "cpu", "driver": "", "jax": "", "jaxlib": "", "cudnn": "", "transformer_engine": None,
-            "python": "", "created": "2026-01-01T00:00:00+00:00", "command": "", "matmul_bf16_tflops": 1.0, "copy_gbps": 1.0}  # fmt: skip
+    prov = {
+        "gpu": "cpu",
+        "driver": "",
+        "jax": "",
+        "jaxlib": "",
+        "cudnn": "",
+        "transformer_engine": None,
+        "python": "",
+        "created": "2026-01-01T00:00:00+00:00",
+        "command": "",
+        "matmul_bf16_tflops": 1.0,
+        "copy_gbps": 1.0,
+    }
     assert store.validate({"provenance": prov, "records": [*rec, summary]}) == []
     for r in [*rec, summary]:
         assert r["p10_ms"] <= r["median_ms"] <= r["p90_ms"] and r["tokens_per_s"] > 0
@@ -122,8 +133,12 @@ def test_perturb_params_nudges_every_weight_by_the_relative_step():
         nz = a != 0
         np.testing.assert_allclose(np.abs(b[nz] / a[nz] - 1), 2.0**-8, rtol=1e-4)
         assert np.all(b[~nz] == 0)
-    signs = np.concatenate([np.sign(np.asarray(b) - np.asarray(a)).ravel()
-                            for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(nudged))])  # fmt: skip
+    signs = np.concatenate(
+        [
+            np.sign(np.asarray(b) - np.asarray(a)).ravel()
+            for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(nudged))
+        ]
+    )
     assert 0.4 < np.mean(signs[signs != 0] > 0) < 0.6  # both directions, at random
 
 

@@ -56,8 +56,9 @@ def test_without_bias_the_model_has_only_weights_and_computes_the_same_flops(par
     plain = dataclasses.replace(TINY, bias=False)
     nobias = init_params(plain, 0)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(nobias)]
-    assert not any("bias" in p for p in paths) and any("bias" in jax.tree_util.keystr(p)
-                                                        for p, _ in jax.tree_util.tree_leaves_with_path(params))  # fmt: skip
+    assert not any("bias" in p for p in paths) and any(
+        "bias" in jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)
+    )
     dropped = sum(x.size for p, x in jax.tree_util.tree_leaves_with_path(params) if "bias" in jax.tree_util.keystr(p))
     assert sum(x.size for x in jax.tree.leaves(params)) - sum(x.size for x in jax.tree.leaves(nobias)) == dropped
     assert matmul_flops_per_token(plain) == matmul_flops_per_token(TINY)  # biases are adds, not matmul FLOPs

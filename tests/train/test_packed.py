@@ -110,8 +110,10 @@ def _ours_against_xla(run):
     """The packed loss and its gradients through our kernel against XLA given the same documents as a mask."""
     params = init_params(BF16, 0)
     corpus = load_corpus()
-    tokens, ids = (jnp.asarray(x) for x in packed_batch_at(corpus.train, corpus.train_starts, batch=2,
-                                                            seq_len=BF16.seq_len, seed=0, step=0))  # fmt: skip
+    tokens, ids = (
+        jnp.asarray(x)
+        for x in packed_batch_at(corpus.train, corpus.train_starts, batch=2, seq_len=BF16.seq_len, seed=0, step=0)
+    )
     ids = ids.at[:, 30:].add(1)  # a document boundary in every row, whatever was drawn
     got = {}
     for impl in ("xla", "mosaic"):

@@ -48,8 +48,10 @@ def positive_scale(scale, head_dim: int) -> float:
     for a positive scale (a masked score is -inf, and -inf · 0 is NaN)."""
     value = resolve_scale(scale, head_dim)
     if value <= 0:
-        raise ValueError(f"our Mosaic GPU kernels take a positive softmax scale; got {value}. For a negative one, "
-                         "negate q and pass its absolute value.")  # fmt: skip
+        raise ValueError(
+            f"our Mosaic GPU kernels take a positive softmax scale; got {value}. For a negative one, "
+            "negate q and pass its absolute value."
+        )
     return value
 
 
@@ -221,13 +223,26 @@ class Walk:
         if self.lists:
             for start, size in self.M.list_copies(self.padded):  # TMA copies at most 256 elements a row
                 span = pl.ds(start, size)
-                plgpu.copy_gmem_to_smem(tiles_ref.at[batch, cta, span], self.scratch.tiles.at[span],
-                                        self.scratch.tiles_ready)  # fmt: skip
+                plgpu.copy_gmem_to_smem(
+                    tiles_ref.at[batch, cta, span], self.scratch.tiles.at[span], self.scratch.tiles_ready
+                )
             plgpu.barrier_wait(self.scratch.tiles_ready)
         return self.n_steps
 
-    def loops(self, step, carry, row0, *, frees, readies, trailing_readies=(), schedule=None, wait_own=None,
-              offset=0, ragged_owner=False):  # fmt: skip
+    def loops(
+        self,
+        step,
+        carry,
+        row0,
+        *,
+        frees,
+        readies,
+        trailing_readies=(),
+        schedule=None,
+        wait_own=None,
+        offset=0,
+        ragged_owner=False,
+    ):
         """One compute warpgroup's steps (pipeline steps ``offset + t``): ``step(t, carry, masked=…,
         look_ahead=…)`` over the tiles it keeps wholly (unmasked) or in part (masked); the tiles it keeps nothing of
         are skipped (slots released, ``schedule``'s turns taken; ``readies`` waited where the warpgroup waits on
@@ -373,8 +388,9 @@ def call_into(body, args, outs, scratch, grid, grid_names, *, profile_space: int
     mesh = plgpu.Mesh(grid=grid, grid_names=grid_names, num_threads=3, thread_name="wg")
     refs = [jax.new_ref(x) for x in outs]
     profile = {"profile_space": profile_space, "profile_dir": profile_dir} if profile_space else {}
-    kernel = pl.kernel(_entry(body, scratch), out_type=(), mesh=mesh,
-                       compiler_params=plgpu.CompilerParams(approx_math=True, **profile))  # fmt: skip
+    kernel = pl.kernel(
+        _entry(body, scratch), out_type=(), mesh=mesh, compiler_params=plgpu.CompilerParams(approx_math=True, **profile)
+    )
     kernel(*args, *refs)
     return tuple(r[...] for r in refs)
 

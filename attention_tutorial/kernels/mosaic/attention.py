@@ -80,24 +80,51 @@ def mosaic_flash_attention(
     probe = probe or NO_PROBE
     if reason := problem(AttentionShape(B, T, S, N, K, H), q.dtype, cfg, probe):
         raise ValueError(f"mosaic_flash_attention: {reason}")
-    mask, arrays = make_mask(B, T, S, is_causal=is_causal, causal_alignment=causal_alignment,
-                             local_window_size=local_window_size, segment_ids=segment_ids,
-                             prefix_length=prefix_length, query_seq_lengths=query_seq_lengths,
-                             key_value_seq_lengths=key_value_seq_lengths, softcap=softcap)  # fmt: skip
+    mask, arrays = make_mask(
+        B,
+        T,
+        S,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        local_window_size=local_window_size,
+        segment_ids=segment_ids,
+        prefix_length=prefix_length,
+        query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths,
+        softcap=softcap,
+    )
     if cfg.pipeline and not mask.plain(cfg.block_q, cfg.block_kv):
-        raise ValueError("mosaic_flash_attention: the pipelined forward (config.pipeline=True) takes no mask but the "
-                         "top-left causal one, on T a multiple of 2·block_q and S of block_kv; pass pipeline=False "
-                         "(the default) for this mask.")  # fmt: skip
+        raise ValueError(
+            "mosaic_flash_attention: the pipelined forward (config.pipeline=True) takes no mask but the "
+            "top-left causal one, on T a multiple of 2·block_q and S of block_kv; pass pipeline=False "
+            "(the default) for this mask."
+        )
     plan = _Plan(mask, positive_scale(scale, H), cfg, probe)
     out, lse2 = _attention(*_pad_heads(q, k, v), arrays, plan)  # scaled by H's own 1/sqrt(H)
     out = out[..., :H]
     return (out, lse2 * (1.0 / LOG2E)) if return_lse else out
 
 
-def mosaic_flash_backward(q, k, v, out, lse, d_out, *, is_causal: bool = False, causal_alignment: str = "top_left",
-                          local_window_size=None, segment_ids=None, prefix_length=None, query_seq_lengths=None,
-                          key_value_seq_lengths=None, softcap=None, scale: float | None = None,
-                          config: MosaicConfig | None = None, probe: Probe | None = None):  # fmt: skip
+def mosaic_flash_backward(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    d_out,
+    *,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    local_window_size=None,
+    segment_ids=None,
+    prefix_length=None,
+    query_seq_lengths=None,
+    key_value_seq_lengths=None,
+    softcap=None,
+    scale: float | None = None,
+    config: MosaicConfig | None = None,
+    probe: Probe | None = None,
+):
     """(dq, dk, dv) from a given output and natural log-sum-exp (B, N, T): the backward kernels on their own, with
     the mask arguments of :func:`mosaic_flash_attention`.
 
@@ -110,17 +137,29 @@ def mosaic_flash_backward(q, k, v, out, lse, d_out, *, is_causal: bool = False, 
     if reason := problem(AttentionShape(B, T, S, N, K, H), q.dtype, cfg, probe):
         raise ValueError(f"mosaic_flash_backward: {reason}")
     if out.shape != q.shape or d_out.shape != q.shape or lse.shape != (B, N, T):
-        raise ValueError(f"out and d_out must have q's shape {q.shape} and lse (B, N, T) = {(B, N, T)}; got out "
-                         f"{out.shape}, d_out {d_out.shape}, lse {lse.shape}.")  # fmt: skip
-    mask, arrays = make_mask(B, T, S, is_causal=is_causal, causal_alignment=causal_alignment,
-                             local_window_size=local_window_size, segment_ids=segment_ids,
-                             prefix_length=prefix_length, query_seq_lengths=query_seq_lengths,
-                             key_value_seq_lengths=key_value_seq_lengths, softcap=softcap)  # fmt: skip
+        raise ValueError(
+            f"out and d_out must have q's shape {q.shape} and lse (B, N, T) = {(B, N, T)}; got out "
+            f"{out.shape}, d_out {d_out.shape}, lse {lse.shape}."
+        )
+    mask, arrays = make_mask(
+        B,
+        T,
+        S,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        local_window_size=local_window_size,
+        segment_ids=segment_ids,
+        prefix_length=prefix_length,
+        query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths,
+        softcap=softcap,
+    )
     delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), d_out.astype(jnp.float32))
     lse2 = lse.astype(jnp.float32) * LOG2E
     q, k, v, d_out = _pad_heads(q, k, v, d_out.astype(q.dtype))
-    grads = backward(q, k, v, d_out, lse2, delta, arrays, scale=positive_scale(scale, H), cfg=cfg, mask=mask,
-                     probe=probe)  # fmt: skip
+    grads = backward(
+        q, k, v, d_out, lse2, delta, arrays, scale=positive_scale(scale, H), cfg=cfg, mask=mask, probe=probe
+    )
     return tuple(g[..., :H] for g in grads)
 
 
@@ -160,8 +199,19 @@ def _attention_bwd(plan: _Plan, residuals, cotangents):
     # D = rowsum(dO ∘ O); a cotangent on the log-sum-exp adds P·d_lse to dS, i.e. shifts D (base 2 -> natural).
     delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), d_out.astype(jnp.float32))
     delta = delta - LOG2E * d_lse2.astype(jnp.float32)
-    grads = backward(q, k, v, d_out.astype(q.dtype), lse2, delta, arrays, scale=plan.scale, cfg=plan.cfg,
-                     mask=plan.mask, probe=plan.probe)  # fmt: skip
+    grads = backward(
+        q,
+        k,
+        v,
+        d_out.astype(q.dtype),
+        lse2,
+        delta,
+        arrays,
+        scale=plan.scale,
+        cfg=plan.cfg,
+        mask=plan.mask,
+        probe=plan.probe,
+    )
     return (*grads, jax.tree.map(lambda x: None, arrays))
 
 
@@ -213,9 +263,15 @@ def jax_bundled_mosaic(q, k, v, *, is_causal: bool = False):
 
     H = q.shape[-1]
     config = attention_mgpu.TuningConfig(
-        block_q=64, block_kv=128, max_concurrent_steps=2, causal=is_causal,
-        block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64,
-    )  # fmt: skip
+        block_q=64,
+        block_kv=128,
+        max_concurrent_steps=2,
+        causal=is_causal,
+        block_q_dkv=64,
+        block_kv_dkv=64,
+        block_q_dq=64,
+        block_kv_dq=64,
+    )
     return attention_mgpu.attention((q * (1.0 / math.sqrt(H))).astype(q.dtype), k, v, config)
 
 

@@ -140,8 +140,15 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Plan
                     kv_segment = None
                     if mask.segments:
                         kv_segment = load_vector(scratch.kv_segment.at[slot], plgpu.Layout.WGMMA.reduce(0))
-                    keep = M.tile_kept(plan.kept, s.shape, row0, walk.block_of(t) * bkv, q_segment=q_segment,
-                                       kv_segment=kv_segment, scalars=scalars)  # fmt: skip
+                    keep = M.tile_kept(
+                        plan.kept,
+                        s.shape,
+                        row0,
+                        walk.block_of(t) * bkv,
+                        q_segment=q_segment,
+                        kv_segment=kv_segment,
+                        scalars=scalars,
+                    )
                 p, dcap = recompute_p(s, lse, c, mask.softcap, 0, keep)  # the forward's weights, recomputed
             with region("wait"):
                 plgpu.barrier_wait(scratch.v_ready.at[slot])
@@ -166,8 +173,9 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Plan
             return dq
 
         readies = (scratch.k_ready, scratch.v_ready)
-        dq = walk.loops(step, dq, row0, frees=(scratch.k_free, scratch.v_free), readies=readies,
-                        trailing_readies=readies)  # fmt: skip
+        dq = walk.loops(
+            step, dq, row0, frees=(scratch.k_free, scratch.v_free), readies=readies, trailing_readies=readies
+        )
         q_smem[...] = (dq * plan.scale).astype(dtype)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[rows])
@@ -183,15 +191,17 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Plan
             rows = (batch, pl.ds(walk.block_of(t) * bkv, bkv), kv_head)
             plgpu.copy_gmem_to_smem(k_ref.at[rows], scratch.k.at[slot], scratch.k_ready.at[slot])
             if mask.segments:
-                plgpu.copy_gmem_to_smem(kv_seg_ref.at[batch, rows[1]], scratch.kv_segment.at[slot],
-                                        scratch.k_ready.at[slot])  # fmt: skip
+                plgpu.copy_gmem_to_smem(
+                    kv_seg_ref.at[batch, rows[1]], scratch.kv_segment.at[slot], scratch.k_ready.at[slot]
+                )
 
         def copy_v(t, slot):
             rows = (batch, pl.ds(walk.block_of(t) * bkv, bkv), kv_head)
             plgpu.copy_gmem_to_smem(v_ref.at[rows], scratch.v.at[slot], scratch.v_ready.at[slot])
 
-        _copy_ring(((scratch.k_free, copy_k), (scratch.v_free, copy_v)), stages=stages, steps=steps, region=region,
-                   guard=True)  # fmt: skip
+        _copy_ring(
+            ((scratch.k_free, copy_k), (scratch.v_free, copy_v)), stages=stages, steps=steps, region=region, guard=True
+        )
 
 
 class DkvScratch(NamedTuple):
@@ -281,8 +291,16 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
                     q_segment = None
                     if plan.mask.segments:
                         q_segment = load_vector(scratch.q_segment.at[slot], plgpu.Layout.WGMMA.reduce(0))
-                    keep = M.tile_kept(plan.kept, st.shape, jq * bq, key0, keys_axis=0, q_segment=q_segment,
-                                       kv_segment=kv_segment, scalars=scalars)  # fmt: skip
+                    keep = M.tile_kept(
+                        plan.kept,
+                        st.shape,
+                        jq * bq,
+                        key0,
+                        keys_axis=0,
+                        q_segment=q_segment,
+                        kv_segment=kv_segment,
+                        scalars=scalars,
+                    )
                 lse = load_vector(scratch.lse.at[slot], plgpu.Layout.WGMMA.reduce(0))
                 pt, dcap = recompute_p(st, lse, c, plan.mask.softcap, 1, keep)  # Pᵀ
 
@@ -330,9 +348,16 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
             return dk, dv
 
         def one_head(g, carry):
-            return walk.loops(functools.partial(_with_head, step, g), carry, key0, frees=(scratch.tile_free,),
-                              readies=(scratch.tile_ready,), trailing_readies=(scratch.tile_ready,),
-                              offset=g * n_visit, ragged_owner=seq_kv % bkv != 0)  # fmt: skip
+            return walk.loops(
+                functools.partial(_with_head, step, g),
+                carry,
+                key0,
+                frees=(scratch.tile_free,),
+                readies=(scratch.tile_ready,),
+                trailing_readies=(scratch.tile_ready,),
+                offset=g * n_visit,
+                ragged_owner=seq_kv % bkv != 0,
+            )
 
         dk, dv = lax.fori_loop(0, plan.groups, one_head, (dk, dv))
         k_smem[...] = (dk * plan.scale).astype(dtype)
@@ -360,8 +385,9 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
             if plan.mask.segments:
                 plgpu.copy_gmem_to_smem(q_seg_ref.at[batch, pl.ds(jq * bq, bq)], scratch.q_segment.at[slot], ready)
 
-        _copy_ring(((scratch.tile_free, copy_tile),), stages=stages, steps=plan.groups * steps, region=region,
-                   guard=True)  # fmt: skip
+        _copy_ring(
+            ((scratch.tile_free, copy_tile),), stages=stages, steps=plan.groups * steps, region=region, guard=True
+        )
 
 
 def _with_head(step, g, t, carry, masked=False, look_ahead=None):
@@ -379,8 +405,18 @@ def _mask_refs(plan: Plan, ins):
 def _plan(cfg, mask, *, own, visit, n_visit, groups, scale, transposed, probe):
     stages = min(cfg.bwd_stages, groups * n_visit) if transposed else min(cfg.bwd_stages, n_visit)
     kernel_mask = mask.transposed() if transposed and not mask.has_arrays else mask
-    return Plan(cfg, kernel_mask, mask, own=own, visit=visit, stages=stages, groups=groups, scale=scale,
-                padded=M.padded_tiles(n_visit) if mask.has_arrays else 0, probe=probe)  # fmt: skip
+    return Plan(
+        cfg,
+        kernel_mask,
+        mask,
+        own=own,
+        visit=visit,
+        stages=stages,
+        groups=groups,
+        scale=scale,
+        padded=M.padded_tiles(n_visit) if mask.has_arrays else 0,
+        probe=probe,
+    )
 
 
 def _lists(mask, arrays, plan, *, transposed):
@@ -397,8 +433,20 @@ def _lists(mask, arrays, plan, *, transposed):
 
 
 @shared_lowering("scale", "cfg", "mask", "probe")
-def backward(q, k, v, d_out, lse2, delta, arrays: M.MaskArrays, *, scale: float, cfg: MosaicConfig, mask: M.Mask,
-             probe: Probe = NO_PROBE):  # fmt: skip
+def backward(
+    q,
+    k,
+    v,
+    d_out,
+    lse2,
+    delta,
+    arrays: M.MaskArrays,
+    *,
+    scale: float,
+    cfg: MosaicConfig,
+    mask: M.Mask,
+    probe: Probe = NO_PROBE,
+):
     """(dq, dk, dv) from the backward kernels: lse2 (B, N, T) the base-2 log-sum-exp the forward saved (−inf for a
     row that keeps no key), delta (B, N, T) = rowsum(dO ∘ O) (less what a cotangent on the log-sum-exp adds)."""
     import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -406,9 +454,11 @@ def backward(q, k, v, d_out, lse2, delta, arrays: M.MaskArrays, *, scale: float,
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
     if H > 128:  # dK and dV at H = 256 would take 2 × 128 registers per thread alone
-        raise ValueError(f"the backward kernels take head dims up to 128 (run as H = 64 or 128); got one run as "
-                         f"H={H}: above 128 our kernel is forward-only, so differentiate through another attention "
-                         "(cuDNN, XLA) there.")  # fmt: skip
+        raise ValueError(
+            f"the backward kernels take head dims up to 128 (run as H = 64 or 128); got one run as "
+            f"H={H}: above 128 our kernel is forward-only, so differentiate through another attention "
+            "(cuDNN, XLA) there."
+        )
     bq, bkv, dt = cfg.bwd_block_q, cfg.bwd_block_kv, q.dtype
     lse2 = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # a row with no key: every weight of it is masked to 0
     pad = [(0, 0), (0, 0), (0, padded_rows(T, 2 * bq) - T)]  # lse and D are loaded a tile of rows at a time
@@ -423,8 +473,10 @@ def backward(q, k, v, d_out, lse2, delta, arrays: M.MaskArrays, *, scale: float,
         )
         stages = plan.stages
         scratch = DqScratch(
-            q=plgpu.SMEM((2, bq, H), dt, transforms=_tiles()), do=plgpu.SMEM((2, bq, H), dt, transforms=_tiles()),
-            lse=plgpu.SMEM((2, bq), jnp.float32), delta=plgpu.SMEM((2, bq), jnp.float32),
+            q=plgpu.SMEM((2, bq, H), dt, transforms=_tiles()),
+            do=plgpu.SMEM((2, bq, H), dt, transforms=_tiles()),
+            lse=plgpu.SMEM((2, bq), jnp.float32),
+            delta=plgpu.SMEM((2, bq), jnp.float32),
             k=plgpu.SMEM((stages, bkv, H), dt, transforms=_tiles()),
             v=plgpu.SMEM((stages, bkv, H), dt, transforms=_tiles()),
             rows_ready=plgpu.Barrier(num_arrivals=5 if segments else 4, num_barriers=2),
@@ -433,26 +485,37 @@ def backward(q, k, v, d_out, lse2, delta, arrays: M.MaskArrays, *, scale: float,
             k_free=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
             v_free=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
             **_list_scratch(plan, segments, q_rows=(2, bq), kv_rows=(stages, bkv)),
-        )  # fmt: skip
+        )
         kernel = functools.partial(dq_kernel, plan=plan)
-        dq = call(kernel, jax.ShapeDtypeStruct(q.shape, dt), scratch, (N, -(-T // (2 * bq)), B),
-                  ("heads", "q_seq", "batch"), *args, *_lists(mask, arrays, plan, transposed=False), **profile)  # fmt: skip
+        dq = call(
+            kernel,
+            jax.ShapeDtypeStruct(q.shape, dt),
+            scratch,
+            (N, -(-T // (2 * bq)), B),
+            ("heads", "q_seq", "batch"),
+            *args,
+            *_lists(mask, arrays, plan, transposed=False),
+            **profile,
+        )
 
     plan = _plan(cfg, mask, own=bkv, visit=bq, n_visit=n_q, groups=N // K, scale=scale, transposed=True, probe=probe)
     stages = plan.stages
     atomic = cfg.bwd_dq == "atomic"
     f32_tiles = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
     scratch = DkvScratch(
-        k=plgpu.SMEM((2, bkv, H), dt, transforms=_tiles()), v=plgpu.SMEM((2, bkv, H), dt, transforms=_tiles()),
-        q=plgpu.SMEM((stages, bq, H), dt, transforms=_tiles()), do=plgpu.SMEM((stages, bq, H), dt, transforms=_tiles()),
-        lse=plgpu.SMEM((stages, bq), jnp.float32), delta=plgpu.SMEM((stages, bq), jnp.float32),
+        k=plgpu.SMEM((2, bkv, H), dt, transforms=_tiles()),
+        v=plgpu.SMEM((2, bkv, H), dt, transforms=_tiles()),
+        q=plgpu.SMEM((stages, bq, H), dt, transforms=_tiles()),
+        do=plgpu.SMEM((stages, bq, H), dt, transforms=_tiles()),
+        lse=plgpu.SMEM((stages, bq), jnp.float32),
+        delta=plgpu.SMEM((stages, bq), jnp.float32),
         kv_ready=plgpu.Barrier(num_arrivals=3 if segments else 2, num_barriers=2),
         tile_ready=plgpu.Barrier(num_arrivals=5 if segments else 4, num_barriers=stages),
         tile_free=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
         ds=plgpu.SMEM((2, bkv, bq), dt, transforms=_tiles()) if atomic else None,
         dq=plgpu.SMEM((2, bq, H), jnp.float32, transforms=f32_tiles) if atomic else None,
         **_list_scratch(plan, segments, q_rows=(stages, bq), kv_rows=(2, bkv)),
-    )  # fmt: skip
+    )
     kernel = functools.partial(dkv_kernel, plan=plan)
     grid, names = (K, -(-S // (2 * bkv)), B), ("heads", "kv_seq", "batch")
     mask_in = _lists(mask, arrays, plan, transposed=True)

@@ -122,8 +122,10 @@ class Probe:
         if not 0 <= f <= 1:
             raise ValueError(f"Probe.exp_poly must be a fraction of the score columns in [0, 1]; got {f!r}.")
         if f and self.no_exp:
-            raise ValueError(f"Probe.exp_poly={f!r} and no_exp=True exclude each other: no_exp removes the "
-                             "exponentials exp_poly would compute. Set one of them.")  # fmt: skip
+            raise ValueError(
+                f"Probe.exp_poly={f!r} and no_exp=True exclude each other: no_exp removes the "
+                "exponentials exp_poly would compute. Set one of them."
+            )
         if not isinstance(self.profile_dir, str):
             raise TypeError(f"Probe.profile_dir must be a str (a folder); got {self.profile_dir!r}.")
         if self.profile_space:
@@ -236,8 +238,9 @@ def default_config(head_dim: int, *, pipeline: bool = False) -> MosaicConfig:
     if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
         raise ValueError(f"head_dim must be a positive int; got {head_dim!r}.")
     head_dim = kernel_head_dim(head_dim) or head_dim
-    return MosaicConfig(block_kv=64 if head_dim > 128 else 128, pipeline=pipeline,
-                        bwd_dq="atomic" if head_dim <= 64 else "pass")  # fmt: skip
+    return MosaicConfig(
+        block_kv=64 if head_dim > 128 else 128, pipeline=pipeline, bwd_dq="atomic" if head_dim <= 64 else "pass"
+    )
 
 
 def problem(shape: AttentionShape, dtype, cfg: MosaicConfig, probe: Probe = NO_PROBE) -> str | None:
@@ -247,8 +250,10 @@ def problem(shape: AttentionShape, dtype, cfg: MosaicConfig, probe: Probe = NO_P
         return f"it takes bfloat16 or float16 inputs, not {name}."
     H = kernel_head_dim(shape.head_dim)
     if H is None:
-        return (f"head_dim must be at most 256; got {shape.head_dim} (the kernels' tiles are laid out for H = 64, 128 "
-                "and 256, and a smaller head dim runs padded with zeros to the next of these).")  # fmt: skip
+        return (
+            f"head_dim must be at most 256; got {shape.head_dim} (the kernels' tiles are laid out for H = 64, 128 "
+            "and 256, and a smaller head dim runs padded with zeros to the next of these)."
+        )
     reserve = SMEM_RESERVE if cfg.pipeline else 0
     if (need := smem_bytes(cfg, H, dtype)) + reserve > SMEM_BYTES:
         return (
@@ -275,8 +280,10 @@ def problem(shape: AttentionShape, dtype, cfg: MosaicConfig, probe: Probe = NO_P
             f"block_kv=64 (e.g. config=MosaicConfig(block_kv=64, stages=2{', pipeline=True' if cfg.pipeline else ''}))."
         )
     if cfg.pipeline and (shape.seq_q % (2 * cfg.block_q) or shape.seq_kv % cfg.block_kv):
-        return (f"the pipelined forward needs T a multiple of 2·block_q = {2 * cfg.block_q} and S of block_kv = "
-                f"{cfg.block_kv}; got T={shape.seq_q}, S={shape.seq_kv}: pass pipeline=False (any T and S).")  # fmt: skip
+        return (
+            f"the pipelined forward needs T a multiple of 2·block_q = {2 * cfg.block_q} and S of block_kv = "
+            f"{cfg.block_kv}; got T={shape.seq_q}, S={shape.seq_kv}: pass pipeline=False (any T and S)."
+        )
     if H <= 128 and (need := bwd_smem_bytes(cfg, H, dtype)) + SMEM_RESERVE > SMEM_BYTES:
         return (
             f"at H={H}, bwd_block_q={cfg.bwd_block_q}, bwd_block_kv={cfg.bwd_block_kv}, bwd_stages={cfg.bwd_stages}"
@@ -303,8 +310,10 @@ FP8_HEAD_DIMS = (128,)  # 128-byte rows of E4M3: the 128-byte swizzle the tiles 
 def fp8_problem(shape: AttentionShape, cfg: MosaicConfig, probe: Probe = NO_PROBE) -> str | None:
     """Why the FP8 forward cannot take this problem with these tiles (naming the fix), or None."""
     if cfg.pipeline or cfg.block_q != 64 or cfg.block_kv % 128:
-        return (f"the FP8 forward takes pipeline=False, block_q=64 and block_kv a multiple of 128 (128-byte rows of "
-                f"E4M3 p); got pipeline={cfg.pipeline}, block_q={cfg.block_q}, block_kv={cfg.block_kv}.")  # fmt: skip
+        return (
+            f"the FP8 forward takes pipeline=False, block_q=64 and block_kv a multiple of 128 (128-byte rows of "
+            f"E4M3 p); got pipeline={cfg.pipeline}, block_q={cfg.block_q}, block_kv={cfg.block_kv}."
+        )
     if probe.exp_poly:
         try:
             probe.poly_columns(cfg.block_kv)
@@ -313,12 +322,16 @@ def fp8_problem(shape: AttentionShape, cfg: MosaicConfig, probe: Probe = NO_PROB
     if probe.profiling:
         return "the FP8 forward has no profiler regions: profile the 16-bit forward (profile_space=0 here)."
     if (regs := tile_registers(cfg, shape.head_dim)) > cfg.tile_budget:
-        return (f"at block_kv={cfg.block_kv} the FP8 forward's float32 tiles need {regs} registers per thread, more "
-                f"than the {cfg.tile_budget} the kernel budgets: use block_kv=128.")  # fmt: skip
+        return (
+            f"at block_kv={cfg.block_kv} the FP8 forward's float32 tiles need {regs} registers per thread, more "
+            f"than the {cfg.tile_budget} the kernel budgets: use block_kv=128."
+        )
     if (need := smem_bytes_fp8(cfg, shape.head_dim)) + SMEM_RESERVE > SMEM_BYTES:
-        return (f"at block_kv={cfg.block_kv} and stages={cfg.stages} the FP8 forward needs {need / 1024:.1f} KiB of "
-                f"shared memory, more than the {(SMEM_BYTES - SMEM_RESERVE) // 1024} KiB a Hopper CTA leaves beside "
-                "barriers: use fewer stages.")  # fmt: skip
+        return (
+            f"at block_kv={cfg.block_kv} and stages={cfg.stages} the FP8 forward needs {need / 1024:.1f} KiB of "
+            f"shared memory, more than the {(SMEM_BYTES - SMEM_RESERVE) // 1024} KiB a Hopper CTA leaves beside "
+            "barriers: use fewer stages."
+        )
     if shape.head_dim not in FP8_HEAD_DIMS:
         return f"the FP8 forward takes H = 128 (128-byte rows of E4M3); got H={shape.head_dim}."
     return None

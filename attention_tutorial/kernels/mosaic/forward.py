@@ -151,8 +151,9 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
         schedule = Schedule(cfg.schedule, scratch.turns, wg)
         plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0, bq), head], q_smem, scratch.q_ready.at[wg])
         if mask.segments:
-            plgpu.copy_gmem_to_smem(q_seg_ref.at[batch, pl.ds(row0, bq)], scratch.q_segment.at[wg],
-                                    scratch.q_ready.at[wg])  # fmt: skip
+            plgpu.copy_gmem_to_smem(
+                q_seg_ref.at[batch, pl.ds(row0, bq)], scratch.q_segment.at[wg], scratch.q_ready.at[wg]
+            )
         c, out_factor = plan.operands.setup(extra_refs, scratch, wg)
         with region("wait"):
             plgpu.barrier_wait(scratch.q_ready.at[wg])
@@ -192,9 +193,16 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
             with region("softmax"):
                 s, cs = capped(s, c, mask.softcap)
                 if masked:  # only tiles the mask cuts build the element mask
-                    keep = M.tile_kept(mask, s.shape, row0, walk.block_of(t) * bkv, q_segment=q_segment,
-                                       kv_segment=kv_segment, scalars=scalars,
-                                       ends=mask.seq_kv % bkv != 0)  # fmt: skip
+                    keep = M.tile_kept(
+                        mask,
+                        s.shape,
+                        row0,
+                        walk.block_of(t) * bkv,
+                        q_segment=q_segment,
+                        kv_segment=kv_segment,
+                        scalars=scalars,
+                        ends=mask.seq_kv % bkv != 0,
+                    )
                     s = jnp.where(keep, s, -jnp.inf)
                 # Online softmax in base 2 with the scale folded in (cs).
                 m_new = jnp.maximum(m, s.max(axis=1) * cs)  # (block_q,)
@@ -230,9 +238,22 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
         if cfg.pipeline:  # FlashAttention-3's intra-warpgroup overlap on top of the ping-pong (plain masks only)
             steps = M.band_steps(mask, row0, bq, bkv).hi
             pl.when(steps > 0)(functools.partial(wait_k, 0))
-            carry = pipelined_steps(carry, q_smem, scratch, schedule, row0=row0, steps=steps, cta_steps=walk.n_steps,
-                                    n_kv=mask.seq_kv // bkv, causal=mask.causal, stages=stages, c=c, exp2=exp2,
-                                    exp2_tile=exp2_tile, region=region)  # fmt: skip
+            carry = pipelined_steps(
+                carry,
+                q_smem,
+                scratch,
+                schedule,
+                row0=row0,
+                steps=steps,
+                cta_steps=walk.n_steps,
+                n_kv=mask.seq_kv // bkv,
+                causal=mask.causal,
+                stages=stages,
+                c=c,
+                exp2=exp2,
+                exp2_tile=exp2_tile,
+                region=region,
+            )
         else:
             carry = walk.loops(step, carry, row0, frees=frees, readies=readies, schedule=schedule, wait_own=wait_k)
         acc, m, l = carry
@@ -254,8 +275,9 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
         copy_warpgroup(plan, walk, scratch, k_ref, v_ref, tiles_ref, kv_seg_ref, batch, head, cta, region)
 
 
-def copy_warpgroup(plan: Plan, walk: Walk, scratch: Scratch, k_ref, v_ref, tiles_ref, kv_seg_ref, batch, head, cta,
-                   region):  # fmt: skip
+def copy_warpgroup(
+    plan: Plan, walk: Walk, scratch: Scratch, k_ref, v_ref, tiles_ref, kv_seg_ref, batch, head, cta, region
+):
     """The copy warpgroup: the CTA's k and v tiles (and their keys' segment ids) by TMA into the ring of slots."""
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -274,8 +296,13 @@ def copy_warpgroup(plan: Plan, walk: Walk, scratch: Scratch, k_ref, v_ref, tiles
         index = plan.operands.v_tile(batch, kv_head, walk.block_of(t), bkv)
         plgpu.copy_gmem_to_smem(v_ref.at[index], scratch.v.at[slot], scratch.v_ready.at[slot])
 
-    _copy_ring(((scratch.k_free, copy_k), (scratch.v_free, copy_v)), stages=plan.stages, steps=steps, region=region,
-               guard=not plan.plain)  # fmt: skip
+    _copy_ring(
+        ((scratch.k_free, copy_k), (scratch.v_free, copy_v)),
+        stages=plan.stages,
+        steps=steps,
+        region=region,
+        guard=not plan.plain,
+    )
 
 
 def capped(s, c, softcap):
@@ -327,16 +354,23 @@ def mask_inputs(plan: Plan, arrays: M.MaskArrays) -> tuple:
     return out
 
 
-def make_plan(cfg: MosaicConfig, mask: M.Mask, seq_kv: int, groups: int, operands: Operands,
-              probe: Probe = NO_PROBE) -> Plan:  # fmt: skip
+def make_plan(
+    cfg: MosaicConfig, mask: M.Mask, seq_kv: int, groups: int, operands: Operands, probe: Probe = NO_PROBE
+) -> Plan:
     n_kv = -(-seq_kv // cfg.block_kv)
-    return Plan(cfg, mask, stages=min(cfg.stages, n_kv), groups=groups, operands=operands,
-                padded=M.padded_tiles(n_kv) if mask.has_arrays else 0, probe=probe)  # fmt: skip
+    return Plan(
+        cfg,
+        mask,
+        stages=min(cfg.stages, n_kv),
+        groups=groups,
+        operands=operands,
+        padded=M.padded_tiles(n_kv) if mask.has_arrays else 0,
+        probe=probe,
+    )
 
 
 @shared_lowering("scale", "cfg", "mask", "probe")
-def forward(q, k, v, arrays: M.MaskArrays, *, scale: float, cfg: MosaicConfig, mask: M.Mask,
-            probe: Probe = NO_PROBE):  # fmt: skip
+def forward(q, k, v, arrays: M.MaskArrays, *, scale: float, cfg: MosaicConfig, mask: M.Mask, probe: Probe = NO_PROBE):
     """The forward kernel on q (B, T, N, H), k and v (B, S, K, H), checked by the caller: (out (B, T, N, H), lse2
     (B, N, T)), lse2 the base-2 log-sum-exp of the scaled scores (−inf for a row that keeps no key)."""
     B, T, N, H = q.shape
@@ -346,7 +380,17 @@ def forward(q, k, v, arrays: M.MaskArrays, *, scale: float, cfg: MosaicConfig, m
     rows = padded_rows(T, 2 * cfg.block_q)  # lse is stored a CTA's rows at a time
     out_type = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, N, rows), jnp.float32)]
     grid = (N, rows // (2 * cfg.block_q), B)
-    out, lse2 = call(kernel, out_type, scratch_types(plan, H, q.dtype), grid, ("heads", "q_seq", "batch"),
-                     q, k, v, *mask_inputs(plan, arrays), profile_space=probe.profile_space,
-                     profile_dir=probe.profile_dir)  # fmt: skip
+    out, lse2 = call(
+        kernel,
+        out_type,
+        scratch_types(plan, H, q.dtype),
+        grid,
+        ("heads", "q_seq", "batch"),
+        q,
+        k,
+        v,
+        *mask_inputs(plan, arrays),
+        profile_space=probe.profile_space,
+        profile_dir=probe.profile_dir,
+    )
     return out, lse2[..., :T]

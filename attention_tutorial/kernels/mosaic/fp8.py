@@ -38,8 +38,20 @@ from .budget import FP8_HEAD_DIMS, NO_PROBE, MosaicConfig, Probe, fp8_problem
 from .forward import Operands, forward_kernel, make_plan, mask_inputs, scratch_types
 from .masks import Mask, MaskArrays, make_mask
 
-__all__ = ["E4M3_MAX", "F8", "FP8_HEAD_DIMS", "P_VIA", "fp8_forward", "fp8_operands", "logit_factors",
-           "mosaic_fp8_attention", "operand_key_order", "operand_register_pairs", "quantize_e4m3", "why_not"]  # fmt: skip
+__all__ = [
+    "E4M3_MAX",
+    "F8",
+    "FP8_HEAD_DIMS",
+    "P_VIA",
+    "fp8_forward",
+    "fp8_operands",
+    "logit_factors",
+    "mosaic_fp8_attention",
+    "operand_key_order",
+    "operand_register_pairs",
+    "quantize_e4m3",
+    "why_not",
+]
 
 F8 = jnp.float8_e4m3fn
 E4M3_MAX = float(jnp.finfo(F8).max)  # 448
@@ -140,13 +152,24 @@ def mosaic_fp8_attention(
     cfg, probe = config or MosaicConfig(), probe or NO_PROBE
     if problem := fp8_problem(AttentionShape(B, T, S, N, K, H), cfg, probe):
         raise ValueError(f"mosaic_fp8_attention: {problem}")
-    mask, arrays = make_mask(B, T, S, is_causal=is_causal, causal_alignment=causal_alignment,
-                             local_window_size=local_window_size, segment_ids=segment_ids,
-                             prefix_length=prefix_length, query_seq_lengths=query_seq_lengths,
-                             key_value_seq_lengths=key_value_seq_lengths, softcap=softcap)  # fmt: skip
+    mask, arrays = make_mask(
+        B,
+        T,
+        S,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        local_window_size=local_window_size,
+        segment_ids=segment_ids,
+        prefix_length=prefix_length,
+        query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths,
+        softcap=softcap,
+    )
     if isinstance(p_scale, (bool, np.bool_)) or not isinstance(p_scale, numbers.Real) or not 1 <= p_scale <= E4M3_MAX:
-        raise ValueError(f"p_scale must be a real number in [1, {E4M3_MAX:g}] (p <= 1 times it must stay within E4M3's "
-                         f"range, and below 1 small weights would vanish); got {p_scale!r}.")  # fmt: skip
+        raise ValueError(
+            f"p_scale must be a real number in [1, {E4M3_MAX:g}] (p <= 1 times it must stay within E4M3's "
+            f"range, and below 1 small weights would vanish); got {p_scale!r}."
+        )
     if p_via not in P_VIA:
         raise ValueError(f"p_via must be one of {P_VIA}; got {p_via!r}.")
     (q8, dq), (k8, dk), (v8, dv) = quantize_e4m3(q), quantize_e4m3(k), quantize_e4m3(v)
@@ -212,8 +235,19 @@ def _tile8():
 
 
 @shared_lowering("cfg", "mask", "p_scale", "p_via", "probe")
-def fp8_forward(q8, k8, vt8, factors, arrays: MaskArrays, *, cfg: MosaicConfig, mask: Mask, p_scale: float,
-                p_via: str, probe: Probe = NO_PROBE):  # fmt: skip
+def fp8_forward(
+    q8,
+    k8,
+    vt8,
+    factors,
+    arrays: MaskArrays,
+    *,
+    cfg: MosaicConfig,
+    mask: Mask,
+    p_scale: float,
+    p_via: str,
+    probe: Probe = NO_PROBE,
+):
     """The forward kernel (:func:`~.forward.forward_kernel`) on quantised q8 (B, T, N, H), k8 (B, S, K, H), vt8
     (B, K, H, S') and the two factors: the bfloat16 output (B, T, N, H)."""
     import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -233,6 +267,7 @@ def fp8_forward(q8, k8, vt8, factors, arrays: MaskArrays, *, cfg: MosaicConfig, 
     rows = padded_rows(T, 2 * bq)  # lse is stored a CTA's rows at a time
     out_type = [jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16), jax.ShapeDtypeStruct((B, N, rows), jnp.float32)]
     grid = (N, rows // (2 * bq), B)
-    out, _ = call(kernel, out_type, scratch, grid, ("heads", "q_seq", "batch"), q8, k8, vt8,
-                  *mask_inputs(plan, arrays), factors)  # fmt: skip
+    out, _ = call(
+        kernel, out_type, scratch, grid, ("heads", "q_seq", "batch"), q8, k8, vt8, *mask_inputs(plan, arrays), factors
+    )
     return out

@@ -85,17 +85,35 @@ def _private():
     from jax._src.state import discharge as state_discharge
     from jax._src.state import types as state_types
 
-    for name in ("call_get", "call_swap", "call_allocate_buffer", "call_deallocate_buffer", "call_make_allocation_request_array",
-                 "copy_smem_to_gmem", "wgmma", "get_memory_space_idx", "HostAllocationKey"):  # fmt: skip
+    for name in (
+        "call_get",
+        "call_swap",
+        "call_allocate_buffer",
+        "call_deallocate_buffer",
+        "call_make_allocation_request_array",
+        "copy_smem_to_gmem",
+        "wgmma",
+        "get_memory_space_idx",
+        "HostAllocationKey",
+    ):
         getattr(gpu_callbacks, name)
     jaxpr_interpret.JaxprInterpreter.interpret  # noqa: B018 - fail here, not mid-kernel
     shared_memory.Barrier.deallocate  # noqa: B018
     return types.SimpleNamespace(
-        jax_core=jax_core, source_info_util=source_info_util, mlir=mlir, interpret_utils=interpret_utils,
-        mgpu_core=mgpu_core, mgpu_primitives=mgpu_primitives, gpu_callbacks=gpu_callbacks,
-        interpret_pallas_call=interpret_pallas_call, jaxpr_interpret=jaxpr_interpret, params=params,
-        shared_memory=shared_memory, state_discharge=state_discharge, state_types=state_types,
-    )  # fmt: skip
+        jax_core=jax_core,
+        source_info_util=source_info_util,
+        mlir=mlir,
+        interpret_utils=interpret_utils,
+        mgpu_core=mgpu_core,
+        mgpu_primitives=mgpu_primitives,
+        gpu_callbacks=gpu_callbacks,
+        interpret_pallas_call=interpret_pallas_call,
+        jaxpr_interpret=jaxpr_interpret,
+        params=params,
+        shared_memory=shared_memory,
+        state_discharge=state_discharge,
+        state_types=state_types,
+    )
 
 
 def _patch():
@@ -167,8 +185,10 @@ class _Deadline(threading.Condition):
             line = ""
             if info is not None and info.source_info is not None:
                 line = f" at {_kernel_line(info.source_info)}"
-            raise DeadlockError(f"{where} waited {DEADLOCK_SECONDS:g} s on a barrier{line} with no arrival: the "
-                                "kernel's warpgroups wait on each other (on a GPU it would hang).")  # fmt: skip
+            raise DeadlockError(
+                f"{where} waited {DEADLOCK_SECONDS:g} s on a barrier{line} with no arrival: the "
+                "kernel's warpgroups wait on each other (on a GPU it would hang)."
+            )
         return True
 
 
@@ -194,8 +214,12 @@ def _deallocate_barrier(barrier):
 
 
 def _special(p):
-    return {p.state_discharge.run_state_p: _run_state, p.mgpu_primitives.load_p: _load,
-            p.mgpu_primitives.inline_mgpu_p: _inline, p.mgpu_primitives.wgmma_accumulator_store_p: _store_acc}  # fmt: skip
+    return {
+        p.state_discharge.run_state_p: _run_state,
+        p.mgpu_primitives.load_p: _load,
+        p.mgpu_primitives.inline_mgpu_p: _inline,
+        p.mgpu_primitives.wgmma_accumulator_store_p: _store_acc,
+    }
 
 
 def _interpret(self, original, jaxpr, token, *args):
@@ -237,8 +261,11 @@ def _interpret(self, original, jaxpr, token, *args):
 
 
 def _where(self):
-    return dict(device_id=jnp.int32(self.device_info.device_id), grid_point_coords=self.grid_point_coords,
-                thread_id=self.thread_id)  # fmt: skip
+    return dict(
+        device_id=jnp.int32(self.device_info.device_id),
+        grid_point_coords=self.grid_point_coords,
+        thread_id=self.thread_id,
+    )
 
 
 def _run_state(self, eqn, token, invals):
@@ -257,11 +284,15 @@ def _run_state(self, eqn, token, invals):
             continue
         space = p.mgpu_core.MemorySpace.REGS  # private to this thread: outside the CTA's shared allocations
         token, request = gc.call_make_allocation_request_array(
-            token=token, device_id=where["device_id"], memory_space_id=gc.get_memory_space_idx(space),
-            thread_id=jnp.int32(self.thread_id), initial_ref_count=1,
-        )  # fmt: skip
-        token, key = gc.call_allocate_buffer(token=token, allocation_request_as_array=request, value=value,
-                                             source_info=eqn.source_info, **where)  # fmt: skip
+            token=token,
+            device_id=where["device_id"],
+            memory_space_id=gc.get_memory_space_idx(space),
+            thread_id=jnp.int32(self.thread_id),
+            initial_ref_count=1,
+        )
+        token, key = gc.call_allocate_buffer(
+            token=token, allocation_request_as_array=request, value=value, source_info=eqn.source_info, **where
+        )
         args.append(key)
         owned.append(inner)
     token, _ = self.interpret(jaxpr, token, *args)
@@ -271,10 +302,17 @@ def _run_state(self, eqn, token, invals):
             outs.append(value)
             continue
         aval = inner.aval.inner_aval
-        token, out = gc.call_get(token=token, result_shape_and_dtype=p.jax_core.ShapedArray(aval.shape, aval.dtype),
-                                 allocation_key_as_array=key, transforms=(), source_info=eqn.source_info, **where)  # fmt: skip
-        token = gc.call_deallocate_buffer(token=token, allocation_key_as_array=key, source_info=eqn.source_info,
-                                          **where)  # fmt: skip
+        token, out = gc.call_get(
+            token=token,
+            result_shape_and_dtype=p.jax_core.ShapedArray(aval.shape, aval.dtype),
+            allocation_key_as_array=key,
+            transforms=(),
+            source_info=eqn.source_info,
+            **where,
+        )
+        token = gc.call_deallocate_buffer(
+            token=token, allocation_key_as_array=key, source_info=eqn.source_info, **where
+        )
         outs.append(out)
     return token, outs
 
@@ -284,10 +322,13 @@ def _load(self, eqn, token, invals):
     p = _private()
     aval = eqn.outvars[0].aval
     token, out = p.gpu_callbacks.call_get(
-        token=token, result_shape_and_dtype=p.jax_core.ShapedArray(aval.shape, aval.dtype),
-        allocation_key_as_array=invals[0], transforms=eqn.params["tree"].unflatten(invals[1:]),
-        source_info=eqn.source_info, **_where(self),
-    )  # fmt: skip
+        token=token,
+        result_shape_and_dtype=p.jax_core.ShapedArray(aval.shape, aval.dtype),
+        allocation_key_as_array=invals[0],
+        transforms=eqn.params["tree"].unflatten(invals[1:]),
+        source_info=eqn.source_info,
+        **_where(self),
+    )
     return token, [out]
 
 
@@ -297,10 +338,15 @@ def _store_acc(self, eqn, token, invals):
     acc, value = invals
     aval = eqn.outvars[0].aval
     token, _ = p.gpu_callbacks.call_swap(
-        token=token, result_shape_and_dtype=p.jax_core.ShapedArray(aval.shape, aval.dtype),
-        allocation_key_as_array=acc, transforms=(), val=value, mask=None, source_info=eqn.source_info,
+        token=token,
+        result_shape_and_dtype=p.jax_core.ShapedArray(aval.shape, aval.dtype),
+        allocation_key_as_array=acc,
+        transforms=(),
+        val=value,
+        mask=None,
+        source_info=eqn.source_info,
         **_where(self),
-    )  # fmt: skip
+    )
     return token, [value]
 
 
@@ -326,8 +372,9 @@ def _wgmma_eqn(self, eqn, token, get_invals):
         leaves,
     )
     a_in_registers = not isinstance(eqn.invars[1].aval, p.state_types.AbstractRef)
-    callback = functools.partial(_wgmma, acc_dtype=eqn.invars[0].aval.dtype, a_in_registers=a_in_registers,
-                                 source_info=eqn.source_info)  # fmt: skip
+    callback = functools.partial(
+        _wgmma, acc_dtype=eqn.invars[0].aval.dtype, a_in_registers=a_in_registers, source_info=eqn.source_info
+    )
     token = io_callback(
         callback, p.gpu_callbacks.TOKEN_SHAPE_DTYPE, token, acc, acc_t, a, a_t, b, b_t, ordered=True, **_where(self)
     )
@@ -343,22 +390,40 @@ def _read(memory, key, transforms, thread, info):
     if perms and any(isinstance(t, p.state_types.TransposeTransform) for t in transforms[: len(index)]):
         raise NotImplementedError("an index after a transpose")
     index = jax.tree.map(int, tuple(index))
-    value, _, _ = memory.get_buffer_content(p.gpu_callbacks.HostAllocationKey.from_array(key),
-                                            p.interpret_utils.to_range(index), thread, logging_info=info)  # fmt: skip
+    value, _, _ = memory.get_buffer_content(
+        p.gpu_callbacks.HostAllocationKey.from_array(key), p.interpret_utils.to_range(index), thread, logging_info=info
+    )
     for perm in perms:
         value = np.transpose(value, perm)
     return value
 
 
-def _wgmma(token, acc, acc_t, a, a_t, b, b_t, *, device_id, grid_point_coords, thread_id, acc_dtype, a_in_registers,
-           source_info):  # fmt: skip
+def _wgmma(
+    token,
+    acc,
+    acc_t,
+    a,
+    a_t,
+    b,
+    b_t,
+    *,
+    device_id,
+    grid_point_coords,
+    thread_id,
+    acc_dtype,
+    a_in_registers,
+    source_info,
+):
     p = _private()
     gc = p.gpu_callbacks
     memory = gc._get_shared_memory()
     thread = memory.get_global_thread_id(int(device_id), int(thread_id))
-    info = p.interpret_utils.GPULoggingInfo(device_id=int(device_id), thread_id=int(thread_id),
-                                            grid_point_coords=tuple(int(x) for x in grid_point_coords),
-                                            source_info=source_info)  # fmt: skip
+    info = p.interpret_utils.GPULoggingInfo(
+        device_id=int(device_id),
+        thread_id=int(thread_id),
+        grid_point_coords=tuple(int(x) for x in grid_point_coords),
+        source_info=source_info,
+    )
     lhs = np.asarray(a) if a_in_registers else _read(memory, a, a_t, thread, info)
     rhs = _read(memory, b, b_t, thread, info)
     acc_t = jax.tree.map(int, gc._remove_noop_transforms(acc_t))
@@ -370,8 +435,21 @@ def _wgmma(token, acc, acc_t, a, a_t, b, b_t, *, device_id, grid_point_coords, t
     return token
 
 
-def _tma_store(*, token, device_id, grid_point_coords, thread_id, src_allocation_key_as_array, src_transforms,
-               dst_allocation_key_as_array, dst_transforms, predicate, source_info, commit_group, reduction_op):  # fmt: skip
+def _tma_store(
+    *,
+    token,
+    device_id,
+    grid_point_coords,
+    thread_id,
+    src_allocation_key_as_array,
+    src_transforms,
+    dst_allocation_key_as_array,
+    dst_transforms,
+    predicate,
+    source_info,
+    commit_group,
+    reduction_op,
+):
     """A TMA store from shared to global memory: what lies past the array's end is dropped (as the copy engine
     does), and ``reduction_op="add"`` adds into global memory, atomically."""
     p = _private()
@@ -380,9 +458,12 @@ def _tma_store(*, token, device_id, grid_point_coords, thread_id, src_allocation
         raise NotImplementedError(f"TMA store with reduction_op={reduction_op!r}, predicate={predicate!r}")
     memory = gc._get_shared_memory()
     thread = memory.get_global_thread_id(int(device_id), int(thread_id))
-    info = p.interpret_utils.GPULoggingInfo(device_id=int(device_id), thread_id=int(thread_id),
-                                            grid_point_coords=tuple(int(x) for x in grid_point_coords),
-                                            source_info=source_info)  # fmt: skip
+    info = p.interpret_utils.GPULoggingInfo(
+        device_id=int(device_id),
+        thread_id=int(thread_id),
+        grid_point_coords=tuple(int(x) for x in grid_point_coords),
+        source_info=source_info,
+    )
     value = _read(memory, src_allocation_key_as_array, src_transforms, thread, info)
     key = gc.HostAllocationKey.from_array(dst_allocation_key_as_array)
     dst_range = p.interpret_utils.to_range(jax.tree.map(int, gc._remove_noop_transforms(dst_transforms)))
@@ -407,8 +488,10 @@ def _refuse_long_copy(data):
     """A TMA load of more than 256 elements along an axis: Mosaic GPU refuses it when it compiles the kernel."""
     shape = tuple(getattr(data, "shape", ()))
     if any(n > TMA_AXIS_LIMIT for n in shape):
-        raise ValueError(f"Async copies only support copying <={TMA_AXIS_LIMIT} elements along each dimension, got "
-                         f"{shape} (split the copy: a GPU refuses it)")  # fmt: skip
+        raise ValueError(
+            f"Async copies only support copying <={TMA_AXIS_LIMIT} elements along each dimension, got "
+            f"{shape} (split the copy: a GPU refuses it)"
+        )
 
 
 def _refuse_folded_overrun(index, shape, info):
@@ -422,9 +505,11 @@ def _refuse_folded_overrun(index, shape, info):
     last = index[-1]
     if last.stop is not None and last.stop > shape[-1]:
         where = _kernel_line(info.source_info) if getattr(info, "source_info", None) else "in the kernel"
-        raise ValueError(f"a TMA store of {index} into an array of shape {tuple(shape)} runs past the end of its "
-                         f"innermost axis ({last.stop} > {shape[-1]}, {where}): on the GPU it would land on the next "
-                         "row. Pad that axis to a whole number of tiles.")  # fmt: skip
+        raise ValueError(
+            f"a TMA store of {index} into an array of shape {tuple(shape)} runs past the end of its "
+            f"innermost axis ({last.stop} > {shape[-1]}, {where}): on the GPU it would land on the next "
+            "row. Pad that axis to a whole number of tiles."
+        )
 
 
 def _clip(index, shape):

@@ -91,8 +91,9 @@ class Mask:
         keeps query r when c − d − right ≤ r ≤ c − d + left. Band masks only (the arrays' masks walk tile lists)."""
         if self.has_arrays:
             raise ValueError("transposed() is for band masks; masks with per-row arrays walk tile lists.")
-        return dataclasses.replace(self, seq_q=self.seq_kv, seq_kv=self.seq_q, diagonal=-self.diagonal,
-                                   left=self.right, right=self.left)  # fmt: skip
+        return dataclasses.replace(
+            self, seq_q=self.seq_kv, seq_kv=self.seq_q, diagonal=-self.diagonal, left=self.right, right=self.left
+        )
 
 
 class MaskArrays(NamedTuple):
@@ -109,9 +110,20 @@ class MaskArrays(NamedTuple):
 # --- building and checking a mask ------------------------------------------------------------------------------
 
 
-def make_mask(batch: int, seq_q: int, seq_kv: int, *, is_causal=False, causal_alignment="top_left",
-              local_window_size=None, segment_ids=None, prefix_length=None, query_seq_lengths=None,
-              key_value_seq_lengths=None, softcap=None) -> tuple[Mask, MaskArrays]:  # fmt: skip
+def make_mask(
+    batch: int,
+    seq_q: int,
+    seq_kv: int,
+    *,
+    is_causal=False,
+    causal_alignment="top_left",
+    local_window_size=None,
+    segment_ids=None,
+    prefix_length=None,
+    query_seq_lengths=None,
+    key_value_seq_lengths=None,
+    softcap=None,
+) -> tuple[Mask, MaskArrays]:
     """The kernels' mask from the public arguments (see :func:`~attention_tutorial.kernels.mosaic.
     mosaic_flash_attention`), each checked with an error that names it."""
     from ...inputs import check_flag
@@ -139,11 +151,22 @@ def make_mask(batch: int, seq_q: int, seq_kv: int, *, is_causal=False, causal_al
         )
     if softcap is not None:
         if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or not 0 < softcap < float("inf"):
-            raise ValueError(f"softcap must be a positive number (scores become softcap·tanh(score/softcap)) or None; "
-                             f"got {softcap!r}.")  # fmt: skip
+            raise ValueError(
+                f"softcap must be a positive number (scores become softcap·tanh(score/softcap)) or None; "
+                f"got {softcap!r}."
+            )
         softcap = float(softcap)
-    mask = Mask(seq_q, seq_kv, diagonal, left, right, prefix=arrays.prefix is not None,
-                segments=arrays.q_segment is not None, lengths=arrays.q_len is not None, softcap=softcap)  # fmt: skip
+    mask = Mask(
+        seq_q,
+        seq_kv,
+        diagonal,
+        left,
+        right,
+        prefix=arrays.prefix is not None,
+        segments=arrays.q_segment is not None,
+        lengths=arrays.q_len is not None,
+        softcap=softcap,
+    )
     return mask, arrays
 
 
@@ -289,10 +312,15 @@ def tile_lists(states: jax.Array, arrays: MaskArrays, *, padded: int) -> jax.Arr
     def per_row(x, default):
         return jnp.full((B,), default, jnp.int32) if x is None else x.astype(jnp.int32)
 
-    head = jnp.stack([n_full, n_total,
-                      *(jnp.broadcast_to(per_row(x, 0)[:, None], (B, C)) for x in (arrays.prefix, arrays.q_len,
-                                                                                   arrays.kv_len)),
-                      *(jnp.zeros((B, C), jnp.int32),) * 3], axis=-1)  # fmt: skip
+    head = jnp.stack(
+        [
+            n_full,
+            n_total,
+            *(jnp.broadcast_to(per_row(x, 0)[:, None], (B, C)) for x in (arrays.prefix, arrays.q_len, arrays.kv_len)),
+            *(jnp.zeros((B, C), jnp.int32),) * 3,
+        ],
+        axis=-1,
+    )
     return jnp.concatenate([head, fill(order), fill(per_wg[:, :, 0]), fill(per_wg[:, :, 1])], axis=-1)
 
 
@@ -328,8 +356,9 @@ def _batch(arrays: MaskArrays) -> int:
 # --- the element mask of one tile, inside the kernel ------------------------------------------------------------
 
 
-def kept(mask: Mask, rows, cols, *, q_segment=None, kv_segment=None, prefix=None, q_len=None, kv_len=None,
-         ends: bool = True):  # fmt: skip
+def kept(
+    mask: Mask, rows, cols, *, q_segment=None, kv_segment=None, prefix=None, q_len=None, kv_len=None, ends: bool = True
+):
     """kept(r, c) for index arrays ``rows``/``cols`` of one shape (query rows, key columns; any layout), the segment
     ids broadcast to that shape and the batch row's scalars; ``ends``: check c < S. None when nothing is masked."""
     keep = None
@@ -361,16 +390,33 @@ def dense(mask: Mask, arrays: MaskArrays, batch: int) -> np.ndarray:
     for b in range(batch):
         get = lambda x, b=b: None if x is None else np.asarray(x)[b]  # noqa: E731
         qs, ks = get(arrays.q_segment), get(arrays.kv_segment)
-        k = kept(mask, rows, cols, q_segment=None if qs is None else qs[:, None],
-                 kv_segment=None if ks is None else ks[None, :], prefix=get(arrays.prefix), q_len=get(arrays.q_len),
-                 kv_len=get(arrays.kv_len))  # fmt: skip
+        k = kept(
+            mask,
+            rows,
+            cols,
+            q_segment=None if qs is None else qs[:, None],
+            kv_segment=None if ks is None else ks[None, :],
+            prefix=get(arrays.prefix),
+            q_len=get(arrays.q_len),
+            kv_len=get(arrays.kv_len),
+        )
         if k is not None:
             out[b] = np.broadcast_to(k, (T, S))
     return out
 
 
-def tile_kept(mask: Mask, shape, row0, col0, *, keys_axis: int = 1, q_segment=None, kv_segment=None, scalars=None,
-              ends: bool = True):  # fmt: skip
+def tile_kept(
+    mask: Mask,
+    shape,
+    row0,
+    col0,
+    *,
+    keys_axis: int = 1,
+    q_segment=None,
+    kv_segment=None,
+    scalars=None,
+    ends: bool = True,
+):
     """:func:`kept` over one score tile in wgmma's register layout: ``shape`` (rows, keys) when ``keys_axis`` is 1,
     (keys, rows) when 0 (the backward's sᵀ); query rows count from ``row0``, keys from ``col0``. ``q_segment`` and
     ``kv_segment``: the tile's ids as vectors in the matching reduced layouts; ``scalars``: (prefix, q_len, kv_len)
@@ -386,7 +432,9 @@ def tile_kept(mask: Mask, shape, row0, col0, *, keys_axis: int = 1, q_segment=No
     q_axis, kv_axis = (0, 1) if keys_axis == 1 else (1, 0)
     segments = {}
     if mask.segments:
-        segments = dict(q_segment=lax.broadcast_in_dim(q_segment, shape, [q_axis]),
-                        kv_segment=lax.broadcast_in_dim(kv_segment, shape, [kv_axis]))  # fmt: skip
+        segments = dict(
+            q_segment=lax.broadcast_in_dim(q_segment, shape, [q_axis]),
+            kv_segment=lax.broadcast_in_dim(kv_segment, shape, [kv_axis]),
+        )
     prefix, q_len, kv_len = scalars if scalars is not None else (None, None, None)
     return kept(mask, rows, cols, prefix=prefix, q_len=q_len, kv_len=kv_len, ends=ends, **segments)

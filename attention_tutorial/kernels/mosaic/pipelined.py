@@ -11,8 +11,9 @@ from jax import lax
 from ._common import skip_steps
 
 
-def pipelined_steps(carry, qo_smem, scratch, schedule, *, row0, steps, cta_steps, n_kv, causal, stages, c, exp2,
-                    exp2_tile, region):  # fmt: skip
+def pipelined_steps(
+    carry, qo_smem, scratch, schedule, *, row0, steps, cta_steps, n_kv, causal, stages, c, exp2, exp2_tile, region
+):
     """One compute warpgroup's loop over its key blocks: ``(acc, m, l)`` in, ``(acc, m, l)`` out.
 
     Step j issues s = q kᵀ of block j+1 and acc += p v of block j back to back, hands the tensor cores to the other

@@ -151,8 +151,9 @@ def test_gpu_every_mask_forward_and_backward_matches_float64(head_dim, dq, sched
     failed = {}
     for name, (kwargs, kept) in MASKS.items():
         try:
-            check_masked(kwargs, kept, B=2, T=320, S=384, H=head_dim, config=cfg, seed=len(name),
-                         run=contextlib.nullcontext)  # fmt: skip
+            check_masked(
+                kwargs, kept, B=2, T=320, S=384, H=head_dim, config=cfg, seed=len(name), run=contextlib.nullcontext
+            )
         except AssertionError as e:
             failed[name] = str(e).splitlines()[:6]
     assert not failed, failed
@@ -169,8 +170,9 @@ def test_gpu_packed_documents_over_long_rows_forward_and_backward(head_dim):
         pytest.skip(reason)
     ids = documents(1, 5500, [300, 2000, 1200, 2000], seed=1)
     kept = (ids[:, :, None] == ids[:, None, :]) & np.tri(5500, dtype=bool)
-    check_masked(dict(segment_ids=ids, is_causal=True), kept, T=5500, S=5500, N=1, K=1, H=head_dim,
-                 run=contextlib.nullcontext)  # fmt: skip
+    check_masked(
+        dict(segment_ids=ids, is_causal=True), kept, T=5500, S=5500, N=1, K=1, H=head_dim, run=contextlib.nullcontext
+    )
 
 
 @pytest.mark.gpu
@@ -182,8 +184,17 @@ def test_gpu_head_dims_between_the_kernels_run_padded(head_dim, grads):
 
     if reason := why_not(AttentionShape(1, 640, 640, 2, 1, head_dim), jnp.bfloat16, True):
         pytest.skip(reason)
-    check_masked(dict(is_causal=True), band(1, 600, 600, right=0), T=600, S=600, N=2, K=1, H=head_dim, grads=grads,
-                 run=contextlib.nullcontext)  # fmt: skip
+    check_masked(
+        dict(is_causal=True),
+        band(1, 600, 600, right=0),
+        T=600,
+        S=600,
+        N=2,
+        K=1,
+        H=head_dim,
+        grads=grads,
+        run=contextlib.nullcontext,
+    )
 
 
 def test_deterministic_makes_dq_by_a_pass(monkeypatch):

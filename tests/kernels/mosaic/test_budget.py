@@ -55,9 +55,13 @@ def test_only_the_pipelined_forward_needs_whole_tiles():
 
 @pytest.mark.parametrize(
     ("field", "value", "expected"),
-    [("block_kv", 0, "must be a positive integer"), ("bwd_stages", -1, "must be a positive integer"),
-     ("bwd_block_q", 96, "must be a multiple of 64"), ("block_q", 2.0, "must be a positive integer")],
-)  # fmt: skip
+    [
+        ("block_kv", 0, "must be a positive integer"),
+        ("bwd_stages", -1, "must be a positive integer"),
+        ("bwd_block_q", 96, "must be a multiple of 64"),
+        ("block_q", 2.0, "must be a positive integer"),
+    ],
+)
 def test_config_refuses_bad_sizes(field, value, expected):
     with pytest.raises(ValueError, match=f"MosaicConfig.{field} {expected}"):
         MosaicConfig(**{field: value})
@@ -65,8 +69,12 @@ def test_config_refuses_bad_sizes(field, value, expected):
 
 H256 = MosaicConfig(block_kv=64)  # the default's block_kv=128 does not fit H = 256's tiles in shared memory
 
-CONFIGS = [(64, MosaicConfig(pipeline=True)), (128, MosaicConfig(pipeline=True)), (256, H256),
-           (256, MosaicConfig(block_kv=64, pipeline=True))]  # fmt: skip
+CONFIGS = [
+    (64, MosaicConfig(pipeline=True)),
+    (128, MosaicConfig(pipeline=True)),
+    (256, H256),
+    (256, MosaicConfig(block_kv=64, pipeline=True)),
+]
 
 
 def test_budgets_by_hand():
@@ -92,7 +100,7 @@ def test_budgets_by_hand():
         (256, MosaicConfig(block_kv=128, stages=1), "need 224 registers per thread"),
         (128, MosaicConfig(block_kv=256, stages=1, pipeline=True), "with pipeline=True the forward's tiles need 320"),
     ],
-)  # fmt: skip
+)
 def test_h256_and_pipeline_budgets_name_the_fix(head_dim, cfg, expected):
     reason = problem(AttentionShape(1, 512, 512, 4, 4, head_dim), jnp.bfloat16, cfg)
     assert reason is None if expected is None else (expected in reason and "block_kv=64" in reason)
@@ -199,7 +207,7 @@ def test_fp8_budget_refuses_profiling_and_takes_no_exp():
         ({"exp_poly": "0.25"}, TypeError, r"exp_poly must be a real number .*; got '0\.25'"),
         ({"exp_poly": 0.25, "no_exp": True}, ValueError, r"exp_poly=0\.25 and no_exp=True exclude each other"),
     ],
-)  # fmt: skip
+)
 def test_exp_poly_refuses_what_is_not_a_fraction(kwargs, error, match):
     with pytest.raises(error, match=match):
         Probe(**kwargs)
@@ -207,9 +215,11 @@ def test_exp_poly_refuses_what_is_not_a_fraction(kwargs, error, match):
 
 @pytest.mark.parametrize(
     ("poly", "block_kv", "match"),
-    [(0.3, 128, r"8-column groups of block_kv = 128 .*multiple of 0\.0625; got 0\.3: try 0\.25 or 0\.3125"),
-     (0.0625, 64, r"multiple of 0\.125; got 0\.0625: try 0 or 0\.125")],
-)  # fmt: skip
+    [
+        (0.3, 128, r"8-column groups of block_kv = 128 .*multiple of 0\.0625; got 0\.3: try 0\.25 or 0\.3125"),
+        (0.0625, 64, r"multiple of 0\.125; got 0\.0625: try 0 or 0\.125"),
+    ],
+)
 def test_exp_poly_refuses_fractions_the_tile_layout_cannot_split(poly, block_kv, match):
     with pytest.raises(ValueError, match=match):
         Probe(exp_poly=poly).poly_columns(block_kv)
@@ -217,20 +227,21 @@ def test_exp_poly_refuses_fractions_the_tile_layout_cannot_split(poly, block_kv,
     assert re.search(match, problem(shape, jnp.bfloat16, MosaicConfig(block_kv=block_kv), Probe(exp_poly=poly)))
 
 
-@pytest.mark.parametrize(("poly", "block_kv", "columns"), [(0, 128, 0), (0.25, 128, 32), (1, 128, 128),
-                                                          (0.125, 64, 8)])  # fmt: skip
+@pytest.mark.parametrize(("poly", "block_kv", "columns"), [(0, 128, 0), (0.25, 128, 32), (1, 128, 128), (0.125, 64, 8)])
 def test_exp_poly_counts_whole_groups_of_eight_columns(poly, block_kv, columns):
     assert Probe(exp_poly=poly).poly_columns(block_kv) == columns
 
 
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
-    [({"registers": 236}, ValueError, "registers must be a multiple of 8 from 168 to 240"),
-     ({"bwd_registers": 248}, ValueError, "bwd_registers must be a multiple of 8 from 168 to 240.*got 248"),
-     ({"registers": 160}, ValueError, "got 160"),
-     ({"registers": 240.0}, TypeError, "registers must be an int"),
-     ({"bwd_registers": True}, TypeError, "bwd_registers must be an int")],
-)  # fmt: skip
+    [
+        ({"registers": 236}, ValueError, "registers must be a multiple of 8 from 168 to 240"),
+        ({"bwd_registers": 248}, ValueError, "bwd_registers must be a multiple of 8 from 168 to 240.*got 248"),
+        ({"registers": 160}, ValueError, "got 160"),
+        ({"registers": 240.0}, TypeError, "registers must be an int"),
+        ({"bwd_registers": True}, TypeError, "bwd_registers must be an int"),
+    ],
+)
 def test_registers_refuse_what_setmaxnreg_cannot_give(kwargs, error, match):
     with pytest.raises(error, match=match):
         MosaicConfig(**kwargs)

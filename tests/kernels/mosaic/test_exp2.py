@@ -57,8 +57,13 @@ def test_the_coefficients_are_the_minimax_cubic_with_constant_one():
     a = np.stack([f, f**2, f**3], axis=1) / 2 ** f[:, None]  # p(f)/2^f − 1 = a·c − b
     b = 1 - 2**-f
     ones = np.ones((len(f), 1))
-    fit = linprog([0, 0, 0, 1], A_ub=np.block([[a, -ones], [-a, -ones]]), b_ub=np.concatenate([b, -b]),
-                  bounds=[(None, None)] * 4, method="highs")  # fmt: skip
+    fit = linprog(
+        [0, 0, 0, 1],
+        A_ub=np.block([[a, -ones], [-a, -ones]]),
+        b_ub=np.concatenate([b, -b]),
+        bounds=[(None, None)] * 4,
+        method="highs",
+    )
     assert fit.success
     np.testing.assert_allclose(POLY[1:], fit.x[:3], rtol=1e-6)
     assert POLY[0] == 1.0 and fit.x[3] == pytest.approx(1.013e-4, rel=1e-3)
@@ -107,9 +112,12 @@ def split_kernel(shape, poly_cols, low=-130.0):
         plgpu.copy_smem_to_gmem(o_smem, o_ref)
         plgpu.wait_smem_to_gmem(0)
 
-    call = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct(shape, jnp.float32),
-                        scratch_types=[plgpu.SMEM(shape, jnp.float32)],
-                        compiler_params=plgpu.CompilerParams(approx_math=True))  # fmt: skip
+    call = plgpu.kernel(
+        kernel,
+        out_type=jax.ShapeDtypeStruct(shape, jnp.float32),
+        scratch_types=[plgpu.SMEM(shape, jnp.float32)],
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+    )
     x = np.arange(shape[0] * shape[1], dtype=np.float32).reshape(shape) * step
     x[1] = -np.inf
     return call, x

@@ -159,8 +159,13 @@ def test_gpu_profiled_forward_writes_a_trace_and_the_same_numbers(pipeline, tmp_
     assert len(list(tmp_path.glob("*.json"))) == 1
 
 
-EXP_POLY_CONFIGS = [(128, MosaicConfig(), 0.25), (128, MosaicConfig(pipeline=True), 0.5), (128, MosaicConfig(), 1.0),
-                    (256, MosaicConfig(block_kv=64), 0.25), (256, MosaicConfig(block_kv=64, pipeline=True), 0.25)]  # fmt: skip
+EXP_POLY_CONFIGS = [
+    (128, MosaicConfig(), 0.25),
+    (128, MosaicConfig(pipeline=True), 0.5),
+    (128, MosaicConfig(), 1.0),
+    (256, MosaicConfig(block_kv=64), 0.25),
+    (256, MosaicConfig(block_kv=64, pipeline=True), 0.25),
+]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -181,8 +186,17 @@ def test_exp_poly_changes_only_the_exponentials_of_p(pipeline, causal):
     def counts(probe):
         text = str(_jaxpr(MosaicConfig(pipeline=pipeline), causal, probe=probe))
         ops = re.findall(r"^\s*(?:[\w:\[\],{}<> ]+ = )?(\w+)[\[ ]", text, re.M)  # each equation's primitive
-        names = ("exp2", "shift_left", "bitcast_convert_type", "inline_mgpu_p", "slice", "reduce_max", "reduce_sum",
-                 "wgmma_ref", "barrier_wait")  # fmt: skip
+        names = (
+            "exp2",
+            "shift_left",
+            "bitcast_convert_type",
+            "inline_mgpu_p",
+            "slice",
+            "reduce_max",
+            "reduce_sum",
+            "wgmma_ref",
+            "barrier_wait",
+        )
         return {op: ops.count(op) for op in names}
 
     as_is = counts(Probe())
@@ -204,12 +218,17 @@ def test_gpu_exp_poly_matches_reference_and_the_kernel_without_it(causal, head_d
         pytest.skip(reason)
     for b, t, s, n, k in ((2, 512, 1024, 8, 2), (1, 1024, 256, 4, 1)):  # GQA T<S, MQA T>S
         q, kk, v = make_qkv(b, t, n, head_dim, seq_kv=s, kv_heads=k, dtype=jnp.bfloat16, seed=t + s + head_dim)
-        out, lse = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg,
-                                             probe=Probe(exp_poly=poly), return_lse=True))(q, kk, v)  # fmt: skip
+        out, lse = jax.jit(
+            functools.partial(
+                mosaic_flash_attention, is_causal=causal, config=cfg, probe=Probe(exp_poly=poly), return_lse=True
+            )
+        )(q, kk, v)
         check_output(out, q, kk, v, causal)
-        np.testing.assert_allclose(np.asarray(lse)[..., :256], reference_lse(q[:, :256], kk, is_causal=causal),
-                                   atol=1e-2, rtol=1e-3)  # fmt: skip
-        mufu = np.asarray(jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg))(q, kk, v),
-                          np.float32)  # fmt: skip
+        np.testing.assert_allclose(
+            np.asarray(lse)[..., :256], reference_lse(q[:, :256], kk, is_causal=causal), atol=1e-2, rtol=1e-3
+        )
+        mufu = np.asarray(
+            jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg))(q, kk, v), np.float32
+        )
         # p within 1.02e-4: at most a last-bit flip of the bfloat16 output apart (2^-7 of it, or of 1 below 1)
         assert (np.abs(np.asarray(out, np.float32) - mufu) <= 2**-7 * np.maximum(1, np.abs(mufu))).all()

@@ -124,8 +124,9 @@ def test_gpu_fp8_forward_is_as_accurate_as_cudnn_fp8(causal, p_via, registers):
         err = rel_error(out, want)
         assert err < 0.1, err
         if k == n:  # cuDNN's FP8 path, MHA only
-            theirs = rel_error(jax.jit(functools.partial(cudnn_fp8_attention, is_causal=causal, scale_s=E4M3_MAX))(
-                q, kk, v), want)  # fmt: skip
+            theirs = rel_error(
+                jax.jit(functools.partial(cudnn_fp8_attention, is_causal=causal, scale_s=E4M3_MAX))(q, kk, v), want
+            )
             assert err <= 1.25 * theirs, (err, theirs)
 
 
@@ -224,7 +225,10 @@ def test_gpu_exp_poly_fp8_forward_keeps_its_accuracy(causal):
 
     q, kk, v = make_qkv(2, 512, 8, 128, seq_kv=1024, kv_heads=2, dtype=jnp.bfloat16, seed=7)
     want = reference_attention(q, kk, v, is_causal=causal)
-    err = {f: rel_error(jax.jit(functools.partial(mosaic_fp8_attention, is_causal=causal,
-                                                  probe=Probe(exp_poly=f)))(q, kk, v), want)
-           for f in (0.0, 0.25)}  # fmt: skip
+    err = {
+        f: rel_error(
+            jax.jit(functools.partial(mosaic_fp8_attention, is_causal=causal, probe=Probe(exp_poly=f)))(q, kk, v), want
+        )
+        for f in (0.0, 0.25)
+    }
     assert err[0.25] < 0.1 and err[0.25] <= 1.02 * err[0.0], err

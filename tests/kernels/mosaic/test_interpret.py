@@ -85,8 +85,14 @@ def test_a_deadlocked_kernel_raises_instead_of_hanging(monkeypatch):
     def entry(x_ref, o_ref):
         pl.run_scoped(lambda *s: body(x_ref, o_ref, s), plgpu.Barrier(num_arrivals=1), collective_axes="wg")
 
-    kernel = plgpu.kernel(entry, out_type=jax.ShapeDtypeStruct((8,), jnp.float32), grid=(1,), grid_names=("x",),
-                          num_threads=2, thread_name="wg")  # fmt: skip
+    kernel = plgpu.kernel(
+        entry,
+        out_type=jax.ShapeDtypeStruct((8,), jnp.float32),
+        grid=(1,),
+        grid_names=("x",),
+        num_threads=2,
+        thread_name="wg",
+    )
     with pytest.raises(Exception, match="waited 1 s on a barrier"):
         with interpret():
             jax.block_until_ready(kernel(jnp.zeros((8,), jnp.float32)))
@@ -205,8 +211,9 @@ def check_masked(kwargs, kept, *, B=1, T=256, S=256, N=2, K=1, H=64, config=None
         (got, got_lse), vjp = jax.vjp(fn, q, k, v)
         np.testing.assert_allclose(np.asarray(got, np.float64), out, atol=1e-2, rtol=1e-2)
         np.testing.assert_array_equal(np.isinf(np.asarray(got_lse)), np.isinf(lse))  # rows with no key: -inf
-        np.testing.assert_allclose(np.asarray(got_lse, np.float64)[np.isfinite(lse)], lse[np.isfinite(lse)],
-                                   atol=1e-3, rtol=1e-3)  # fmt: skip
+        np.testing.assert_allclose(
+            np.asarray(got_lse, np.float64)[np.isfinite(lse)], lse[np.isfinite(lse)], atol=1e-3, rtol=1e-3
+        )
         if grads:
             got_grads = vjp((d_out, jnp.zeros_like(got_lse)))
             for name, g, w in zip(("dq", "dk", "dv"), got_grads, want_grads):
@@ -216,8 +223,15 @@ def check_masked(kwargs, kept, *, B=1, T=256, S=256, N=2, K=1, H=64, config=None
 def test_any_length_and_a_single_query_run_without_padding():
     """T = 113 against S = 200: the last tiles are partly filled; and T = 1 (a decoding step), bottom-right."""
     check_masked({}, band(1, 113, 200), T=113, S=200, N=1, K=1)
-    check_masked(dict(is_causal=True, causal_alignment="bottom_right"), band(1, 1, 300, d=299, right=0), T=1, S=300,
-                 N=1, K=1, grads=False)  # fmt: skip
+    check_masked(
+        dict(is_causal=True, causal_alignment="bottom_right"),
+        band(1, 1, 300, d=299, right=0),
+        T=1,
+        S=300,
+        N=1,
+        K=1,
+        grads=False,
+    )
 
 
 @pytest.mark.parametrize("grads", [False, pytest.param(True, marks=pytest.mark.slow)])

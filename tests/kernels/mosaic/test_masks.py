@@ -92,9 +92,17 @@ def test_tile_grid_is_exact_for_packed_documents_and_safe_always(T, S, docs, cau
     if lengths:
         args.update(query_seq_lengths=qlen, key_value_seq_lengths=kvlen)
     mask, arrays = M.make_mask(B, T, S, **args)
-    want_kept = truth(B, T, S, right=0 if causal else None, prefix=None if "prefix_length" not in args else
-                      [args["prefix_length"]] * B, qseg=qseg, kseg=kseg, qlen=qlen if lengths else None,
-                      kvlen=kvlen if lengths else None)  # fmt: skip
+    want_kept = truth(
+        B,
+        T,
+        S,
+        right=0 if causal else None,
+        prefix=None if "prefix_length" not in args else [args["prefix_length"]] * B,
+        qseg=qseg,
+        kseg=kseg,
+        qlen=qlen if lengths else None,
+        kvlen=kvlen if lengths else None,
+    )
     np.testing.assert_array_equal(M.dense(mask, arrays, B), want_kept)
     want = brute_states(want_kept, 64, 64)
     got = np.asarray(M.tile_grid(mask, arrays, block_q=64, block_kv=64))
