@@ -243,15 +243,12 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
                 q_smem,
                 scratch,
                 schedule,
+                plan,
                 row0=row0,
                 steps=steps,
                 cta_steps=walk.n_steps,
-                n_kv=mask.seq_kv // bkv,
-                causal=mask.causal,
-                stages=stages,
                 c=c,
-                exp2=exp2,
-                exp2_tile=exp2_tile,
+                exp2s=(exp2, exp2_tile),
                 region=region,
             )
         else:

@@ -11,9 +11,7 @@ from jax import lax
 from ._common import skip_steps
 
 
-def pipelined_steps(
-    carry, qo_smem, scratch, schedule, *, row0, steps, cta_steps, n_kv, causal, stages, c, exp2, exp2_tile, region
-):
+def pipelined_steps(carry, qo_smem, scratch, schedule, plan, *, row0, steps, cta_steps, c, exp2s, region):
     """One compute warpgroup's loop over its key blocks: ``(acc, m, l)`` in, ``(acc, m, l)`` out.
 
     Step j issues s = q kᵀ of block j+1 and acc += p v of block j back to back, hands the tensor cores to the other
@@ -22,8 +20,9 @@ def pipelined_steps(
     softmax, an epilogue issues the last p·v. The ping-pong stays: each block still takes two turns of the schedule
     barrier (after the matmuls are issued and after the softmax), so the two warpgroups keep alternating on the
     tensor cores; with ``schedule="turns"`` a warpgroup issues both matmuls in its turn and passes it on
-    (FlashAttention-3's own arrangement). ``c``: base-2 logits per unit of q·kᵀ. The price: block j's p (16-bit) stays in registers, read by the running p·v, while block j+1's s
-    and p are made. ``exp2`` exponentiates the row factors (alpha), ``exp2_tile`` the score tile (p)
+    (FlashAttention-3's own arrangement). The price: block j's p (16-bit) stays in registers, read by the running p·v,
+    while block j+1's s and p are made. ``plan``: the forward's (its mask, tiles and stages); ``c``: base-2 logits per
+    unit of q·kᵀ; ``exp2s``: what exponentiates the row factors (alpha) and the score tile (p)
     (:func:`~attention_tutorial.kernels.mosaic.exp2.softmax_exp2`).
 
     Causal: a warpgroup's number of key blocks depends on its rows, but every loop here runs a trip count fixed when
@@ -37,6 +36,8 @@ def pipelined_steps(
     k_ready, v_ready, k_free, v_free = scratch.k_ready, scratch.v_ready, scratch.k_free, scratch.v_free
     acc, m, l = carry
     (bq, head_dim), bkv, dtype = acc.shape, k_smem.shape[1], qo_smem.dtype
+    n_kv, causal, stages = plan.mask.seq_kv // bkv, plan.mask.causal, plan.stages
+    exp2, exp2_tile = exp2s
 
     def slot(j):
         return lax.rem(j, jnp.array(stages, jnp.int32))

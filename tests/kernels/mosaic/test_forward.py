@@ -89,10 +89,10 @@ def test_gpu_lse_matches_float64(causal):
 
 
 def test_the_kernel_reads_alone():
-    """The kernel a page prints: one function of about 130 lines, the copy warpgroup apart, no FP8 branch in its
-    module (FP8 brings its own operands)."""
+    """The kernel a page prints: one function of about 150 lines as ``ruff format`` lays it out, the copy warpgroup
+    apart, no FP8 branch in its module (FP8 brings its own operands)."""
     lines = inspect.getsource(forward.forward_kernel).splitlines()
-    assert len(lines) <= 135, len(lines)
+    assert len(lines) <= 150, len(lines)
     source = inspect.getsource(forward)
     assert "float8" not in source and "e4m3" not in source.lower()
 
