@@ -48,10 +48,6 @@ def test_rows_go_kernel_by_kernel_warpgroup_by_warpgroup_and_keep_the_first_ctas
     )
     assert len(kt.timeline_rows(TIMELINE, ctas=2)) == 7
     assert kt.timeline_rows(TIMELINE, kernels=("mosaic_pipe", "mosaic"))[0].kernel == "mosaic_pipe"
-    with pytest.raises(ValueError, match="ctas must be a positive int"):
-        kt.timeline_rows(TIMELINE, ctas=0)
-    with pytest.raises(TypeError, match="timeline must be the recorded dict"):
-        kt.timeline_rows([])
 
 
 def test_region_shares_count_top_level_time_of_the_compute_warpgroups():
@@ -64,19 +60,21 @@ def test_region_shares_count_top_level_time_of_the_compute_warpgroups():
 
 def test_the_figure_draws_one_row_per_warpgroup_each_bar_where_its_region_lies():
     fig = kt.timeline_figure(TIMELINE)
-    ax = fig.axes[0]
-    assert [t.get_text() for t in ax.get_yticklabels()] == [r.label for r in kt.timeline_rows(TIMELINE)]
+    ax, pipe = fig.axes  # one panel per kernel recorded ok
+    plain = kt.timeline_rows(TIMELINE, kernels=("mosaic",))
+    assert [t.get_text() for t in ax.get_yticklabels()] == [r.label for r in plain]
+    assert pipe.get_yticklabels()[0].get_text().startswith("pipelined")
     bars = [c for c in ax.collections]  # one broken_barh per region
-    assert len(bars) == sum(len(r.bars) for r in kt.timeline_rows(TIMELINE))
+    assert len(bars) == sum(len(r.bars) for r in plain)
     first = bars[0].get_paths()[0].get_extents()  # plain, compute 0, q·kᵀ: 0..100, a full-height row at y = 0
     assert (first.x0, first.x1) == pytest.approx((0, 100)) and first.height == pytest.approx(0.8)
     inner = bars[1].get_paths()[0].get_extents()  # the wait nested inside it: thinner, on top
     assert (inner.x0, inner.x1) == pytest.approx((20, 60)) and inner.height == pytest.approx(0.4)
     colours = {tuple(b.get_facecolor()[0]) for b in bars}
     assert len(colours) == 5  # q·kᵀ, softmax, p·v, wait, copy each their own colour
-    assert ax.get_xlim() == (0, 400)
-    assert "cycles" in ax.get_xlabel() and any("µs" in a.get_xlabel() for a in ax.child_axes)
-    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert ax.get_xlim() == (0, 400) and not ax.texts  # the whole run, its bars unnamed
+    assert "cycles" in pipe.get_xlabel()
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert legend[0].startswith("q·kᵀ") and len(legend) == 5
     with pytest.raises(ValueError, match="no kernel recorded ok"):
         kt.timeline_figure({"mosaic": {"status": "error"}})
@@ -92,8 +90,6 @@ def test_times_are_cycles_the_warpgroups_start_offset_converted_from_ns():
     assert kt.in_cycles([]) == []
     cta1 = next(r for r in kt.timeline_rows(TIMELINE, ctas=2, clock_ghz=1.5) if r.cta == 1)
     assert cta1.bars[0] == kt.Bar("qk", 1500, 1600, 0)
-    with pytest.raises(ValueError, match="clock_ghz must be a positive"):
-        kt.in_cycles([["qk", 0, 1, 0]], clock_ghz=0)
 
 
 def _pingpong_timeline(wg1_offset=150):
@@ -133,11 +129,9 @@ def test_the_zoom_shows_a_few_key_blocks_from_the_window_start():
     rows = kt.timeline_rows(timeline)
     assert kt.zoom_window(rows, blocks=1) == (320, 620)  # the middle softmax of warpgroup 0 to the next
     assert kt.zoom_window(rows, blocks=5) == (20, 620)  # fewer follow: up to the last softmax
-    with pytest.raises(ValueError, match="blocks must be a positive int"):
-        kt.zoom_window(rows, blocks=0)
     with pytest.raises(ValueError, match="fewer than two softmax"):
         kt.zoom_window(kt.timeline_rows(TIMELINE))
-    fig = kt.zoom_figure(timeline, blocks=1, kernels=("mosaic",))
+    fig = kt.timeline_figure(timeline, blocks=1, kernels=("mosaic",))
     ax = fig.axes[0]
     assert ax.get_xlim() == (0, 300)
     starts = sorted(c.get_paths()[0].get_extents().x0 for c in ax.collections)
@@ -164,7 +158,7 @@ def test_a_backward_timeline_draws_its_own_regions_each_in_its_colour():
     assert ax.get_yticklabels()[0].get_text() == "dQ by atomic adds, CTA 0: compute warpgroup 0"
     colours = [tuple(c.get_facecolor()[0]) for c in ax.collections]
     assert len(set(colours)) == 6  # qk, softmax, grads, dq_add, wait, copy
-    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert any(t.startswith("gradient matmuls") for t in legend) and any(t.startswith("dQ's share") for t in legend)
     assert kt.region_shares(kt.timeline_rows(backward, kernels=("mosaic_atomic",)))[0].shares["grads"] == (
         pytest.approx(210 / 440)  # grads 100 + 110 over spans 240 + 200
