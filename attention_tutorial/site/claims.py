@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..results import store
 from ..train import TWIN  # the suffix of a twin run's implementation name
 
 #: Largest max-abs difference between two attention outputs (unit-variance inputs) that is still rounding, per dtype
@@ -188,12 +189,8 @@ def versus(records, impl: str, baseline: str = "cudnn", *, min_seq: int = 0, **w
     """{T: how ``impl`` compares with ``baseline`` at T} over the ok records matching ``where`` (T >= ``min_seq``);
     every record of the baseline at the same point (any grid, any recording run) widens its spread."""
     out = {}
-    for r in records:
-        if r.get("impl") != impl or r.get("status") != "ok" or r["seq_q"] < min_seq:
-            continue
-        if any(r.get(f) != v for f, v in where.items()):
-            continue
-        if others := same_point(records, r, impl=baseline):
+    for r in store.select(records, impl=impl, status="ok", **where):
+        if r["seq_q"] >= min_seq and (others := same_point(records, r, impl=baseline)):
             out[r["seq_q"]] = compare([r], others)
     return dict(sorted(out.items()))
 

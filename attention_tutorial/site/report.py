@@ -260,20 +260,18 @@ def read_ceiling(records, provenance) -> float | None:
     return statistics.median(ceilings) if ceilings else (provenance or {}).get("read_gbps")
 
 
-def roof(records, provenance: dict, grid_name: str) -> Roof:
-    """The :class:`~attention_tutorial.measure.roofline.Roof` of ``grid_name``'s recording run: its measured bf16
-    matmul and read ceiling, and the datasheet's figures for its GPU."""
+def reference_roof(grid_name: str = "seq_long") -> Roof | None:
+    """The :class:`~attention_tutorial.measure.roofline.Roof` of the recorded reference's ``grid_name`` run (by
+    default the sequence-length sweep's): its measured bf16 matmul and read ceiling, the one peak, bandwidth and
+    ridge (``.ridge``) the pages quote, and the datasheet's figures for its GPU; None where no result file is
+    installed."""
+    records, provenance = reference(grid_name)
+    if provenance is None:
+        return None
     run = provenance.get("grids", {}).get(grid_name, {})
     peak = run.get("matmul_bf16_tflops") or provenance["matmul_bf16_tflops"]
-    gbps = read_ceiling(store.select(records, grid=grid_name), provenance)
+    gbps = read_ceiling(records, provenance)
     if not gbps:
         raise ValueError(f"no read ceiling recorded for grid {grid_name!r}.")
     sheet = DATASHEET.get(provenance.get("gpu"))
     return Roof(peak, gbps, sheet.bf16_tflops if sheet else None, sheet.hbm_gbps if sheet else None)
-
-
-def reference_roof(grid_name: str = "seq_long") -> Roof | None:
-    """The roof of the recorded reference's ``grid_name`` run (by default the sequence-length sweep's): the one
-    matmul peak, read bandwidth and ridge (``.ridge``) the pages quote; None where no result file is installed."""
-    records, provenance = reference(grid_name)
-    return roof(records, provenance, grid_name) if provenance else None

@@ -257,7 +257,6 @@ def test_the_reference_roof_is_the_sequence_sweep_s_run_and_its_ridge_is_peak_ov
         pytest.skip("no recorded results")
     long, prov = store.select(data["records"], grid="seq_long"), data["provenance"]
     r = report.reference_roof()
-    assert r == report.roof(long, prov, "seq_long")
     assert r.peak_tflops == prov["grids"]["seq_long"]["matmul_bf16_tflops"]
     r0 = next(x for x in long if x.get("pct_read"))
     assert r.gbps == pytest.approx(r0["gbps"] * 100 / r0["pct_read"], rel=1e-3)
