@@ -54,6 +54,9 @@ DATASHEET = {
     "NVIDIA A100-SXM4-40GB": Datasheet(312.0, None, 1555.0),
     "NVIDIA L4": Datasheet(121.0, 242.5, 300.0),
 }
+#: FlashAttention-3's best bf16 forward on an H100 SXM5 as its paper reports it (arXiv 2407.08608), TFLOP/s: a
+#: published attention speed to set beside the matmul measured on a card.
+FA3_BF16_TFLOPS = 740
 DATASHEET_BF16 = "dense bf16 tensor cores (datasheet)"
 DATASHEET_FP8 = "dense fp8 tensor cores (datasheet)"
 

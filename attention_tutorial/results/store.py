@@ -474,16 +474,6 @@ def _locked(target: Path):
         os.close(fd)
 
 
-def write_atomic(path, text: str) -> None:
-    """Write ``text`` to ``path`` (through a symlink, to its target) so that a crash at any moment leaves either the
-    old file or the new one: a temporary file in the same folder, flushed and fsynced, then ``os.replace``; under
-    the file's lock, which also removes a temporary file a killed write left."""
-    _check_path(path)
-    target = Path(os.path.realpath(path))
-    with _locked(target):
-        _write(target, text)
-
-
 def _write(target: Path, text: str) -> None:
     """Write under the lock: stale temporary files of ``target`` removed, then atomically replaced."""
     target.parent.mkdir(parents=True, exist_ok=True)

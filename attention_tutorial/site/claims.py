@@ -1,11 +1,11 @@
-"""Claims the pages make about measurements, computed from records: each returns its value and its wording.
+"""Verdicts the pages read from measurements: each function returns a value and the word the data allow.
 
 A page never types "faster", "exactly" or "grows with T²" by hand: it asks one of these functions, which looks at
-the data (and its spread) and picks the word. ``tests/site/test_claims.py`` checks every word against the
-committed result files.
+the data (and its spread) and picks the word. ``tests/site/test_claims.py`` checks the words against the committed
+result files.
 
-- :func:`compare` — is A faster than B? Only when their timing spreads do not overlap; otherwise "on par".
-- :func:`growth` — how a quantity grows per doubling of x: "stays flat", "grows linearly", "grows quadratically".
+- :func:`compare` — is A faster than B? Only when their timing ranges do not overlap; otherwise "on par".
+- :func:`growth`, :func:`growth_terms` — how a quantity grows with x: "stays flat", "grows linearly", ...
 - :func:`agreement` — do two results agree, to the rounding of their dtype (tolerances in :data:`TOLERANCES`)?
 - :func:`loss_agreement` — do training runs through different implementations trace the same loss curve?
 """
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..results import store
 from ..train import TWIN  # the suffix of a twin run's implementation name
 
 #: Largest max-abs difference between two attention outputs (unit-variance inputs) that is still rounding, per dtype
@@ -69,54 +70,29 @@ def compare(a_records, b_records) -> Claim:
     return Claim(b / a, b_lo / a_hi, b_hi / a_lo, word)
 
 
-def paired_compare(a_records, b_records, key: str = "step") -> Claim:
-    """How fast A is against B, pairing records that share ``key`` (say, the same logged window of two training
-    runs): value = the median of B's time / A's time over the pairs (above 1: A faster), low/high = its p10/p90.
-    The word is "faster" or "slower" only when at least 90 % of the pairs say so, else "on par". Pairing keeps a
-    drift that both runs share (a GPU's clock, a step time growing over a run) out of the comparison."""
-    b_by = {r[key]: r["median_ms"] for r in b_records if r.get("status", "ok") == "ok" and r.get("median_ms")}
-    ratios = sorted(
-        b_by[r[key]] / r["median_ms"]
-        for r in a_records
-        if r.get("status", "ok") == "ok" and r.get("median_ms") and r[key] in b_by
-    )
-    if not ratios:
-        raise ValueError(f"paired_compare needs records of A and B sharing {key!r}; got none")
-    lo, mid, hi = (float(x) for x in np.percentile(ratios, [10, 50, 90]))
-    word = "faster" if lo > 1 else "slower" if hi < 1 else "on par"
-    return Claim(mid, lo, hi, word)
-
-
 def relative(claim: Claim, other: str) -> str:
     """A :func:`compare` claim as a phrase about ``other``: "faster than X", "slower than X" or "on par with X"."""
     return f"on par with {other}" if claim.word == "on par" else f"{claim.word} than {other}"
 
 
-def exponent_word(p: float, var: str = "x") -> str:
-    """Name a growth exponent (y ∝ x**p): 'stays flat', 'grows linearly', 'grows quadratically', or 'grows as x^p'."""
-    if abs(p) < 0.3:
-        return "stays flat"
-    if abs(p - 1) < 0.3:
-        return "grows linearly"
-    if abs(p - 2) < 0.3:
-        return "grows quadratically"
-    return f"{'shrinks' if p < 0 else 'grows'} as {var}^{p:.1f}"
-
-
 def growth(xs, ys, var: str = "x") -> Claim:
     """How ``ys`` grows per doubling of ``xs``: value = the factor per doubling of a least-squares fit in log-log,
-    low/high = the smallest and largest factor between neighbouring points (scaled to one doubling)."""
+    low/high = the smallest and largest factor between neighbouring points (scaled to one doubling). The word names
+    the exponent p of y ∝ x**p: "stays flat", "grows linearly", "grows quadratically", or "grows as x^p"."""
     pts = sorted((x, y) for x, y in zip(xs, ys) if x and y)
     if len(pts) < 2:
         raise ValueError(f"growth needs two points with positive x and y; got {list(zip(xs, ys))}")
-    lx, ly = [math.log2(x) for x, _ in pts], [math.log2(y) for _, y in pts]
-    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
-    den = sum((u - mx) ** 2 for u in lx)
-    if den == 0:
+    lx, ly = np.log2([x for x, _ in pts]), np.log2([y for _, y in pts])
+    if lx[0] == lx[-1]:
         raise ValueError("growth needs at least two distinct x values")
-    p = sum((u - mx) * (w - my) for u, w in zip(lx, ly)) / den
-    steps = [2 ** ((ly[i + 1] - ly[i]) / (lx[i + 1] - lx[i])) for i in range(len(pts) - 1) if lx[i + 1] > lx[i]]
-    return Claim(2**p, min(steps), max(steps), exponent_word(p, var))
+    p = float(((lx - lx.mean()) * (ly - ly.mean())).sum() / ((lx - lx.mean()) ** 2).sum())  # least squares
+    apart = np.diff(lx) > 0
+    steps = 2 ** (np.diff(ly)[apart] / np.diff(lx)[apart])
+    named = {0: "stays flat", 1: "grows linearly", 2: "grows quadratically"}
+    word = next(
+        (w for e, w in named.items() if abs(p - e) < 0.3), f"{'shrinks' if p < 0 else 'grows'} as {var}^{p:.1f}"
+    )
+    return Claim(2**p, float(steps.min()), float(steps.max()), word)
 
 
 FIT_TOLERANCE = 0.05  # growth_terms: a fit is good enough when its rms error is at most 5 % of the largest y
@@ -129,46 +105,32 @@ def growth_terms(xs, ys, var: str = "x") -> Claim:
     and fewest terms is taken. A power law (:func:`growth`) calls 14 → 21 MiB over T ×8 "flat" although
     the increments double with T; this names the constant and the linear part. Value, low, high as :func:`growth`."""
     g = growth(xs, ys, var)
-    x = np.asarray([float(v) for v in xs])
-    y = np.asarray([float(v) for v in ys])
-    cols = {"constant": np.ones_like(x), "linear": x, "quadratic": x**2}
-    fits = []  # (rms error / largest y, highest power, number of terms, {term: coefficient})
-    for k in range(1, 4):
-        for names in itertools.combinations(cols, k):
-            a = np.stack([cols[n] for n in names], axis=1)
-            coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    x, y = np.asarray(xs, float), np.asarray(ys, float)
+    powers = {"constant": 0, "linear": 1, "quadratic": 2}
+    fits = []  # (rms error / largest y, highest power, number of terms, {term: its part of y at the largest x})
+    for k in (1, 2, 3):
+        for names in itertools.combinations(powers, k):
+            a = np.stack([x ** powers[n] for n in names], axis=1)
+            coef = np.linalg.lstsq(a, y, rcond=None)[0]
             if np.all(coef >= 0):
                 rms = float(np.sqrt(np.mean((a @ coef - y) ** 2))) / (float(np.abs(y).max()) or 1.0)
-                fits.append((rms, max(list(cols).index(n) for n in names), k, dict(zip(names, coef))))
+                fits.append((rms, powers[names[-1]], k, {n: c * x.max() ** powers[n] for n, c in zip(names, coef)}))
     if not fits:  # no non-negative fit (falling data): the power law's word
         return g
-    # The simplest fit that is good enough (within FIT_TOLERANCE of the largest y), else the closest: a dip at
-    # one point must not turn a linear series into a "quadratic" one (4.0, 3.8, 4.8, 6.8 MiB over T ×8).
-    closest = min(f[0] for f in fits)  # ... and never much worse than the closest fit (an exact one must win)
+    # The simplest fit that is good enough, else the closest: a dip at one point must not turn a linear series into
+    # a "quadratic" one (4.0, 3.8, 4.8, 6.8 MiB over T ×8); never much worse than the closest (an exact fit wins).
+    closest = min(f[0] for f in fits)
     good = [f for f in fits if f[0] <= min(FIT_TOLERANCE, 2 * closest + 0.005)]
-    best = min(good, key=lambda f: (*f[1:3], f[0])) if good else min(fits, key=lambda f: f[0])
-    best = (best[0], best[3])
-    at = x.max()
-    share = {n: c * (1 if n == "constant" else at if n == "linear" else at**2) for n, c in best[1].items()}
-    total = sum(share.values()) or 1.0
-    parts = [n for n in ("constant", "linear", "quadratic") if share.get(n, 0) >= 0.1 * total]
-    single = {
-        "constant": "stays flat",
-        "linear": f"grows linearly in {var}",
-        "quadratic": f"grows quadratically in {var}",
-    }
+    share = (min(good, key=lambda f: (f[1], f[2], f[0])) if good else min(fits, key=lambda f: f[0]))[3]
+    parts = [n for n, s in share.items() if s >= 0.1 * (sum(share.values()) or 1.0)]
     if len(parts) == 1:
-        word = single[parts[0]]
-    else:
-        named = {
-            "constant": "a constant part",
-            "linear": f"one linear in {var}",
-            "quadratic": f"one quadratic in {var}",
-        }
-        word = "is " + " plus ".join(
-            named[n] if i else named[n].replace("one ", "a part ") for i, n in enumerate(parts)
+        word = {"constant": "stays flat", "linear": f"grows linearly in {var}"}.get(
+            parts[0], f"grows quadratically in {var}"
         )
-    first, last = int(np.argmin(x)), int(np.argmax(x))
+    else:
+        said = [{"constant": "a constant part"}.get(n, f"one {n} in {var}") for n in parts]
+        word = "is " + " plus ".join([said[0].replace("one ", "a part "), *said[1:]])
+    first, last = np.argmin(x), np.argmax(x)
     if y[first] > 0 and y[last] / y[first] > 1.1 * (x[last] / x[first]) ** 2:
         word += f" (faster than {var}² over this range: ×{y[last] / y[first]:.1f} for {var} ×{x[last] / x[first]:g})"
     return Claim(g.value, g.low, g.high, word)
@@ -209,52 +171,34 @@ def same_point(records, rec, **override) -> list[dict]:
 def words_by_x(claims_at: dict) -> str:
     """One phrase for several claims keyed by x (in order): 'on par' when all agree, else e.g. 'slower at
     T = 1024–16384; on par at T = 32768' (three or more neighbouring x with one word read as a range)."""
-    xs = list(claims_at)
-    groups: dict[str, list[list]] = {}
-    for i, x in enumerate(xs):
-        word = claims_at[x].word
-        runs = groups.setdefault(word, [])
-        if runs and xs.index(runs[-1][-1]) == i - 1:
-            runs[-1].append(x)  # the neighbour of the run before
+    runs: list[tuple[str, list]] = []  # (word, neighbouring x that share it)
+    for x, c in claims_at.items():
+        if runs and runs[-1][0] == c.word:
+            runs[-1][1].append(x)
         else:
-            runs.append([x])
-    if len(groups) == 1:
-        return next(iter(groups))
-
-    def said(run):
-        return f"{run[0]}–{run[-1]}" if len(run) >= 3 else ", ".join(map(str, run))
-
-    return "; ".join(f"{w} at T = {', '.join(said(r) for r in runs)}" for w, runs in groups.items())
+            runs.append((c.word, [x]))
+    if len({w for w, _ in runs}) == 1:
+        return runs[0][0]
+    said: dict[str, list[str]] = {}
+    for w, xs in runs:
+        said.setdefault(w, []).append(f"{xs[0]}–{xs[-1]}" if len(xs) >= 3 else ", ".join(map(str, xs)))
+    return "; ".join(f"{w} at T = {', '.join(s)}" for w, s in said.items())
 
 
 def versus(records, impl: str, baseline: str = "cudnn", *, min_seq: int = 0, **where) -> dict[int, Claim]:
     """{T: how ``impl`` compares with ``baseline`` at T} over the ok records matching ``where`` (T >= ``min_seq``);
     every record of the baseline at the same point (any grid, any recording run) widens its spread."""
     out = {}
-    for r in records:
-        if r.get("impl") != impl or r.get("status") != "ok" or r["seq_q"] < min_seq:
-            continue
-        if any(r.get(f) != v for f, v in where.items()):
-            continue
-        others = same_point(records, r, impl=baseline)
-        if others:
+    for r in store.select(records, impl=impl, status="ok", **where):
+        if r["seq_q"] >= min_seq and (others := same_point(records, r, impl=baseline)):
             out[r["seq_q"]] = compare([r], others)
     return dict(sorted(out.items()))
 
 
-TWIN_FACTOR = 1.0  # a loss difference up to this many times the twin's counts as rounding noise (nudging every
-# weight by one rounding step already moves the curve more than a kernel's rounding does: no margin on top). The
-# reference and its twin are two samples of the same noise, so a run is judged by the nearer of the two.
-
-
-LOSS_ULPS = 4  # the yardstick is never below this many float32 steps of the largest loss compared: a difference
+LOSS_ULPS = 4  # the noise floor is never below this many float32 steps of the largest loss compared: a difference
 # of one step is the last bit of the loss itself, not a kernel's doing
-
-
-def loss_floor(step_records) -> float:
-    """:data:`LOSS_ULPS` float32 steps (``np.spacing``) of the largest loss in ``step_records``."""
-    top = max((abs(r["loss"]) for r in step_records), default=1.0)
-    return LOSS_ULPS * float(np.spacing(np.float32(top)))
+COARSE = 0.5  # a noise floor at least this fraction of the loss's step-to-step movement is too coarse to tell
+# small differences apart (a kernel off by half a step's movement would still pass)
 
 
 def _losses(step_records) -> dict[str, dict[int, float]]:
@@ -264,80 +208,14 @@ def _losses(step_records) -> dict[str, dict[int, float]]:
     return by
 
 
-def _max_diff(a: dict, b: dict) -> float | None:
-    common = set(a) & set(b)
-    return max(abs(a[s] - b[s]) for s in common) if common else None
-
-
-def loss_noise(step_records) -> float | None:
-    """The rounding-noise yardstick of a training comparison: the largest loss difference between the first
-    implementation and its twin (the same run from weights nudged by one rounding step); None without a twin."""
-    by = _losses(step_records)
-    plain = [i for i in by if not i.endswith(TWIN)]
-    if not plain or plain[0] + TWIN not in by:
-        return None
-    return _max_diff(by[plain[0]], by[plain[0] + TWIN])
-
-
-def _twin_covers(by, impl: str, first: str) -> bool:
-    """Whether ``first``'s twin logged every step that ``impl`` and ``first`` both logged (so it can judge them)."""
-    return set(by[impl]) & set(by[first]) <= set(by.get(first + TWIN, {}))
-
-
-def loss_agreement(step_records, dtype: str) -> dict[str, Claim]:
-    """Per implementation after the first one in ``step_records`` (kind "step" records of one training run): its
-    largest loss difference from the first one's at the same logged steps, judged against rounding.
-
-    With a twin run (see :func:`loss_noise`) the yardstick is how far rounding alone moved the curve, and a run is
-    measured against the nearer of the two curves rounding alone produced (the first one and its twin: a spike of
-    the first run's own is then not held against the others): up to :data:`TWIN_FACTOR` times the twin's difference
-    reads "agree within rounding noise", more "differ by more than rounding noise" (``high`` is that limit; the
-    claim's value is that nearer distance; a run within the yardstick of the twin may sit up to twice it from the
-    first). All three distances run over the same logged steps; without a twin, or where the twin did not log a
-    step the run did, the attention-output tolerance of ``dtype`` (:func:`agreement`)."""
-    by = _losses(step_records)
-    plain = [i for i in by if not i.endswith(TWIN)]
-    if not plain:
-        return {}
-    first, *others = plain
-    noise = loss_noise(step_records)  # over the steps the first run and its twin share
-    out = {}
-    for o in others:
-        diff = _max_diff(by[o], by[first])
-        if diff is None:
-            continue
-        if noise is not None and _twin_covers(by, o, first):  # all three distances over the same logged steps
-            twin = by[first + TWIN]
-            on = {s_: (by[o][s_], by[first][s_], twin[s_]) for s_ in set(by[o]) & set(by[first])}  # (run, first, twin)
-            diff = min(max(abs(a - b) for a, b, _ in on.values()), max(abs(a - t) for a, _, t in on.values()))
-            limit = max(TWIN_FACTOR * noise, loss_floor(step_records))
-            word = "agree within rounding noise" if diff <= limit else "differ by more than rounding noise"
-            out[o] = Claim(float(diff), 0.0, limit, word)
-        else:
-            out[o] = agreement(diff, dtype)
-    return out
-
-
-def loss_motion(step_records, impl: str) -> float | None:
-    """How much ``impl``'s loss moves from one logged step to the next (median over the second half of training):
-    the yardstick a loss difference between implementations is read against."""
-    losses = [r["loss"] for r in sorted((r for r in step_records if r["impl"] == impl), key=lambda r: r["step"])]
-    half = losses[len(losses) // 2 :]
-    moves = [abs(b - a) for a, b in itertools.pairwise(half)]
-    return statistics.median(moves) if moves else None
-
-
-COARSE = 0.5  # a twin yardstick at least this fraction of the loss's step-to-step movement is too coarse to tell
-# small differences apart (a kernel off by half a step's movement would still pass)
-
-
 @dataclass(frozen=True)
 class LossYardstick:
-    """What :func:`loss_agreement` judged a training run's loss curves against, with the loss's own movement for
-    scale. ``first``: the implementation the others are compared with, over ``steps`` logged steps; ``noise``: how
-    far its twin's curve strayed from its own (None without a twin); ``limit``: the largest distance that counts as
-    rounding noise (:data:`TWIN_FACTOR` × noise, at least ``floor``; None without a twin); ``floor``:
-    :data:`LOSS_ULPS` float32 steps of the loss; ``motion``: :func:`loss_motion` of ``first``."""
+    """What :func:`loss_agreement` judges a training run's loss curves against. ``first``: the implementation the
+    others are compared with, over ``steps`` logged steps; ``noise``: the largest loss gap between it and its twin
+    (the same run from weights nudged by one rounding step; None without a twin); ``limit``: the largest distance
+    that counts as rounding noise (``noise``, at least ``floor``; None without a twin); ``floor``: :data:`LOSS_ULPS`
+    float32 steps of the largest loss; ``motion``: how much ``first``'s loss moves from one logged step to the next
+    (the median over the second half of training), for scale."""
 
     first: str
     steps: int
@@ -350,37 +228,49 @@ class LossYardstick:
     def coarse(self) -> bool:
         """Whether the limit is at least :data:`COARSE` × the loss's step-to-step movement (a loss that does not
         move included): too coarse to tell small differences apart. False without a twin that moved."""
-        if not self.noise or self.motion is None:
-            return False
-        return self.limit >= COARSE * self.motion
+        return bool(self.noise) and self.motion is not None and self.limit >= COARSE * self.motion
 
 
 def loss_yardstick(step_records) -> LossYardstick | None:
     """:class:`LossYardstick` of ``step_records`` (kind "step" records of one training run); None without any."""
-    plain = [i for i in _losses(step_records) if not i.endswith(TWIN)]
-    if not plain:
+    by = _losses(step_records)
+    first = next((i for i in by if not i.endswith(TWIN)), None)
+    if first is None:
         return None
-    first, noise, floor = plain[0], loss_noise(step_records), loss_floor(step_records)
-    steps = len({r["step"] for r in step_records if r["impl"] == first})
-    limit = None if noise is None else max(TWIN_FACTOR * noise, floor)
-    return LossYardstick(first, steps, noise, limit, floor, loss_motion(step_records, first))
+    base, twin = by[first], by.get(first + TWIN, {})
+    shared = set(base) & set(twin)
+    noise = max(abs(base[s] - twin[s]) for s in shared) if shared else None
+    floor = LOSS_ULPS * float(np.spacing(np.float32(max(abs(r["loss"]) for r in step_records))))
+    losses = [base[s] for s in sorted(base)]
+    moves = [abs(b - a) for a, b in itertools.pairwise(losses[len(losses) // 2 :])]
+    limit = None if noise is None else max(noise, floor)
+    return LossYardstick(first, len(base), noise, limit, floor, statistics.median(moves) if moves else None)
 
 
-def device_speed_ratios(records, impl: str, base: str) -> dict[bool, tuple[float, float]]:
-    """Per causal flag, ``impl``'s speed as a fraction of ``base``'s at the same point of a ``device_time`` grid:
-    (on the summed kernel time the profiler measured, on the host's pipelined median). Points where either did not
-    run are left out; a grid with two points of one flag is refused (one ratio per flag would hide one of them)."""
+def loss_agreement(step_records, dtype: str) -> dict[str, Claim]:
+    """Per implementation after the first one in ``step_records`` (kind "step" records of one training run): its
+    largest loss difference from the first one's at the same logged steps, judged against rounding.
+
+    With a twin run (see :class:`LossYardstick`) a run is measured against the nearer of the two curves rounding
+    alone produced (the first one and its twin: a spike of the first run's own is then not held against the others):
+    within the yardstick's ``limit`` it reads "agree within rounding noise", else "differ by more than rounding
+    noise" (the claim's value is that nearer distance, ``high`` the limit). Without a twin, or where the twin did not
+    log a step the run did, the attention-output tolerance of ``dtype`` judges (:func:`agreement`)."""
+    y = loss_yardstick(step_records)
+    if y is None:
+        return {}
+    by = _losses(step_records)
+    base, twin = by[y.first], by.get(y.first + TWIN, {})
     out = {}
-    for r in records:
-        if r["impl"] != impl or r.get("status") != "ok" or not r.get("device_ms"):
+    for impl, losses in by.items():
+        steps = set(losses) & set(base)
+        if impl == y.first or impl.endswith(TWIN) or not steps:
             continue
-        other = [o for o in same_point(records, r, impl=base) if o.get("device_ms")]
-        if other:
-            o = other[0]
-            if r["causal"] in out:
-                raise ValueError(
-                    f"device_speed_ratios: {impl} has two device-time points with causal={r['causal']}; "
-                    "two recordings or two shapes; pass one recording of one shape."
-                )
-            out[r["causal"]] = (o["device_ms"] / r["device_ms"], o["median_ms"] / r["median_ms"])
+        diff = max(abs(losses[s] - base[s]) for s in steps)
+        if y.limit is None or not steps <= set(twin):
+            out[impl] = agreement(diff, dtype)
+            continue
+        diff = min(diff, max(abs(losses[s] - twin[s]) for s in steps))
+        word = "agree within rounding noise" if diff <= y.limit else "differ by more than rounding noise"
+        out[impl] = Claim(float(diff), 0.0, y.limit, word)
     return out

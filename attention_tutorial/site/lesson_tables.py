@@ -1,6 +1,6 @@
-"""Tables and words for the lessons of :mod:`attention_tutorial.measure.lessons`, live rows or recorded ones alike,
-:func:`recorded_lesson` to read the ones the recorder kept, and the cuDNN page's tables and numbers (which kernel
-each implementation compiled to, the head-size limit of a compute capability)."""
+"""Tables and words for the small lessons of :mod:`attention_tutorial.measure.lessons`, live rows or the recorded
+ones (:func:`recorded_lesson`), and the cuDNN page's tables: which kernel each implementation compiled to, and the
+head-size limit of a compute capability."""
 
 from __future__ import annotations
 
@@ -20,49 +20,31 @@ def recorded_lesson(name: str, directory=None) -> tuple[list[dict] | None, str |
         raise ValueError(f"unknown lesson {name!r}; choose from {', '.join(LESSONS)}")
     data = store.recorded(store.REFERENCE_GPU, directory)
     rows = (data or {}).get("provenance", {}).get("lessons", {}).get(name)
-    if not rows:
-        return None, None
-    return rows, store.describe(data["provenance"], "lessons")
-
-
-def where_recorded(grid: str, directory=None) -> str | None:
-    """One line naming the GPU, driver, JAX and cuDNN that recorded ``grid`` ("lessons" for the lessons) in the
-    reference GPU's result file, or None. Libraries the run had installed but ``grid`` does not use
-    (TransformerEngine) are left out."""
-    data = store.recorded(store.REFERENCE_GPU, directory)
-    if data is None:
-        return None
-    prov = dict(data["provenance"], transformer_engine=None)
-    prov["grids"] = {g: dict(e, transformer_engine=None) for g, e in prov.get("grids", {}).items()}
-    return store.describe(prov, grid)
+    return (rows, store.describe(data["provenance"], "lessons")) if rows else (None, None)
 
 
 def _ms(row) -> str:
     return f"{row['median_ms']:#.3g} ({row['p10_ms']:#.3g}–{row['p90_ms']:#.3g})"
 
 
-def precision_table(rows, *, times: bool = True) -> list[dict]:
-    """Display rows of :func:`~attention_tutorial.measure.lessons.precision_rows`: error with its verdict against the
-    tolerance, and the time with its spread where the rows were timed (and ``times``; the times are often taken at
-    another shape than the errors: :func:`precision_time_table` shows them alone)."""
-    out = []
-    for r in rows:
-        row = {
+def precision_table(rows) -> list[dict]:
+    """Display rows of :func:`~attention_tutorial.measure.lessons.precision_rows`: each error with its verdict
+    against the tolerance of what the matmuls ran in (:func:`precision_time_table` shows the times)."""
+    return [
+        {
             "precision": r["precision"],
             "matmuls in": r["matmuls_in"],
             "max |out − float64|" + (f" at {r['shape']}" if r.get("shape") else ""): f"{r['max_abs_error']:.1e}",
             "verdict": f"{agreement(r['max_abs_error'], r['matmuls_in']).word} "
             f"(tolerance {TOLERANCES[r['matmuls_in']]:.0e})",
         }
-        if times and r.get("median_ms") is not None:
-            row[f"ms per call at {r['time_shape']} (p10–p90)"] = _ms(r)
-        out.append(row)
-    return out
+        for r in rows
+    ]
 
 
 def precision_time_table(rows) -> list[dict]:
-    """The timed rows of :func:`~attention_tutorial.measure.lessons.precision_rows` alone: precision, what the
-    matmuls ran in, and the time per call with its spread, at the shape the times were taken."""
+    """The timed rows of :func:`~attention_tutorial.measure.lessons.precision_rows`: precision, what the matmuls ran
+    in, and the time per call with its spread, at the shape the times were taken."""
     return [
         {
             "precision": r["precision"],
@@ -75,16 +57,8 @@ def precision_time_table(rows) -> list[dict]:
     ]
 
 
-def highest_vs_default(rows):
-    """A :class:`~attention_tutorial.site.claims.Claim`: how "highest" runs against the default (value: default
-    time / highest time, so below 1 means "highest" is slower; word "faster", "slower" or "on par")."""
-    by = {r["precision"]: r for r in rows}
-    return compare([by["highest"]], [by["default"]])
-
-
 def refusal_table(rows) -> list[dict]:
     """Display rows of :func:`~attention_tutorial.measure.lessons.cudnn_refusal_rows`, by head size H (then dtype)."""
-    rows = sorted(rows, key=lambda r: (r["head_dim"], r["dtype"]))
     return [
         {
             "H": r["head_dim"],
@@ -92,7 +66,7 @@ def refusal_table(rows) -> list[dict]:
             "`cudnn_why_not` says": r["why_not"] or "runs",
             "JAX with cuDNN forced": r["forced"],
         }
-        for r in rows
+        for r in sorted(rows, key=lambda r: (r["head_dim"], r["dtype"]))
     ]
 
 
@@ -101,16 +75,15 @@ def refusals_consistent(rows) -> bool:
     return all((r["why_not"] is None) == (r["forced"] == "runs") for r in rows)
 
 
-# NVIDIA's compute capabilities by generation (major, minor) -> name; the first match from the top wins
-GENERATIONS = (
-    ((12, 0), "Blackwell"),
-    ((10, 0), "Blackwell"),
-    ((9, 0), "Hopper"),
-    ((8, 9), "Ada Lovelace"),
-    ((8, 0), "Ampere"),
-    ((7, 5), "Turing"),
-    ((7, 0), "Volta"),
-)
+#: The first compute capability of each NVIDIA generation, newest first: the first one at or below a GPU's names it
+GENERATIONS = {
+    (10, 0): "Blackwell",
+    (9, 0): "Hopper",
+    (8, 9): "Ada Lovelace",
+    (8, 0): "Ampere",
+    (7, 5): "Turing",
+    (7, 0): "Volta",
+}
 
 
 def _capability(compute_capability) -> tuple[int, int]:
@@ -124,7 +97,7 @@ def _capability(compute_capability) -> tuple[int, int]:
 def generation(compute_capability) -> str | None:
     """The GPU generation of a compute capability such as "9.0" (Hopper) or "8.0" (Ampere); None before Volta."""
     cc = _capability(compute_capability)
-    return next((name for first, name in GENERATIONS if cc >= first), None)
+    return next((name for first, name in GENERATIONS.items() if cc >= first), None)
 
 
 def cudnn_head_dim_limit(compute_capability) -> int | None:
@@ -137,7 +110,6 @@ def cudnn_head_dim_limit(compute_capability) -> int | None:
 
 IMPL_ORDER = ("default", "xla", "cudnn")
 IMPL_CALL = {"default": "`None` (default)", "xla": '`"xla"`', "cudnn": '`"cudnn"`'}  # Markdown: code, not prose
-_CALL_NAME = re.compile(r"__[A-Za-z0-9_$.]+")
 
 
 def kernel_table(rows) -> list[dict]:
@@ -151,10 +123,11 @@ def kernel_table(rows) -> list[dict]:
             out.append({**row, "what ran": "not tried", "library calls": r["reason"]})
             continue
         kernel = r.get("kernel") or ""
-        calls = r["kernels"] if r.get("kernels") is not None else _CALL_NAME.findall(kernel)
+        calls = r["kernels"] if r.get("kernels") is not None else re.findall(r"__[A-Za-z0-9_$.]+", kernel)
+        cublas = "cublas" in kernel.lower()
         if kernel.startswith("XLA"):
-            ran = "XLA's own kernels" + (" and cuBLAS matmuls" if "cublas" in kernel.lower() else "")
-            listed = ", ".join(calls) or ("cuBLAS matmuls" if "cublas" in kernel.lower() else "none")
+            ran = "XLA's own kernels" + (" and cuBLAS matmuls" if cublas else "")
+            listed = ", ".join(calls) or ("cuBLAS matmuls" if cublas else "none")
         else:
             ran, listed = kernel.split(" (")[0], ", ".join(calls) or "none"
         out.append({**row, "what ran": ran, "library calls": listed})
@@ -173,7 +146,7 @@ def picked_cudnn(rows, dtype: str = "bfloat16") -> bool | None:
 
 
 def input_table(rows) -> list[dict]:
-    """Display rows of :func:`~attention_tutorial.measure.lessons.input_rows`: TFLOP/s and time with spread per input kind."""
+    """Display rows of :func:`~attention_tutorial.measure.lessons.input_rows`: TFLOP/s and time per input kind."""
     return [
         {
             "inputs": r["inputs"],
