@@ -190,9 +190,10 @@ def test_gqa_matches_mha_on_the_h200_and_here(built):
     assert exact and all(name in built["gqa_exact_names"] for name in exact)
     assert close and all(label(r["impl"]) in built["gqa_close_names"] for r in close)
     assert built["gqa_close_largest"] == f"{max(r['max_abs_diff'] for r in close):.1e}"
-    assert built["gqa_close_word"].startswith("agree to within") and built["gqa_differ_names"] == "none"
-    assert built["gqa_live_word"] == "agree" and num(built["gqa_largest"]) <= TOLERANCES[built["gqa_in"]]
-    assert built["gqa_tables"].split("**Recorded on the GPU:**")[1].count("exactly equal") == len(exact)
+    assert built["gqa_close_word"].startswith("agree to within") and len(exact) + len(close) == len(rows)
+    live, recorded = built["gqa_tables"].split("**Recorded on the GPU:**")
+    assert recorded.count("exactly equal") == len(exact) and "differ by more" not in built["gqa_tables"]
+    assert live.count("| ok |") >= 2  # naive and XLA run everywhere, cuDNN only on a GPU
 
 
 def test_the_cache_at_128k_tokens(built):

@@ -128,10 +128,9 @@ def test_the_io_numbers_are_the_recorded_calls_against_the_reference_roof(built)
     assert num(built["io_xla_bytes_ms"]) > 0.7 * num(built["io_xla_ms"]) > num(built["io_xla_matmul_ms"])  # memory
     assert built["io_ridge"] == f"{roof.peak_tflops * 1e3 / roof.gbps:.0f}"
     assert num(built["io_xla_ai"]) < num(built["io_ridge"]) < num(built["io_cudnn_ai"]) == 2048
-    assert built["io_xla_cap"] == f"{x.intensity * roof.gbps / 1e3:.0f}"  # left of the ridge: memory's cap
-    assert num(built["io_xla_tflops"]) <= num(built["io_xla_cap"]) and num(built["io_cudnn_tflops"]) <= num(
-        built["io_peak"]
-    )
+    cap = x.intensity * roof.gbps / 1e3  # left of the ridge: memory's cap
+    assert built["io_xla_cap_pct"] == f"{100 * cap / roof.peak_tflops:.0f}" and x.tflops <= cap
+    assert num(built["io_xla_tflops"]) < num(built["io_cudnn_tflops"]) <= num(built["io_peak"])
     assert built["io_cudnn_pct_ds"] == f"{100 * c.tflops / 989.4:.0f}"
 
 
@@ -171,7 +170,6 @@ def test_causal_masks_save_time_for_cudnn_only(built):
     full, causal = (_recs(grid="seq_long", impl="cudnn", seq_q=4096, causal=c)[0] for c in (False, True))
     assert built["t_credit"] == "50"  # the kept pairs: T·(T+1)/2 of T²
     assert causal["median_ms"] < full["median_ms"] / 1.5 and causal["tflops"] < full["tflops"]
-    assert built["t_credit_ms"] == f"{causal['median_ms']:.2f} ms against {full['median_ms']:.2f} ms"
 
 
 def test_xla_s_causal_time_goes_to_its_softmax_pass(built):
