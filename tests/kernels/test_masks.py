@@ -123,6 +123,14 @@ def test_causal_args_top_left_is_is_causal_and_bottom_right_a_mask():
     assert mask.shape == (1, 1, 2, 4) and mask.dtype == bool
 
 
+@pytest.mark.parametrize(("t", "s"), [(1, 4), (3, 6), (5, 5), (2, 9)])
+def test_the_fused_page_s_one_line_mask_is_the_bottom_right_mask(t, s):
+    mask = jnp.tril(jnp.ones((t, s), bool), k=s - t)[None, None]  # the line docs/fused_attention.md shows
+    want = causal_args(t, s, alignment="bottom_right")
+    np.testing.assert_array_equal(mask, want.get("mask", jnp.tril(jnp.ones((t, s), bool))[None, None]))
+    np.testing.assert_array_equal(mask[0, 0], causal_mask(t, s, alignment="bottom_right"))
+
+
 # --- rows with nothing to see: one documented behaviour per implementation --------------------------------------
 
 # Each way of leaving rows with no key: (seq_kv, keywords, the (B=2, T=4) rows that see nothing, written by hand).

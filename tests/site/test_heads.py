@@ -42,39 +42,7 @@ def timed(ms, lo, hi, **kw):
     return {"status": "ok", "median_ms": ms, "p10_ms": lo, "p90_ms": hi, **kw}
 
 
-def dec(impl, k, s, ms, lo, hi, gbps, pct=None, **kw):
-    point = {
-        "impl": impl,
-        "batch": 16,
-        "seq_q": 1,
-        "seq_kv": s,
-        "heads": 32,
-        "kv_heads": k,
-        "head_dim": 128,
-        "dtype": "bfloat16",
-        "causal": False,
-        "pass": "fwd",
-        "mask": "none",
-        "gbps": gbps,
-    }
-    if pct is not None:
-        point["pct_read"] = pct
-    return {**point, **timed(ms, lo, hi), **kw}
-
-
 # --- GQA
-
-
-def test_kv_head_of_groups_consecutive_query_heads():
-    np.testing.assert_array_equal(heads.kv_head_of(8, 2), [0, 0, 0, 0, 1, 1, 1, 1])
-    np.testing.assert_array_equal(heads.kv_head_of(8, 8), np.arange(8))
-    np.testing.assert_array_equal(heads.kv_head_of(8, 1), np.zeros(8))
-
-
-@pytest.mark.parametrize("n, k", [(8, 3), (8, 0), (4, 8)])
-def test_kv_head_of_names_a_bad_split(n, k):
-    with pytest.raises(ValueError, match="multiple of kv_heads"):
-        heads.kv_head_of(n, k)
 
 
 def test_sharing_figure_joins_each_query_head_to_its_kv_head():
@@ -85,74 +53,16 @@ def test_sharing_figure_joins_each_query_head_to_its_kv_head():
     kv_x = {tuple(line[1]) for line in lines}  # where the lines end: one point per kv head, below its group
     assert kv_x == {(1.5, 0.0), (5.5, 0.0)}
     assert [line[0][0] for line in lines] == list(range(8))
-    assert all(line[1][0] == (1.5 if n < 4 else 5.5) for n, line in enumerate(lines))
+    assert all(line[1][0] == (1.5 if n < 4 else 5.5) for n, line in enumerate(lines))  # heads 0-3 read kv head 0
 
 
-# --- KV cache
-
-
-def test_the_cache_counts_kv_heads_only_and_the_memory_is_the_recorded_gpu_s():
-    assert heads.kv_cache_gib(32, 131072) == 2 * 32 * 32 * 128 * 2 * 131072 / 2**30 == 64  # k and v, layers, K, H
-    assert heads.kv_cache_gib(32, 131072) / heads.kv_cache_gib(8, 131072) == 4
-    assert heads.kv_cache_gib(32, 131072) / heads.kv_cache_gib(1, 131072) == 32
-    assert heads.gpu_memory_gib({"gpu": "NVIDIA H200", "environment": {"gpu_memory_mib": 143771}}) == 143771 / 1024
-    assert heads.gpu_memory_gib(None) is None and heads.gpu_memory_gib({}) is None
-
-
-def test_kv_cache_figure_plots_the_counted_bytes_and_the_memory_line():
-    prov = {"gpu": "G", "environment": {"gpu_memory_mib": 2048}}
-    fig = heads.kv_cache_figure(prov, kv_heads=(32, 1), contexts=(1024, 4096))
-    lines = fig.axes[0].get_lines()
-    np.testing.assert_allclose(lines[0].get_ydata(), [0.5, 2.0])  # 512 KiB per token
-    np.testing.assert_allclose(lines[1].get_ydata(), [1 / 64, 1 / 16])  # 16 KiB per token
-    assert list(lines[2].get_ydata()) == [2.0, 2.0]  # 2048 MiB of memory, dashed
-    assert len(heads.kv_cache_figure(None, kv_heads=(1,), contexts=(1024,)).axes[0].get_lines()) == 1
+def test_sharing_figure_gives_every_query_head_its_own_kv_head_in_mha_and_one_in_mqa():
+    fig = heads.sharing_figure(heads=4, layouts=(("MHA", 4), ("MQA", 1)))
+    mha, mqa = ([tuple(line.get_xydata()[1]) for line in ax.get_lines()] for ax in fig.axes)
+    assert mha == [(0.0, 0.0), (1.0, 0.0), (2.0, 0.0), (3.0, 0.0)] and set(mqa) == {(1.5, 0.0)}
 
 
 # --- decode
-
-
-DECODE = [
-    dec("cudnn", 32, 2048, 0.13, 0.129, 0.131, 4000, 90.0),
-    dec("cudnn", 32, 131072, 8.0, 7.9, 8.1, 4300, 96.0),
-    dec("cudnn", 1, 2048, 0.060, 0.059, 0.061, 290, 6.5),
-    dec("cudnn", 1, 8192, 0.062, 0.061, 0.063, 1080, 24.0),
-    dec("cudnn", 1, 131072, 0.30, 0.29, 0.31, 3600, 80.0),
-    dec("xla", 1, 2048, 0.058, 0.050, 0.064, 300),
-    dec("xla", 1, 8192, 0.047, 0.046, 0.048, 1400),
-]
-
-
-def test_decode_figure_draws_each_series_a_marker_per_k_and_the_read_ceiling_only():
-    recs = [*DECODE, dec("cudnn", 8, 2048, 0.08, 0.079, 0.081, 1600)]
-    fig = heads.decode_figure(recs, read_gbps=4500)
-    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
-    np.testing.assert_array_equal(lines["cuDNN, K = 1"].get_xydata(), [[2048, 290], [8192, 1080], [131072, 3600]])
-    ceiling = lines["read ceiling (4500 GB/s)"]
-    assert list(ceiling.get_ydata()) == [4500, 4500] and ceiling.get_marker() in ("None", "", None)
-    assert ceiling.get_linestyle() == "--"
-    assert len(lines) == 5 and "XLA, K = 32" not in lines  # four curves and one ceiling: no copy ceiling
-    markers = {k: lines[f"cuDNN, K = {k}"].get_marker() for k in (32, 8, 1)}
-    assert len(set(markers.values())) == 3 and lines["XLA, K = 1"].get_marker() == markers[1]  # a marker per K
-    assert {line.get_linestyle() for name, line in lines.items() if "ceiling" not in name} == {"-"}
-    assert lines["cuDNN, K = 1"].get_color() != lines["XLA, K = 1"].get_color()  # a colour per implementation
-
-
-# --- prefill
-
-
-PREFILL = [
-    timed(1.87, 1.85, 1.88, impl="cudnn", kv_heads=32),
-    timed(1.86, 1.84, 1.88, impl="cudnn", kv_heads=1),
-    timed(7.3, 7.29, 7.4, impl="xla", kv_heads=32),
-    timed(9.4, 9.35, 9.41, impl="xla", kv_heads=1),
-]
-
-
-def test_prefill_figure_bars_are_the_medians():
-    fig = heads.prefill_figure(PREFILL)
-    heights = sorted(round(p.get_height(), 3) for p in fig.axes[0].patches)
-    assert heights == [1.86, 1.87, 7.3, 9.4]
 
 
 # --- masks
@@ -280,13 +190,14 @@ def test_gqa_matches_mha_on_the_h200_and_here(built):
     assert exact and all(name in built["gqa_exact_names"] for name in exact)
     assert close and all(label(r["impl"]) in built["gqa_close_names"] for r in close)
     assert built["gqa_close_largest"] == f"{max(r['max_abs_diff'] for r in close):.1e}"
-    assert built["gqa_close_word"].startswith("agree to within") and built["gqa_differ_names"] == "none"
-    assert built["gqa_live_word"] == "agree" and num(built["gqa_largest"]) <= TOLERANCES[built["gqa_in"]]
-    assert built["gqa_tables"].split("**Recorded on the GPU:**")[1].count("exactly equal") == len(exact)
+    assert built["gqa_close_word"].startswith("agree to within") and len(exact) + len(close) == len(rows)
+    live, recorded = built["gqa_tables"].split("**Recorded on the GPU:**")
+    assert recorded.count("exactly equal") == len(exact) and "differ by more" not in built["gqa_tables"]
+    assert live.count("| ok |") >= 2  # naive and XLA run everywhere, cuDNN only on a GPU
 
 
 def test_the_cache_at_128k_tokens(built):
-    memory = heads.gpu_memory_gib(DATA["provenance"])
+    memory = DATA["provenance"]["environment"]["gpu_memory_mib"] / 1024
     mha = kv_cache_bytes(32, 128, "bfloat16", layers=32, tokens=131072) / 2**30
     assert (built["kv_mha"], built["kv_gqa"], built["kv_mqa"]) == (f"{mha:.0f}", "4", "32")
     assert (built["kv_mem"], built["kv_pct"]) == (f"{memory:.0f}", f"{100 * mha / memory:.0f}")
@@ -308,7 +219,7 @@ def test_decoding_reads_the_cache_near_the_ceiling_and_one_kv_head_is_not_32_tim
     assert (built["dec_streams_one"], built["dec_streams_full"], built["dec_sms"]) == (16, 512, 132)
     for name, k in (("MHA", 32), ("GQA", 8), ("MQA", 1)):
         assert built[f"step_{name}_step"] == f"{32 * cudnn[k, 32768]['median_ms']:.3g}"
-    assert built["step_layers"] == heads.MODEL["layers"] and built["step_batch"] == 16
+    assert built["step_layers"] == 32 and built["step_batch"] == 16  # the 32-layer model of the cache section
 
 
 def test_short_decode_calls_hit_a_floor_that_xla_does_not(built):

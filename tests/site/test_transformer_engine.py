@@ -19,33 +19,37 @@ DATA = store.recorded()
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_fp8_speedup_figure_draws_each_mask():
+def test_ratio_figure_draws_each_series_with_its_range():
     rows = [
-        {"seq_q": 4096, "causal": False, "ratio": 2.0, "low": 1.9, "high": 2.1, "word": "faster"},
-        {"seq_q": 4096, "causal": True, "ratio": 0.8, "low": 0.7, "high": 0.9, "word": "slower"},
+        {"series": s, "seq_q": t, "ratio": r, "low": r - 0.1, "high": r + 0.2}
+        for (s, t, r) in [("no mask", 512, 1.1), ("causal", 4096, 0.8), ("no mask", 128, 0.9)]
     ]
-    fig = page.fp8_speedup_figure(rows)
-    ys = [float(c.lines[0].get_ydata()[0]) for c in fig.axes[0].containers]
-    assert ys == pytest.approx([2.0, 0.8])  # no mask, then causal
-    assert [c.get_label() for c in fig.axes[0].containers] == ["no mask", "causal"]
+    fig = page.ratio_figure(rows, ylabel="bf16 time / FP8 time", title="t")
+    ax = fig.axes[0]
+    drawn = {c.get_label(): (list(c.lines[0].get_xdata()), list(c.lines[0].get_ydata())) for c in ax.containers}
+    assert drawn == {"no mask": ([128, 512], pytest.approx([0.9, 1.1])), "causal": ([4096], [0.8])}  # T ascending
+    (bars,) = ax.containers[1].lines[2]  # the error bar of the causal point: its range over runs
+    np.testing.assert_allclose(bars.get_segments()[0][:, 1], [0.7, 1.0])
+    assert ax.get_ylabel() == "bf16 time / FP8 time"
 
 
 @pytest.mark.parametrize(
-    "name, dtype",
+    "name, dtype, bits",
     [
-        ("bfloat16", ml_dtypes.bfloat16),
-        ("float16", np.float16),
-        ("FP8 E4M3", ml_dtypes.float8_e4m3fn),
-        ("FP8 E5M2", ml_dtypes.float8_e5m2),
+        ("bfloat16", ml_dtypes.bfloat16, (1, 8, 7)),
+        ("float16", np.float16, (1, 5, 10)),
+        ("FP8 E4M3", ml_dtypes.float8_e4m3fn, (1, 4, 3)),
+        ("FP8 E5M2", ml_dtypes.float8_e5m2, (1, 5, 2)),
     ],
 )
-def test_formats_match_the_dtypes(name, dtype):
-    sign, exp, man, largest = page.FORMATS[name]
-    info = ml_dtypes.finfo(dtype)
-    assert (exp, man) == (info.nexp, info.nmant)
-    assert largest == pytest.approx(float(info.max), rel=1e-6)
+def test_the_formats_figure_draws_each_format_s_bit_fields(name, dtype, bits):
     fig = page.formats_figure()
-    assert len(fig.axes[0].patches) == 3 * 4
+    ax = fig.axes[0]
+    row = [t.get_text() for t in ax.get_yticklabels()].index(name)
+    widths = [p.get_width() for p in ax.patches if p.get_y() < row < p.get_y() + p.get_height()]
+    assert tuple(widths) == bits  # sign, exponent, stored mantissa
+    assert f"max {float(ml_dtypes.finfo(dtype).max):.4g}" in [t.get_text() for t in ax.texts]
+    assert len(ax.patches) == 3 * 4
 
 
 def test_table_rows_round_and_join_the_range():
@@ -62,18 +66,6 @@ def test_table_rows_round_and_join_the_range():
             "verdict": "on par",
         }
     ]
-
-
-def test_te_vs_cudnn_figure_draws_each_pass_and_head_size():
-    rows = [
-        {"seq_q": t, "head_dim": h, "pass": p, "ratio": r, "low": r - 0.01, "high": r + 0.01}
-        for (t, h, p, r) in [(128, 64, "fwd", 0.9), (512, 64, "fwd", 1.1), (128, 128, "fwd+bwd", 1.2)]
-    ]
-    fig = page.te_vs_cudnn_figure(rows)
-    ax = fig.axes[0]
-    drawn = {c.get_label(): list(c.lines[0].get_ydata()) for c in ax.containers}
-    assert drawn == {"forward, H = 64": pytest.approx([0.9, 1.1]), "forward + backward, H = 128": [1.2]}
-    assert ax.get_ylabel() == "TE's speed / cuDNN's"
 
 
 def test_the_fp8_check_finds_a_cast_on_cpu():
