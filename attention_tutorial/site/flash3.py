@@ -9,10 +9,8 @@ Speeds are a baseline's time over the kernel's, per T, from :func:`attention_tut
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import statistics
-from pathlib import Path
 
 from ..measure.flops import DATASHEET
 from ..results import store
@@ -489,20 +487,6 @@ def fp8_errors(records, rounding: float, *, ours: str = "mosaic_fp8_regs", their
 
 
 # --- the tuning tables ---------------------------------------------------------------------------------------------
-
-TUNING_DIR = Path(store.__file__).resolve().parent / "data" / "tuning"  # package data, whatever the results dir
-TUNED = ("pallas", "mosaic", "pipe", "fp8", "bwd_tiles", "bwd_dq", "registers", "train")
-
-
-def tuning_table(kernel: str, gpu: str = store.REFERENCE_GPU, directory=None) -> list[dict]:
-    """The rows of ``tools/tune.py KERNEL`` saved for ``gpu`` in the package's data: kernel, B, T, N, H, causal,
-    config (the tiles tried, or the baseline's name), tflops (None: it did not compile or fit)."""
-    if kernel not in TUNED:
-        raise ValueError(f"no tuning table for kernel {kernel!r}; choose from {', '.join(TUNED)}.")
-    path = Path(directory or TUNING_DIR) / f"{kernel}_{gpu}.json"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is not there: run `python tools/tune.py {kernel}` on that GPU.")
-    return json.loads(path.read_text())
 
 
 def config_speed(rows, configs, base: str, *, causal: bool | None = None) -> dict[tuple[int, bool, str], float | None]:

@@ -1,13 +1,13 @@
 """The FlashAttention-3 page's numbers: goal verdicts from synthetic records a wrong verdict would fail, the pipelined
-schedule, the exponentials' arithmetic, FP8 errors set side by side, and the tuning tables in the package's data."""
+schedule, the exponentials' arithmetic, FP8 errors set side by side, and what the recorded tuning tables say."""
 
 import dataclasses
 import itertools
-import json
 import math
 
 import pytest
 
+from attention_tutorial.results.store import tuning
 from attention_tutorial.site import flash3 as page
 
 
@@ -239,19 +239,7 @@ def test_fp8_errors_set_the_output_rounding_apart_and_pool_by_the_median():
     assert page.fp8_errors(recs, 0.2)[0].word == "larger"
 
 
-def test_the_tuning_tables_are_package_data_with_their_shapes():
-    for kernel in page.TUNED:
-        rows = page.tuning_table(kernel)
-        assert rows and all({"kernel", "B", "T", "N", "H", "causal", "config", "tflops"} <= set(x) for x in rows)
-        assert {x["kernel"] for x in rows} == {kernel}
-    assert {(x["B"], x["T"], x["N"]) for x in page.tuning_table("fp8")} == {(4, 8192, 16)}
-    with pytest.raises(ValueError, match="no tuning table for kernel 'triton'"):
-        page.tuning_table("triton")
-    with pytest.raises(FileNotFoundError, match=r"tools/tune\.py pipe"):
-        page.tuning_table("pipe", gpu="nvidia-b200")
-
-
-def test_config_speed_divides_by_the_base_at_the_same_h_and_mask(tmp_path):
+def test_config_speed_divides_by_the_base_at_the_same_h_and_mask():
     rows = [
         {"H": 128, "causal": False, "config": "base", "tflops": 500.0},
         {"H": 128, "causal": False, "config": "small", "tflops": 400.0},
@@ -269,20 +257,18 @@ def test_config_speed_divides_by_the_base_at_the_same_h_and_mask(tmp_path):
         ("big", "did not fit", "–"),
     ]
     assert [t["relative speed"] for t in page.tile_rows(rows, "base", causal=True)] == ["–"]  # no causal base
-    (tmp_path / "pipe_x.json").write_text(json.dumps(rows))
-    assert page.tuning_table("pipe", gpu="x", directory=tmp_path) == rows
 
 
 def test_the_recorded_tuning_backs_the_page():
     """What the page reads from the committed tables: three or four FP8 stages gain nothing over two, the pipelined
     kernel's 128-key blocks do not fit at three stages, and its 64-key blocks are slower."""
     fp8 = page.config_speed(
-        page.tuning_table("fp8"),
+        tuning("fp8")["rows"],
         ("FP8 64x128 stages 3 p via registers", "FP8 64x128 stages 4 p via registers"),
         "FP8 64x128 stages 2 p via registers",
     )
     assert all(0.9 < v < 1.02 for v in fp8.values())
-    pipe = page.tuning_table("pipe")
+    pipe = tuning("pipe")["rows"]
     assert set(page.config_speed(pipe, ("64x128 stages 3 pipelined",), "64x128 stages 2 pipelined").values()) == {None}
     small = page.config_speed(pipe, ("64x64 stages 2 pipelined",), "64x128 stages 2 pipelined", causal=False)
     assert all(v < 1.0 for v in small.values())
@@ -358,7 +344,7 @@ def test_the_dq_picture_counts_the_products_it_draws():
 def test_the_recorded_backward_tiles_back_the_page():
     """The committed table: atomic adds beat a pass of its own at H = 64 with both masks and lose at H = 128; every
     timed row's gradients were within bf16's threshold of cuDNN's."""
-    table = page.tuning_table("bwd_tiles")
+    table = tuning("bwd_tiles")["rows"]
     speeds = page.dq_speeds(table)
     assert (page.dq_verdict(speeds, 64), page.dq_verdict(speeds, 128)) == ("faster", "slower")
     assert all(r["rel_error_vs_cudnn"] < 0.01 for r in table if r["tflops"] and r["config"] != "cuDNN")
@@ -406,19 +392,6 @@ def test_exp_bound_says_whether_every_run_without_exponentials_clears_the_goal()
     assert not page.exp_bound(ratios, 0.95).short
     assert page.exp_bound([r for r in ratios if r.variant == "as_is"], 1.05) is None
     assert page.exp_bound(ratios, 1.05, head_dim=64) is None
-
-
-def test_the_tuning_tables_ship_as_package_data():
-    import tomllib
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    shipped = {
-        p for pat in patterns["attention_tutorial.results"] for p in (root / "attention_tutorial" / "results").glob(pat)
-    }
-    tables = set(page.TUNING_DIR.glob("*.json"))
-    assert len(tables) == len(page.TUNED) and tables <= shipped
 
 
 def test_a_goal_is_met_only_when_both_masks_are():
