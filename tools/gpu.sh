@@ -3,7 +3,7 @@
 #   bash tools/gpu.sh tests            GPU-marked tests (and TE ones, when TE is installed; carry .whl with cramjam)
 #   bash tools/gpu.sh tune KERNEL      tile sizes of our kernels against cuDNN (tools/tune.py: pallas, mosaic, pipe, fp8,
 #                                        registers, bwd, bwd_tiles, bwd_dq), or the training step with and without
-#                                        biases (train)
+#                                        biases (train), recorded into the result file as provenance["tuning"][KERNEL]
 #   bash tools/gpu.sh kernels          the Mosaic kernels' GPU tests, then the ablations and the warpgroup timeline
 #                                        recorded into the result file (about 8 minutes; a summary last)
 #   bash tools/gpu.sh backward         the backward kernels' GPU tests (dQ by a pass, by atomic adds, shared; 232 and
@@ -35,7 +35,8 @@ case "$step" in
     XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -m "gpu or te" -p no:cacheprovider -p no:benchmark \
       "${workers[@]}" tests 2>&1 | tail -25 ;;
   tune)
-    python3 tools/tune.py "$1" "$OUT/$1_tuning.json" 2>&1 | tail -40 ;;
+    python3 tools/tune.py "$1" "$RES" 2>&1 | tail -40
+    cp "$RES" /tmp/results/ && cp "$RES" "$OUT/" ;;
   kernels)
     # the GPU tests of kernels/mosaic (values and gradients against float64, the profiled forward) and of the timeline,
     # then the two extras into $RES: each kernel as it is and without exp2 beside cuDNN, and the profiled warpgroups
@@ -67,13 +68,15 @@ PY
     workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 4)
     XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 240 python3 -m pytest -q -p no:cacheprovider -p no:benchmark -m gpu \
       "${workers[@]}" tests/kernels/mosaic/test_backward.py 2>&1 | tail -8
-    timeout 330 python3 tools/tune.py bwd_dq "$OUT/bwd_dq_tuning.json" 2>&1 | tail -30 ;;
+    timeout 330 python3 tools/tune.py bwd_dq "$RES" 2>&1 | tail -30
+    cp "$RES" /tmp/results/ && cp "$RES" "$OUT/" ;;
   registers)
     workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 4)
     XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 150 python3 -m pytest -q -p no:cacheprovider -p no:benchmark -m gpu \
       "${workers[@]}" -k 240 tests/kernels/mosaic/test_pipelined.py tests/kernels/mosaic/test_fp8.py \
       2>&1 | tail -8
-    timeout 330 python3 tools/tune.py registers "$OUT/registers_tuning.json" 2>&1 | tail -30 ;;
+    timeout 330 python3 tools/tune.py registers "$RES" 2>&1 | tail -30
+    cp "$RES" /tmp/results/ && cp "$RES" "$OUT/" ;;
   exp_poly)
     workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 4)
     XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 90 python3 -m pytest -q -p no:cacheprovider -p no:benchmark -m gpu \

@@ -1,4 +1,4 @@
-"""Try tile sizes and pipelining for one of our kernels against cuDNN on the GPU; print and save a table.
+"""Try tile sizes and pipelining for one of our kernels against cuDNN on the GPU; print and record a table.
 
 python tools/tune.py pallas [OUT.json]   block_q, block_k, warps, stages of the Triton-lowered kernel
 python tools/tune.py mosaic [OUT.json]   block_kv and stages of the Mosaic GPU kernel
@@ -18,17 +18,16 @@ thread: B=4, T=8192, N=16, H = 128 and 256, bf16, causal and not.
 python tools/tune.py train [OUT.json]      the recorded model's training step (train.model.H200) with cuDNN's
 attention and ours, with and without biases, ten steps queued before each wait (train.dispatch; about 2 minutes).
 
-Without OUT.json a table goes where the package reads its tuning tables,
-attention_tutorial/results/data/tuning/<kernel>_<gpu>.json (say, pipe_nvidia-h200.json); an existing file is never
-overwritten (the new one gets the time in its name: rename it over the old one to change what the pages cite).
+Each table is recorded in a result file, OUT.json or by default this GPU's shipped one
+(attention_tutorial/results/data/nvidia-h200.json, where the pages read it with results.store.tuning), under
+provenance["tuning"][KERNEL], stamped with the GPU, versions, commit, dirty flag, date and SM clock
+(results.record.tuning_writer). It is saved atomically after every row, so a run cut short keeps what it measured;
+the rest of the file stays as it is, and a new run of a kernel replaces that kernel's table.
 """
 
 import dataclasses
 import functools
-import json
-import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +37,7 @@ from attention_tutorial.kernels.mosaic import MosaicConfig, Probe, default_confi
 from attention_tutorial.kernels.pallas_flash import flash_attention
 from attention_tutorial.measure.flops import attention_flops
 from attention_tutorial.measure.fp8 import WRONG_ABOVE, rel_error
+from attention_tutorial.results.record import tuning_writer
 
 PALLAS = [
     (128, 64, 8, 3),
@@ -119,7 +119,7 @@ def candidates(kernel, causal, head_dim=128):
             yield f"64x{bkv} stages {stages}", functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg)
 
 
-def main(kernel, out):
+def main(kernel, save):
     rows = []
     for H in {"pipe": (128,), "fp8": (128,), "registers": (128, 256)}.get(kernel, (128, 64)):
         B, T, N = (4, 8192, 16) if kernel in ("pipe", "fp8", "registers") else (8, 4096, 16)
@@ -145,21 +145,7 @@ def main(kernel, out):
                     {"kernel": kernel, "B": B, "T": T, "N": N, "H": H, "causal": causal, "config": label, "tflops": tf}
                 )
                 print(f"H={H:3d} causal={causal!s:5} {label:28s} {tf and round(tf)}", flush=True)
-                save(rows, out)
-
-
-def fresh(out):
-    """``out``, or beside it with the time in the name when it exists: a measurement is never overwritten."""
-    stem, ext = os.path.splitext(out)
-    return f"{stem}-{int(time.time())}{ext}" if os.path.exists(out) else out
-
-
-def save(rows, out):
-    """Write the rows so far atomically: a run cut short keeps what it measured."""
-    tmp = out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(rows, f, indent=1)
-    os.replace(tmp, out)
+                save(rows)
 
 
 def fwd_bwd(fn):
@@ -171,7 +157,7 @@ def fwd_bwd(fn):
     return run
 
 
-def backward(out):
+def backward(save):
     """Time forward+backward of cuDNN, our Pallas (Triton) and our Mosaic GPU kernel; save rows as they come."""
     rows = []
     for T in (4096, 8192):
@@ -205,7 +191,7 @@ def backward(out):
                     }
                 )
                 print(rows[-1], flush=True)
-                save(rows, out)
+                save(rows)
 
 
 def backward_configs(kernel, head_dim):
@@ -219,7 +205,7 @@ def backward_configs(kernel, head_dim):
             yield label, MosaicConfig(**fields)
 
 
-def backward_tiles(out, kernel="bwd_tiles"):
+def backward_tiles(save, kernel="bwd_tiles"):
     """Time forward+backward of our Mosaic GPU kernel at each backward configuration of ``kernel`` beside cuDNN's;
     a configuration whose gradients are off (against cuDNN's) is reported, not timed; rows are saved as they come."""
     rows = []
@@ -263,26 +249,10 @@ def backward_tiles(out, kernel="bwd_tiles"):
                     f"H={H:3d} causal={causal!s:5} {label:34s} {tf and round(tf)}  err {err and f'{err:.2g}'}",
                     flush=True,
                 )
-                save(rows, out)
+                save(rows)
 
 
-TUNING_DIR = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "..", "attention_tutorial", "results", "data", "tuning"
-)
-
-
-def default_out(kernel: str) -> str:
-    """Where the package reads the tuning table of ``kernel`` measured on this GPU."""
-    from attention_tutorial.env import environment
-    from attention_tutorial.results.store import slug
-
-    gpu = environment()["gpu"]
-    if not gpu:
-        raise SystemExit("tune.py times kernels on a GPU; this machine has none (jax.devices() lists no GPU).")
-    return os.path.normpath(os.path.join(TUNING_DIR, f"{kernel}_{slug(gpu)}.json"))
-
-
-def training(out):
+def training(save):
     """The training step of the recorded model with and without biases, queued ahead: rows as they come."""
     from attention_tutorial.train.dispatch import dispatch_records
     from attention_tutorial.train.model import H200
@@ -319,21 +289,21 @@ def training(out):
                 f"MFU {r.get('mfu_datasheet_pct') or 0:.1f} %",
                 flush=True,
             )
-            save(rows, out)
+            save(rows)
 
 
 if __name__ == "__main__":
     kernels = ("pallas", "mosaic", "pipe", "fp8", "registers", "bwd", "bwd_tiles", "bwd_dq", "train")
     if len(sys.argv) not in (2, 3) or sys.argv[1] not in kernels:
         raise SystemExit(f"usage: python tools/tune.py {{{'|'.join(kernels)}}} [OUT.json]")
-    out = fresh(sys.argv[2] if len(sys.argv) == 3 else default_out(sys.argv[1]))
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    print(f"saving to {out}", flush=True)
-    if sys.argv[1] == "bwd":
-        backward(out)
-    elif sys.argv[1] in ("bwd_tiles", "bwd_dq"):
-        backward_tiles(out, sys.argv[1])
-    elif sys.argv[1] == "train":
-        training(out)
+    kernel = sys.argv[1]
+    out, save = tuning_writer(kernel, sys.argv[2] if len(sys.argv) == 3 else None)
+    print(f"recording the {kernel} table into {out}", flush=True)
+    if kernel == "bwd":
+        backward(save)
+    elif kernel in ("bwd_tiles", "bwd_dq"):
+        backward_tiles(save, kernel)
+    elif kernel == "train":
+        training(save)
     else:
-        main(sys.argv[1], out)
+        main(kernel, save)

@@ -4,6 +4,7 @@
 :mod:`attention_tutorial.measure.grids` in its GPU size, sized to this GPU's memory (points that cannot fit are
 recorded as oom with the estimate, not run), and writes ``attention_tutorial/results/data/<gpu>.json`` after every grid, so an
 interrupted run keeps what it measured. Records of grids not re-run are kept from the existing file.
+:func:`tuning_writer` keeps the tables of ``tools/tune.py`` in the same file, stamped the same way.
 """
 
 from __future__ import annotations
@@ -75,14 +76,8 @@ def record(
             f"{jax.default_backend().upper()}. Use `bench` for live numbers here."
         )
     env = environment()
-    out = Path(out or store.RESULTS_DIR / f"{store.slug(env['gpu'])}.json")
+    out = _out(out, env)
     command = command or "python -m attention_tutorial record " + " ".join(sys.argv[2:])
-    shipped = out.resolve().parent == (store.RESULTS_DIR).resolve()
-    if shipped and env.get("dirty"):  # what the site shows must tie to a commit
-        raise RuntimeError(
-            f"refusing to record into the shipped result file {out} from a tree with uncommitted changes (commit "
-            f"{str(env.get('commit'))[:12]}): commit first, or record elsewhere with --out."
-        )
     if out.exists():  # before measuring anything: a file that is not a result file is not merged into
         try:
             store.load(out)
@@ -168,6 +163,51 @@ def record(
             store.save(out, prov, [])
             print(race.format_case(rec), flush=True)
     return out
+
+
+def _out(out, env: dict) -> Path:
+    """``out``, or this GPU's shipped result file; refused where that is the shipped file and the tree has
+    uncommitted changes (what the site shows must tie to a commit)."""
+    out = Path(out or store.RESULTS_DIR / f"{store.slug(env['gpu'])}.json")
+    if out.resolve().parent == store.RESULTS_DIR.resolve() and env.get("dirty"):
+        raise RuntimeError(
+            f"refusing to record into the shipped result file {out} from a tree with uncommitted changes (commit "
+            f"{str(env.get('commit'))[:12]}): commit first, or name another file to record into."
+        )
+    return out
+
+
+def tuning_writer(kernel: str, out=None, *, command: str | None = None) -> tuple[Path, Callable[[list], dict]]:
+    """Where ``tools/tune.py`` keeps a tuning table as it measures: (the result file, ``save``). ``save(rows)``
+    writes the rows so far as ``provenance["tuning"][kernel]`` of ``out`` (default: this GPU's shipped file, refused
+    from a tree with uncommitted changes), stamped as every record is: the GPU, driver and versions, the commit and
+    dirty flag, when the run started and its command, and the SM clock (nvidia-smi) at the start and at this save.
+    Each save is atomic (:func:`~attention_tutorial.results.store.save_entry`): a run cut short keeps every row it
+    saved, and the rest of the file stays as it was; a later run of ``kernel`` replaces its table whole."""
+    from ..measure.race import clocks
+
+    env = environment()
+    if env.get("backend", "gpu") != "gpu" or not env.get("gpu"):
+        raise RuntimeError("tools/tune.py times kernels on a GPU; this machine has none (jax.devices() lists no GPU).")
+    out = _out(out, env)
+    if out.exists():  # before measuring anything: a file that is not a result file is not written into
+        store.load(out)
+    command = command or "python tools/tune.py " + " ".join(sys.argv[1:])
+    stamp = {
+        **{key: env[key] for key in GRID_VERSIONS},
+        "commit": env.get("commit"),
+        "dirty": env.get("dirty"),
+        "created": env["created"],
+        "command": command,
+        "clocks_before": clocks(),
+    }
+    base = provenance(env, {}, command)
+
+    def save(rows: list) -> dict:
+        entry = {**stamp, "clocks_after": clocks(), "rows": list(rows)}
+        return store.save_entry(out, "tuning", kernel, entry, base)
+
+    return out, save
 
 
 # The versions each grid was measured with: a later partial run (say, without TransformerEngine installed) replaces

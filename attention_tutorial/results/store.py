@@ -4,7 +4,8 @@ A result file is JSON with two keys. ``provenance``: backend ("gpu" when absent,
 jaxlib, cudnn, transformer_engine, python, created, command, and the reference rates matmul_bf16_tflops and copy_gbps
 measured in the same run (null when not measured; gpu, driver and cudnn are null on a CPU), plus per-grid details
 under ``grids``, instruction counts of the Pallas kernels under ``kernel_code``, the small lessons of
-:mod:`~attention_tutorial.measure.lessons` under ``lessons`` and what scripts did to the file under ``history``.
+:mod:`~attention_tutorial.measure.lessons` under ``lessons``, the tables of ``tools/tune.py`` under ``tuning`` (see
+:func:`tuning`) and what scripts did to the file under ``history``.
 ``records``: one dict per measured point, built and checked by :mod:`attention_tutorial.measure.sweep` (the one
 owner of the record schema), each tagged with its ``grid``.
 
@@ -51,7 +52,7 @@ PROVENANCE_FIELDS: dict[str, type | tuple[type, ...]] = {
 GPU_ONLY = ("gpu", "driver", "cudnn")  # null on a CPU
 CEILINGS = ("matmul_bf16_tflops", "copy_gbps")  # reference rates, present in every file; null when not measured
 # Provenance entries a later run adds to instead of replacing: per-grid details, kernel instruction counts, history.
-MERGED_PROVENANCE = ("grids", "kernel_code", "lessons", "timeline", "timeline_backward", "race")
+MERGED_PROVENANCE = ("grids", "kernel_code", "lessons", "timeline", "timeline_backward", "race", "tuning")
 # What a record is labelled with (the top-level provenance, or its grid's entry where that names them): a merge
 # that would change any of these for an old record is refused.
 LABEL_FIELDS = ("backend", "gpu", "cpu", "driver", "jax", "jaxlib", "cudnn", "transformer_engine", "python")
@@ -98,6 +99,12 @@ def _check_provenance(prov: dict) -> list[str]:
             out.append(f"provenance lacks {field!r} (null when not measured)")
         elif prov[field] is not None and not (_is_number(prov[field]) and prov[field] > 0):
             out.append(f"provenance {field!r} must be a positive number or null; got {prov[field]!r}")
+    tuning = prov.get("tuning", {})
+    if not isinstance(tuning, dict):
+        out.append(f"provenance 'tuning' must be an object of kernel name -> table; got {type(tuning).__name__}")
+    for name, entry in tuning.items() if isinstance(tuning, dict) else ():
+        if not (isinstance(entry, dict) and isinstance(entry.get("rows"), list)):
+            out.append(f"provenance tuning table {name!r} must be an object with a list of 'rows'")
     grids = prov.get("grids", {})
     if not isinstance(grids, dict):
         return [*out, f"provenance 'grids' must be an object of grid name -> details; got {type(grids).__name__}"]
@@ -218,15 +225,19 @@ def _device(prov: dict) -> str:
     return str(prov.get("gpu")) if backend == "gpu" else f"{str(backend).upper()} ({prov.get('cpu')})"
 
 
-def _merge(old: dict, provenance: dict, records: list[dict], replace_grids: bool, path) -> tuple[dict, list[dict]]:
-    """(provenance, records) of ``old`` with the new ones merged in (see :func:`save`); :class:`ResultFileError`
-    where the merge would put another device's results beside these, or relabel an old record."""
-    before = old["provenance"]
+def _same_device(before: dict, provenance: dict, path) -> None:
     if _device(before) != _device(provenance):
         raise ResultFileError(
             f"refusing to merge into {path}: it holds results of {_device(before)}, this run is on "
             f"{_device(provenance)}; write another file (results of one device per file)."
         )
+
+
+def _merge(old: dict, provenance: dict, records: list[dict], replace_grids: bool, path) -> tuple[dict, list[dict]]:
+    """(provenance, records) of ``old`` with the new ones merged in (see :func:`save`); :class:`ResultFileError`
+    where the merge would put another device's results beside these, or relabel an old record."""
+    before = old["provenance"]
+    _same_device(before, provenance, path)
     if replace_grids:
         new_grids = {r.get("grid") for r in records}
         keep = [r for r in old["records"] if r.get("grid") not in new_grids]
@@ -366,24 +377,52 @@ def save(path, provenance: dict, records: list[dict], *, replace_grids=False, ov
         raise TypeError(f"records must be a list of record dicts; got {type(records).__name__}")
     records = list(records)
     with _locked(target):
-        if target.is_file() and _read_only(target):
-            raise PermissionError(
-                f"refusing to write {target}: it is read-only; make it writable (chmod u+w) or save to another path"
-            )
-        if target.exists() and not target.is_file():
-            raise ResultFileError(f"refusing to write {target}: it is {_kind(target.stat().st_mode)}, not a file")
+        _check_writable(target)
         if target.exists():
             try:
                 provenance, records = _merge(_load_any(target, path), provenance, records, replace_grids, path)
             except ResultFileError:
                 if not overwrite:  # a file that cannot be merged into is replaced only when told to
                     raise
-        data = {"provenance": provenance, "records": records}
-        problems = validate(data)
-        if problems:
-            raise ValueError(f"refusing to write an invalid result file to {path}: " + "; ".join(problems[:5]))
-        data, _ = _strict(data, "")
-        _write(target, json.dumps(data, indent=1, allow_nan=False) + "\n")
+        return _write_valid(target, {"provenance": provenance, "records": records}, path)
+
+
+def save_entry(path, key: str, name: str, entry: dict, provenance: dict) -> dict:
+    """Put ``entry`` at ``provenance[key][name]`` of the result file ``path``, atomically, and return what was
+    written: the file's records and the rest of its provenance stay as they are (a file not there yet starts from
+    ``provenance``, this run's, and no records). ``key`` is one of :data:`MERGED_PROVENANCE`, which a later
+    :func:`save` keeps. Refused as :func:`save` refuses: a file that is not a result file or holds another device's
+    results (:class:`ResultFileError`), a read-only one (``PermissionError``)."""
+    if key not in MERGED_PROVENANCE or key == "grids":
+        raise ValueError(f"save_entry keeps entries under {', '.join(MERGED_PROVENANCE[1:])}; got {key!r}")
+    target = _target(path)
+    with _locked(target):
+        _check_writable(target)
+        data: dict = {"provenance": dict(provenance), "records": []}
+        if target.exists():
+            data = _load_any(target, path)
+            _same_device(data["provenance"], provenance, path)
+        prov = data["provenance"]
+        prov[key] = {**prov.get(key, {}), name: entry}
+        return _write_valid(target, data, path)
+
+
+def _check_writable(target: Path) -> None:
+    if target.is_file() and _read_only(target):
+        raise PermissionError(
+            f"refusing to write {target}: it is read-only; make it writable (chmod u+w) or save to another path"
+        )
+    if target.exists() and not target.is_file():
+        raise ResultFileError(f"refusing to write {target}: it is {_kind(target.stat().st_mode)}, not a file")
+
+
+def _write_valid(target: Path, data: dict, path) -> dict:
+    """Write ``data`` to ``target`` under its lock, strict and atomically; never an invalid result file."""
+    problems = validate(data)
+    if problems:
+        raise ValueError(f"refusing to write an invalid result file to {path}: " + "; ".join(problems[:5]))
+    data, _ = _strict(data, "")
+    _write(target, json.dumps(data, indent=1, allow_nan=False) + "\n")
     return data
 
 
@@ -515,6 +554,23 @@ def recorded(gpu: str = REFERENCE_GPU, directory=None) -> dict | None:
     """The recorded reference results for ``gpu`` (a slug, e.g. 'nvidia-h200'), or None if none is committed."""
     path = Path(directory or RESULTS_DIR) / f"{slug(gpu)}.json"
     return load(path) if path.exists() else None
+
+
+def tuning(kernel: str, gpu: str = REFERENCE_GPU, directory=None) -> dict:
+    """The tuning table ``tools/tune.py KERNEL`` recorded on ``gpu`` (a slug), from its result file: ``rows`` (kernel,
+    B, T, N, H, causal, config: the tiles tried or the baseline's name, and tflops: None where it did not compile or
+    fit; some tables add fields of their own) and how they were measured, as every record is stamped: gpu, driver,
+    versions, ``commit`` and ``dirty`` (None where not known), ``created``, ``command``, the SM clock before and
+    after (``clocks_before``, ``clocks_after``) and a ``note`` where something is not known."""
+    data = recorded(gpu, directory)
+    tables = data["provenance"].get("tuning", {}) if data else {}
+    if kernel not in tables:
+        held = ", ".join(sorted(tables)) or "none"
+        raise LookupError(
+            f"no tuning table for {kernel!r} is recorded for {gpu} (recorded: {held}); measure it on that GPU "
+            f"with `bash tools/gpu.sh tune {kernel}`."
+        )
+    return tables[kernel]
 
 
 def result_files(directory=None) -> list[Path]:

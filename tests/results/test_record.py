@@ -240,3 +240,61 @@ def test_every_extra_is_offered_by_the_cli_and_unknown_ones_are_refused():
         "timeline",
     ):
         rec_mod.record(["seq_long"], extras=("nope",))
+
+
+@pytest.fixture
+def clocks(monkeypatch):
+    from attention_tutorial.measure import race
+
+    ticks = iter(f"{1980 - i} MHz" for i in range(100))
+    monkeypatch.setattr(race, "clocks", lambda: next(ticks))
+
+
+def test_a_tuning_run_records_each_row_as_it_comes_stamped_like_every_record(fake_gpu, clocks, tmp_path, monkeypatch):
+    monkeypatch.setattr(rec_mod, "environment", lambda: {**FAKE_ENV, "commit": "0123abc", "dirty": False})
+    out = tmp_path / "gpu.json"
+    rec_mod.record(["decode"], out=out, extras=())  # a result file with records and the ceilings
+    before = results.load(out)
+    where, save = rec_mod.tuning_writer("pipe", out, command="python tools/tune.py pipe")
+    rows = []
+    with pytest.raises(KeyboardInterrupt):  # a run cut short after two rows
+        for tflops in (500.0, None, 510.0):
+            if len(rows) == 2:
+                raise KeyboardInterrupt
+            rows.append({"kernel": "pipe", "H": 128, "causal": False, "config": f"c{len(rows)}", "tflops": tflops})
+            save(rows)
+    data = results.load(where)
+    assert where == out and data["records"] == before["records"]
+    assert data["provenance"]["matmul_bf16_tflops"] == before["provenance"]["matmul_bf16_tflops"] == 2.0
+    table = results.store.tuning("pipe", "gpu", tmp_path)
+    assert [r["tflops"] for r in table["rows"]] == [500.0, None]
+    assert {k: table[k] for k in ("gpu", "driver", "jax", "cudnn", "commit", "dirty", "created", "command")} == {
+        "gpu": "NVIDIA H200",
+        "driver": "580.0",
+        "jax": "0.11.2",
+        "cudnn": "9.19.0",
+        "commit": "0123abc",
+        "dirty": False,
+        "created": FAKE_ENV["created"],
+        "command": "python tools/tune.py pipe",
+    }
+    assert (table["clocks_before"], table["clocks_after"]) == ("1980 MHz", "1978 MHz")  # at the start, at the last save
+
+
+def test_a_tuning_run_needs_a_gpu_and_a_committed_tree_for_the_shipped_file(fake_gpu, clocks, tmp_path, monkeypatch):
+    monkeypatch.setattr(rec_mod.store, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(rec_mod, "environment", lambda: {**FAKE_ENV, "commit": "abc", "dirty": True})
+    with pytest.raises(RuntimeError, match="uncommitted changes"):
+        rec_mod.tuning_writer("pipe")
+    (tmp_path / "mine").mkdir()
+    out, save = rec_mod.tuning_writer("pipe", tmp_path / "mine" / "elsewhere.json")
+    save([{"config": "cuDNN", "tflops": 1.0}])
+    assert results.store.tuning("pipe", "elsewhere", tmp_path / "mine")["dirty"] is True
+    monkeypatch.setattr(rec_mod, "environment", lambda: {**FAKE_ENV, "backend": "cpu", "gpu": None})
+    with pytest.raises(RuntimeError, match="times kernels on a GPU"):
+        rec_mod.tuning_writer("pipe", tmp_path / "x.json")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    monkeypatch.setattr(rec_mod, "environment", lambda: dict(FAKE_ENV))
+    with pytest.raises(results.ResultFileError, match="not valid JSON"):
+        rec_mod.tuning_writer("pipe", broken)

@@ -663,3 +663,96 @@ def test_a_full_disk_says_so_and_leaves_the_file(tmp_path, monkeypatch):
         results.save(path, GOOD["provenance"], [_rec("b")])
     assert err.value.errno == errno.ENOSPC and "\n" not in str(err.value)
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["gpu.json"]
+
+
+def _table(kernel, *tflops, **stamp):
+    rows = [{"kernel": kernel, "H": 128, "causal": False, "config": f"c{i}", "tflops": t} for i, t in enumerate(tflops)]
+    return {"gpu": "NVIDIA H200", "commit": "0123abc", "dirty": False, **stamp, "rows": rows}
+
+
+def test_save_entry_adds_a_table_and_keeps_the_records_and_the_rest_of_the_provenance(tmp_path):
+    path = tmp_path / "gpu.json"
+    before = results.save(path, {**GOOD["provenance"], "race": {"r": {"rows": []}}}, [_rec("a")])
+    store.save_entry(path, "tuning", "pipe", _table("pipe", 500.0), GOOD["provenance"])
+    store.save_entry(path, "tuning", "fp8", _table("fp8", 900.0, None), GOOD["provenance"])
+    store.save_entry(path, "tuning", "pipe", _table("pipe", 510.0, 520.0), GOOD["provenance"])  # a new run: whole
+    data = results.load(path)
+    assert data["records"] == before["records"]
+    assert {k: v for k, v in data["provenance"].items() if k != "tuning"} == before["provenance"]
+    assert [r["tflops"] for r in data["provenance"]["tuning"]["pipe"]["rows"]] == [510.0, 520.0]
+    assert [r["tflops"] for r in data["provenance"]["tuning"]["fp8"]["rows"]] == [900.0, None]
+    results.save(path, GOOD["provenance"], [_rec("b")])  # the recorder's next save keeps the tables
+    assert set(results.load(path)["provenance"]["tuning"]) == {"pipe", "fp8"}
+
+
+def test_save_entry_starts_a_file_and_refuses_another_device_a_broken_file_and_an_unknown_key(tmp_path):
+    path = tmp_path / "new.json"
+    store.save_entry(path, "tuning", "pipe", _table("pipe", 1.0), GOOD["provenance"])
+    assert results.load(path)["records"] == [] and results.load(path)["provenance"]["gpu"] == "NVIDIA H200"
+    with pytest.raises(results.ResultFileError, match="holds results of NVIDIA H200"):
+        store.save_entry(path, "tuning", "pipe", _table("pipe", 2.0), {**GOOD["provenance"], "gpu": "NVIDIA L4"})
+    with pytest.raises(ValueError, match="must be an object with a list of 'rows'"):
+        store.save_entry(path, "tuning", "fp8", {"gpu": "NVIDIA H200"}, GOOD["provenance"])
+    with pytest.raises(ValueError, match="got 'records'"):
+        store.save_entry(path, "records", "x", {}, GOOD["provenance"])
+    assert [r["tflops"] for r in store.tuning("pipe", "new", tmp_path)["rows"]] == [1.0]
+    broken = tmp_path / "broken.json"
+    broken.write_text("[1, 2]")
+    with pytest.raises(results.ResultFileError, match="refusing to merge into"):
+        store.save_entry(broken, "tuning", "pipe", _table("pipe", 1.0), GOOD["provenance"])
+    assert broken.read_text() == "[1, 2]"
+
+
+def test_a_failed_entry_write_leaves_the_previous_file_whole(tmp_path, monkeypatch):
+    path = tmp_path / "gpu.json"
+    store.save_entry(path, "tuning", "pipe", _table("pipe", 1.0), GOOD["provenance"])
+    before = path.read_bytes()
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(store.os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        store.save_entry(path, "tuning", "pipe", _table("pipe", 1.0, 2.0), GOOD["provenance"])
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu.json"]
+
+
+def test_tuning_reads_one_table_and_says_what_is_recorded_where_it_is_not(tmp_path):
+    store.save_entry(tmp_path / "nvidia-h200.json", "tuning", "pipe", _table("pipe", 3.0), GOOD["provenance"])
+    table = store.tuning("pipe", directory=tmp_path)
+    assert table["commit"] == "0123abc" and [r["config"] for r in table["rows"]] == ["c0"]
+    with pytest.raises(LookupError, match=r"'fp8' .* \(recorded: pipe\); .*bash tools/gpu\.sh tune fp8"):
+        store.tuning("fp8", directory=tmp_path)
+    with pytest.raises(LookupError, match=r"recorded: none"):
+        store.tuning("pipe", gpu="nvidia-b200", directory=tmp_path)
+    assert results.validate({**GOOD, "provenance": {**GOOD["provenance"], "tuning": []}})
+
+
+#: The tables tools/tune.py kept as loose files, moved into the shipped file: rows per kernel and a digest of them
+#: (sha256 of the rows as sorted-key JSON) taken from the loose files as they were moved.
+MOVED_TABLES = {
+    "bwd_dq": (24, "563f86a3c1bf58db"),
+    "bwd_tiles": (32, "8bdace36f8af0ad2"),
+    "fp8": (16, "d84fba0cdae8bf2e"),
+    "mosaic": (20, "25c4becb251b643b"),
+    "pallas": (36, "e4f0634a29022a0a"),
+    "pipe": (14, "00b4a66e700491ad"),
+    "registers": (20, "ffa6d8afda6b3c2f"),
+    "train": (4, "2d1a00dd6c8a751b"),
+}
+
+
+def test_the_moved_tuning_tables_are_whole_in_the_shipped_file_with_their_commit_unknown():
+    import hashlib
+
+    tables = results.recorded()["provenance"]["tuning"]
+    assert set(MOVED_TABLES) <= set(tables)
+    for kernel, (n, digest) in MOVED_TABLES.items():
+        t = tables[kernel]
+        rows = t["rows"]
+        assert (len(rows), hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16]) == (n, digest)
+        assert {r["kernel"] for r in rows} == {kernel} and t["gpu"] == "NVIDIA H200"
+        assert t["commit"] is None and t["dirty"] is None and "commit unknown" in t["note"]
+        assert store.tuning(kernel) == t
+    assert not (RESULTS / "tuning").exists()  # no loose table is left beside the store
