@@ -27,11 +27,15 @@ from ..inputs import make_qkv
 from .fp8 import rel_error
 from .timing import time_fn
 
-GROUPS = ("forward", "schedule", "masks", "masks_backward", "backward")
+GROUPS = ("forward", "schedule", "masks", "masks_backward", "backward", "fa3")
 ROUNDS = 3
 TOKENS = 32 * 1024  # B·T of each case at T = 8192
 N = 16
 T = 8192
+# FlashAttention-3's forward benchmark grid (its paper, arXiv 2407.08608, §4.1): 16k tokens in a batch (B·T), hidden
+# size 2048 (N·H), head dims 64/128/256, sequence lengths 512 to 16k, without a mask and causal.
+FA3_TOKENS, FA3_HIDDEN = 16 * 1024, 2048
+FA3_HEAD_DIMS, FA3_SEQ = (64, 128, 256), (512, 1024, 2048, 4096, 8192, 16384)
 MAX_ERROR = 0.05  # relative error above which a contender is reported wrong and not timed
 
 
@@ -189,6 +193,14 @@ def cases(groups=GROUPS) -> list[Case]:
                 "masks_backward", "packed documents of 256-4096, causal", (B, T, T, N, N, H), m, race, "fwd+bwd", "XLA"
             )
         )
+    if "fa3" in groups:
+        for H in FA3_HEAD_DIMS:
+            for T_ in FA3_SEQ:
+                for causal in (False, True):
+                    m = {"is_causal": causal}
+                    shape = (FA3_TOKENS // T_, T_, T_, FA3_HIDDEN // H, FA3_HIDDEN // H, H)
+                    name = f"H={H} T={T_} {'causal' if causal else 'no mask'}"
+                    out.append(Case("fa3", name, shape, m, {"cuDNN": cudnn(**m), "ours": ours(H, **m)}, "fwd", "cuDNN"))
     if "backward" in groups:
         for H in (64, 128):
             for causal in (False, True):

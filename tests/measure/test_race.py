@@ -86,3 +86,13 @@ def test_code_version_takes_the_environment_first_then_git(monkeypatch):
 def test_masks_words_keep_document_lengths_and_prefixes():
     m = {"is_causal": True, "segment_ids": race.document_ids(4, [[1, 3]]), "prefix_length": jnp.array([2])}
     assert race._mask_words(m) == {"is_causal": True, "document_lengths": [[1, 3]], "prefix_length": [2]}
+
+
+def test_the_fa3_grid_keeps_its_paper_shapes():
+    grid = race.cases(("fa3",))
+    assert len(grid) == 3 * 6 * 2
+    for case in grid:
+        B, T, S, N, K, H = case.shape
+        assert (B * T, N * H, T, K) == (16 * 1024, 2048, S, N) and set(case.contenders) == {"cuDNN", "ours"}
+    assert {c.shape[1] for c in grid} == {512, 1024, 2048, 4096, 8192, 16384}
+    assert {c.shape[-1] for c in grid} == {64, 128, 256}
