@@ -303,7 +303,7 @@ def _train_packed_records(peak, **timing):
     from ..train.model import H200
     from ..train.packed import packed_records  # packed documents: ours with segment ids, XLA and cuDNN with a mask
 
-    return packed_records(("xla", "cudnn", "mosaic"), steps=60, config=H200, wait_every=10)
+    return packed_records(("xla", "cudnn", "mosaic"), steps=60, config=H200, wait_every=10, peak_tflops=peak)
 
 
 def _train_dispatch_records(peak, **timing):

@@ -22,9 +22,8 @@ import optax
 from .. import registry
 from ..inputs import check_int
 from ..measure.compiled import compile_stats
-from ..measure.timing import summarize
 from .data import Corpus, load_corpus, packed_batch_at
-from .loop import _copy, check_corpus, init_params, optimizer, step_fields
+from .loop import _copy, _timed, check_corpus, init_params, optimizer, step_fields, step_flops
 from .model import GPT, TINY, Config
 
 PACKED_IMPLS = ("xla", "default", "cudnn", "mosaic", "mosaic_atomic")  # the attentions that take segment_ids
@@ -57,6 +56,9 @@ def kept_fraction(segment_ids) -> float:
     return float(same.sum() / (ids.shape[0] * T * (T + 1) / 2))
 
 
+UNTIMED = dict.fromkeys(("median_ms", "p10_ms", "p90_ms", "tflops"))  # a run that did not train has no timings
+
+
 def packed_records(
     impls=("xla", "cudnn", "mosaic"),
     *,
@@ -65,12 +67,15 @@ def packed_records(
     seed: int = 0,
     corpus: Corpus | None = None,
     wait_every: int = 10,
+    peak_tflops: float | None = None,
 ) -> list[dict]:
     """Train ``steps`` steps on packed documents through each of ``impls`` (:data:`PACKED_IMPLS`), from the same
     initial parameters on the same batches: records of ``kind`` "step" (each step's loss before its update) and one
     "summary" per implementation (status; the steady steps' median, p10 and p90 ms and tokens/s; the mean number of
-    documents per row and the share of causal pairs they keep, over the run's batches). An implementation that
-    cannot run here, or fails, gives a summary with the reason."""
+    documents per row and the share of causal pairs they keep, over the run's batches). A step's time is its
+    dispatch group's (``wait_every`` steps queued, then waited for once), its TFLOP/s the model's (as the training
+    grid counts them; its share of ``peak_tflops`` where given). An implementation that cannot run here, or fails,
+    gives a summary with the reason."""
     unknown = [i for i in impls if i not in PACKED_IMPLS]
     if unknown:
         raise ValueError(f"impls {unknown} take no segment ids; choose from {', '.join(PACKED_IMPLS)}.")
@@ -97,24 +102,24 @@ def packed_records(
             **docs,
         }
         if reason := registry.why_not(impl, config.attention_shape(), config.dtype, causal=True):
-            out.append({**base, "kind": "summary", "status": "unsupported", "reason": reason, "median_ms": None})
+            out.append({**base, "kind": "summary", "status": "unsupported", "reason": reason, **UNTIMED})
             continue
         try:
-            out += _train(impl, config, seed, steps, wait_every, batches, base)
+            out += _train(impl, config, seed, steps, wait_every, batches, base, peak_tflops)
         except Exception as e:  # reported in the record, the other implementations still run
             out.append(
                 {
                     **base,
                     "kind": "summary",
                     "status": "error",
-                    "median_ms": None,
+                    **UNTIMED,
                     "reason": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}",
                 }
             )
     return out
 
 
-def _train(impl, config, seed, steps, wait_every, batches, base) -> list[dict]:
+def _train(impl, config, seed, steps, wait_every, batches, base, peak_tflops) -> list[dict]:
     model, opt = GPT(config, impl), optimizer(config, steps)
     params = init_params(config, seed)
     opt_state = jax.jit(opt.init)(params)
@@ -127,6 +132,7 @@ def _train(impl, config, seed, steps, wait_every, batches, base) -> list[dict]:
     stats = compile_stats(step, params, opt_state, *batches[0], donate_argnums=(0, 1))
     jax.block_until_ready(stats.compiled(*_copy((params, opt_state)), *batches[0]))  # warm-up, thrown away
     records, times = [], []
+    flops, tokens = step_flops(config), config.batch * config.seq_len
     for start in range(0, steps, wait_every):
         group = range(start, min(start + wait_every, steps))
         t0, losses = time.perf_counter(), []
@@ -137,19 +143,12 @@ def _train(impl, config, seed, steps, wait_every, batches, base) -> list[dict]:
         ms = (time.perf_counter() - t0) * 1e3 / len(group)
         times += [ms] * len(group)
         records += [
-            {**base, "kind": "step", "status": "ok", "step": s, "loss": float(x)} for s, x in zip(group, losses)
+            _timed({**base, "kind": "step", "step": s, "loss": float(x)}, [ms], flops, tokens, peak_tflops)
+            for s, x in zip(group, losses)
         ]
-    steady = np.asarray(times[min(config.warmup_steps, steps // 2) :])
-    median, p10, p90 = summarize(steady)
-    tokens = config.batch * config.seq_len
+    steady = times[min(config.warmup_steps, steps // 2) :]
     summary = {
-        **base,
-        "kind": "summary",
-        "status": "ok",
-        "median_ms": median,
-        "p10_ms": p10,
-        "p90_ms": p90,
-        "tokens_per_s": tokens / (median / 1e3),
+        **_timed({**base, "kind": "summary"}, steady, flops, tokens, peak_tflops),
         "final_loss": records[-1]["loss"],
         "compile_s": stats.compile_s,
         "attention_kernel": stats.attention_kernel,

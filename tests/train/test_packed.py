@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from attention_tutorial.measure.sweep import check_record
 from attention_tutorial.train.data import document_starts, load_corpus, packed_batch_at
 from attention_tutorial.train.loop import init_params
 from attention_tutorial.train.model import GPT, TINY, document_positions
@@ -102,6 +103,8 @@ def test_packed_records_train_through_each_attention_or_say_why_not():
     assert 0 < summary["xla"]["kept_of_causal"] <= 1 and summary["xla"]["documents_per_row"] >= 1
     if jax.default_backend() != "gpu":
         assert summary["mosaic"]["status"] == "unsupported" and "Hopper" in summary["mosaic"]["reason"]
+    assert [p for r in recs for p in check_record({**r, "grid": "train_packed"})] == []  # the result file takes them
+    assert summary["xla"]["tflops"] > 0 and steps[0]["median_ms"] == steps[1]["median_ms"]  # one dispatch group
     with pytest.raises(ValueError, match="take no segment ids"):
         packed_records(("naive",), steps=2)
 
