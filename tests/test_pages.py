@@ -1,4 +1,5 @@
-"""Every built page reads in twenty minutes: open text and open tables within budget, no lab words in the open.
+"""Every built page reads in twenty minutes: open text and open tables within budget, no lab words in the open; and
+every page shows the code that makes its results (at most a third of its code cells' lines hidden).
 
 "Open" is what a reader sees without clicking: the page's article less everything inside ``<details>`` (sphinx-design
 dropdowns and myst-nb's hidden outputs are ``<details>``). Code listings and printed outputs count as words.
@@ -40,6 +41,28 @@ def open_parts(html: str):
     return len(words), len(article.find_all("table")), text
 
 
+MAX_HIDDEN = 1 / 3
+HIDING_TAGS = ("remove-cell", "remove-input", "hide-input", "hide-cell")
+CODE_CELL = re.compile(r"^```\{code-cell\}[^\n]*\n(.*?)^```", re.S | re.M)
+CELL_OPTIONS = re.compile(r"\A(?:---\n.*?^---\n|(?::[\w-]+:[^\n]*\n)+)", re.S | re.M)  # a --- block or :key: lines
+
+
+def code_lines(source: str) -> tuple[int, int]:
+    """(hidden, shown): the non-blank code lines of a MyST page's code cells, split by whether a tag hides the cell's
+    code (:data:`HIDING_TAGS`; hide-output and remove-output leave the code in view). Cell options are not code."""
+    hidden = shown = 0
+    for cell in CODE_CELL.finditer(source):
+        options = CELL_OPTIONS.match(cell.group(1))
+        tags = re.search(r"^:?tags:\s*\[(.*?)\]", options.group(0), re.M) if options else None
+        code = cell.group(1)[options.end() :] if options else cell.group(1)
+        n = sum(1 for line in code.splitlines() if line.strip())
+        if tags and any(t in tags.group(1) for t in HIDING_TAGS):
+            hidden += n
+        else:
+            shown += n
+    return hidden, shown
+
+
 def _moved() -> set[str]:
     """The pages docs/conf.py redirects (``redirects``): built as a page that sends the reader on, not a lesson."""
     import ast
@@ -61,6 +84,25 @@ def _require_html():
         if os.environ.get("ATTENTION_TUTORIAL_REQUIRE_HTML"):
             pytest.fail(f"no built site under {HTML}: run `nox -s docs` first")
         pytest.skip("the site is not built (nox -s docs)")
+
+
+def test_code_lines_split_hidden_from_shown_cells():
+    page = (
+        "# T\n\n```{code-cell} ipython3\n:tags: [remove-cell]\nx = 1\n\ny = 2\n```\n\n"
+        "```{code-cell} ipython3\n:tags: [hide-output]\nprint(x)\n```\n\n"
+        "```{code-cell} ipython3\n---\ntags: [hide-input]\nmystnb:\n  image:\n    alt: a figure\n---\nplot(x)\n```\n\n"
+        "```{code-cell} ipython3\n---\nmystnb:\n  image:\n    alt: a figure\n---\nplot(x)\nelse:\n```\n\n"
+        "```python\nnot_a_cell()\n```\n"
+    )
+    assert code_lines(page) == (3, 3)
+
+
+@pytest.mark.parametrize("page", sorted((ROOT / "docs").glob("*.md")), ids=lambda p: p.stem)
+def test_each_page_shows_most_of_its_code(page):
+    hidden, shown = code_lines(page.read_text(encoding="utf-8"))
+    if hidden + shown:
+        share = hidden / (hidden + shown)
+        assert share <= MAX_HIDDEN, f"{page.name}: {hidden} of {hidden + shown} code lines hidden ({share:.0%})"
 
 
 def test_the_counter_skips_what_is_folded():
