@@ -16,6 +16,9 @@
 #   bash tools/gpu.sh exp_poly         part of p's exponentials on the FMA units: its GPU tests, then the plain and
 #                                        pipelined forwards (H = 128, both masks) at exp_poly 0, 0.25, 0.5 beside cuDNN,
 #                                        two rounds, as a table (about 2 minutes; records in $OUT/exp_poly.json)
+#   bash tools/gpu.sh masks            the GPU tests of any length, the masks, head dims and packed documents (each
+#                                        name as it finishes: a run cut short still says what failed), then the
+#                                        packed training and the masks races into the result file (under 10 minutes)
 #   bash tools/gpu.sh record NAME...   the recorder for these grids and extras (record.EXTRAS: fp8, train, race, …),
 #                                        merging into /tmp/results; RACE="masks masks_backward" picks the races of
 #                                        the extra race (measure/race.py: all by default). Set ATTENTION_TUTORIAL_COMMIT
@@ -103,6 +106,15 @@ for k in kernels:
     print(f"{k.impl:12} {'causal' if k.causal else 'none':8}" + "".join(f"{c:>22}" for c in cells))
 PY
     ;;
+  masks)
+    workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 8)
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 300 python3 -m pytest -v --tb=line -rf -p no:cacheprovider \
+      -p no:benchmark -m gpu "${workers[@]}" tests/kernels/mosaic tests/train/test_packed.py tests/kernels/test_fused.py \
+      tests/kernels/test_pallas_flash.py > "$OUT/masks-tests.log" 2>&1
+    grep -E "FAILED|ERROR|passed|failed" "$OUT/masks-tests.log" | grep -v PASSED | tail -25
+    timeout -s INT 260 python3 -m attention_tutorial record --grids --extras train_packed race --race masks \
+      masks_backward 2>&1 | grep -v "it/s\]\|s/pt\]" | tail -30
+    cp "$RES" /tmp/results/ && cp "$RES" "$OUT/" ;;
   record)
     known=" $(python3 -c 'from attention_tutorial.results.record import EXTRAS; print(*EXTRAS)') "
     extras=(); grids=()
