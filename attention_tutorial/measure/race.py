@@ -32,7 +32,7 @@ ROUNDS = 3
 TOKENS = 32 * 1024  # B·T of each case at T = 8192
 N = 16
 T = 8192
-# FlashAttention-3's forward benchmark grid (its paper, arXiv 2407.08608, §4.1): 16k tokens in a batch (B·T), hidden
+# FlashAttention-3's forward benchmark grid (its paper's, arXiv 2407.08608): 16k tokens in a batch (B·T), hidden
 # size 2048 (N·H), head dims 64/128/256, sequence lengths 512 to 16k, without a mask and causal.
 FA3_TOKENS, FA3_HIDDEN = 16 * 1024, 2048
 FA3_HEAD_DIMS, FA3_SEQ = (64, 128, 256), (512, 1024, 2048, 4096, 8192, 16384)
@@ -130,7 +130,8 @@ def mixed_lengths(seq: int, *, low: int = 256, high: int = 4096, seed: int = 0) 
 
 
 def cases(groups=GROUPS) -> list[Case]:
-    """The races of ``groups`` (see :data:`GROUPS`), at B·T = 32k tokens and N = 16 in bfloat16."""
+    """The races of ``groups`` (see :data:`GROUPS`), at B·T = 32k tokens and N = 16 in bfloat16 (``fa3``: at
+    FlashAttention-3's shapes, :data:`FA3_TOKENS` and :data:`FA3_HIDDEN`)."""
     unknown = set(groups) - set(GROUPS)
     if unknown:
         raise ValueError(f"unknown race groups {sorted(unknown)}; choose from {', '.join(GROUPS)}")
