@@ -15,6 +15,7 @@ from attention_tutorial.results import store
 from attention_tutorial.site import context_parallel as site
 from attention_tutorial.site.report import live_check
 from tests.built_pages import executed, glued
+from tests.measure.test_ring_cost import cp_rec
 
 RECORDED = store.select((store.recorded() or {"records": []})["records"], experiment="context_parallel")
 
@@ -129,29 +130,6 @@ def test_overlap_figure_marks_where_each_transfer_meets_the_compute():
     assert cy == pytest.approx(4 * 32 * 128 * cx**2 / 600e12 * 1e6)  # on the compute line too
     floor = site.overlap_figure(flops_per_s=600e12, bytes_per_s=450e9, kv_heads=(8,), shortest_us=40.0)
     assert list(floor.axes[0].get_lines()[-1].get_ydata()) == [40.0, 40.0]
-
-
-def cp_rec(impl, t, causal, ms, lo=None, hi=None, **kw):
-    base = {
-        "impl": impl,
-        "experiment": "context_parallel",
-        "batch": 1,
-        "seq_q": t,
-        "seq_kv": t,
-        "heads": 16,
-        "kv_heads": 4,
-        "head_dim": 128,
-        "dtype": "bfloat16",
-        "causal": causal,
-        "pass": "fwd",
-        "mask": "none",
-        "status": "ok",
-        "local": "mosaic",
-        "median_ms": ms,
-        "p10_ms": lo or ms,
-        "p90_ms": hi or ms,
-    }
-    return {**base, **kw}
 
 
 OLD = [
