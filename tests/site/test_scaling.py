@@ -1,6 +1,7 @@
-"""The scaling page: its IO figure (the time budget beside the roofline) on synthetic records a wrong number would
-fail; and the numbers its cells computed in the last docs build, set against
-the committed results read here independently."""
+"""The scaling pages, sequence length (``scaling``) and batch, head dimension and backward pass
+(``batch_heads_backward``): the IO figure (the time budget beside the roofline) on synthetic records a wrong number
+would fail; and the numbers each page's cells computed in the last docs build, set against the committed results read
+here independently."""
 
 import itertools
 import math
@@ -42,13 +43,24 @@ def _recs(**where):
     return store.select(DATA["records"], status="ok", **where)
 
 
-@pytest.fixture(scope="module")
-def built():
-    """What the page's cells glued in the last docs build, as Python values (Markdown as its text)."""
-    out = glued("scaling")
+def _built(page):
+    """What ``page``'s cells glued in the last docs build, as Python values (Markdown as its text)."""
+    out = glued(page)
     if DATA is None:
         pytest.skip("no recorded results")
     return out
+
+
+@pytest.fixture(scope="module")
+def built():
+    """The sequence-length page's glued values."""
+    return _built("scaling")
+
+
+@pytest.fixture(scope="module")
+def built_bhb():
+    """The batch, head dimension and backward page's glued values."""
+    return _built("batch_heads_backward")
 
 
 def _pct_range(text):  # "96–99 %" or "90 %" -> (0.96, 0.99)
@@ -185,30 +197,30 @@ def test_the_temporaries_are_the_float32_scores_and_bf16_weights(built):
     assert re.fullmatch(r"[\d,]+ bytes( or [\d,]+ bytes)*", built["mem_cudnn"])
 
 
-def test_small_batches_cost_a_fixed_time_per_call(built):
+def test_small_batches_cost_a_fixed_time_per_call(built_bhb):
     sweep = _recs(grid="batch")
     small, large = (_recs(grid="batch", impl="cudnn", batch=b) for b in (1, 16))
-    assert (built["b_small_b"], built["b_large_b"], built["b_work"]) == (1, 16, 16)
-    assert built["b_fastest"] == f"{1e3 * min(r['median_ms'] for r in sweep):.1f}"
-    assert built["b_large"] == f"{large[0]['median_ms'] * 1e3:.0f}"
-    assert compare(large, small).word == "on par" and built["b_costs"] == "about what B = 1 costs"
-    assert built["b_one_words"] == "on par with both"
+    assert (built_bhb["b_small_b"], built_bhb["b_large_b"], built_bhb["b_work"]) == (1, 16, 16)
+    assert built_bhb["b_fastest"] == f"{1e3 * min(r['median_ms'] for r in sweep):.1f}"
+    assert built_bhb["b_large"] == f"{large[0]['median_ms'] * 1e3:.0f}"
+    assert compare(large, small).word == "on par" and built_bhb["b_costs"] == "about what B = 1 costs"
+    assert built_bhb["b_one_words"] == "on par with both"
 
 
-def test_wider_heads_and_the_exponential_budget(built):
+def test_wider_heads_and_the_exponential_budget(built_bhb):
     hd = _recs(grid="head_dim")
     for impl in ("xla", "cudnn"):
         rs = sorted(store.select(hd, impl=impl), key=lambda r: r["head_dim"])
-        assert built[f"h_{impl}_tflops"] == f"{rs[-1]['tflops'] / rs[0]['tflops']:.1f}"
-        assert built[f"h_{impl}_time"] == f"{rs[-1]['median_ms'] / rs[0]['median_ms']:.2f}"
-        assert built[f"h_{impl}_work"] == "8"
-    assert num(built["h_xla_time"]) < 1.5 < num(built["h_xla_tflops"])  # XLA climbs the bandwidth line
-    assert built["h_refused"] == "100" and built["h_cudnn_ai"] == "2,048"
-    assert built["h_per_exp"] == f"{4096 / 16:.0f}" and built["h_per_score"] == "128, 256, 512 and 1,024"
-    assert (built["h_exp_first"], built["h_exp_last"]) == ("2×", "0.25×")
+        assert built_bhb[f"h_{impl}_tflops"] == f"{rs[-1]['tflops'] / rs[0]['tflops']:.1f}"
+        assert built_bhb[f"h_{impl}_time"] == f"{rs[-1]['median_ms'] / rs[0]['median_ms']:.2f}"
+        assert built_bhb[f"h_{impl}_work"] == "8"
+    assert num(built_bhb["h_xla_time"]) < 1.5 < num(built_bhb["h_xla_tflops"])  # XLA climbs the bandwidth line
+    assert built_bhb["h_refused"] == "100" and built_bhb["h_cudnn_ai"] == "2,048"
+    assert built_bhb["h_per_exp"] == f"{4096 / 16:.0f}" and built_bhb["h_per_score"] == "128, 256, 512 and 1,024"
+    assert (built_bhb["h_exp_first"], built_bhb["h_exp_last"]) == ("2×", "0.25×")
 
 
-def test_the_backward_race_against_independent_ratios(built):
+def test_the_backward_race_against_independent_ratios(built_bhb):
     race = _recs(grid="backward", head_dim=128, dtype="bfloat16", heads=16, kv_heads=16)
     speeds = {}
     for impl in ("xla", "mosaic", "pallas"):
@@ -218,31 +230,34 @@ def test_the_backward_race_against_independent_ratios(built):
             ratios += [c["median_ms"] / r["median_ms"] for c in cu]
         speeds[impl] = (min(ratios), max(ratios))
     own = max(("mosaic", "pallas"), key=lambda i: speeds[i][0])  # our kernel whose slowest showing is fastest
-    assert built["bw_own"] == label(own)
+    assert built_bhb["bw_own"] == label(own)
     for key, impl in (("bw_xla_speed", "xla"), ("bw_own_speed", own)):
-        assert _pct_range(built[key]) == pytest.approx(tuple(round(s, 2) for s in speeds[impl]), abs=0.006)
-    assert _pct_range(built["bw_xla_speed"])[1] < 0.5 and _pct_range(built["bw_own_speed"])[0] > 0.8
-    assert (built["bw_main_ts"], built["bw_main_bs"], built["bw_main_tokens"]) == (
+        assert _pct_range(built_bhb[key]) == pytest.approx(tuple(round(s, 2) for s in speeds[impl]), abs=0.006)
+    assert _pct_range(built_bhb["bw_xla_speed"])[1] < 0.5 and _pct_range(built_bhb["bw_own_speed"])[0] > 0.8
+    assert (built_bhb["bw_main_ts"], built_bhb["bw_main_bs"], built_bhb["bw_main_tokens"]) == (
         "1,024, 4,096 and 16,384",
         "16, 4 and 1",
         "16k",
     )
-    assert (built["bw_last_t"], built["bw_last_b"], built["bw_last_tokens"]) == ("32,768", "1", "32k")
+    assert (built_bhb["bw_last_t"], built_bhb["bw_last_b"], built_bhb["bw_last_tokens"]) == ("32,768", "1", "32k")
     best = max(store.select(race, impl="cudnn", causal=False), key=lambda r: r["tflops"])
-    assert (built["bw_cudnn_pct"], built["bw_cudnn_t"]) == (f"{best['pct_peak']:.0f}", f"{best['seq_q']:,}")
+    assert (built_bhb["bw_cudnn_pct"], built_bhb["bw_cudnn_t"]) == (f"{best['pct_peak']:.0f}", f"{best['seq_q']:,}")
 
 
-def test_xla_s_backward_at_32k_did_not_fit(built):
+def test_xla_s_backward_at_32k_did_not_fit(built_bhb):
     race = store.select(DATA["records"], grid="backward", head_dim=128, dtype="bfloat16", heads=16, kv_heads=16)
     gone = [r for r in race if r["impl"] == "xla" and r["status"] != "ok"]
     assert {r["seq_q"] for r in gone} == {32768} and all(r["status"] == "oom" for r in gone)
     assert [r for r in race if r["impl"] == "cudnn" and r["status"] != "ok"] == []
-    assert built["bw_xla_gone_t"] == "32,768" and num(built["bw_xla_need"]) > num(built["bw_xla_limit"])
-    assert built["bw_xla_need"] == f"{max(r['estimated_bytes'] for r in gone) / 2**30:.0f}"
+    assert built_bhb["bw_xla_gone_t"] == "32,768" and num(built_bhb["bw_xla_need"]) > num(built_bhb["bw_xla_limit"])
+    assert built_bhb["bw_xla_need"] == f"{max(r['estimated_bytes'] for r in gone) / 2**30:.0f}"
 
 
-def test_each_live_table_runs_a_point_or_two(built):
-    for key in ("t_live", "b_live", "h_live", "bw_live"):
-        first = built[key].split("\n\nAgainst the recording")[0]  # this build's table, before any comparison
-        assert first.startswith("**Live, this build:**"), key
-        assert 1 <= first.count("\n| ") - 1 <= 2, key  # rows under the header
+@pytest.mark.parametrize(
+    "fixture, key",
+    [("built", "t_live")] + [("built_bhb", key) for key in ("b_live", "h_live", "bw_live")],
+)
+def test_each_live_table_runs_a_point_or_two(fixture, key, request):
+    first = request.getfixturevalue(fixture)[key].split("\n\nAgainst the recording")[0]  # this build's table, first
+    assert first.startswith("**Live, this build:**")
+    assert 1 <= first.count("\n| ") - 1 <= 2  # rows under the header
