@@ -173,6 +173,11 @@ def test_the_standing_figure_draws_one_line_per_goal_and_mask():
         "FP8, causal\n(p through shared memory)",
     ]
     assert len(ax.lines) == 3 * len(rows) + 1  # range over runs, medians over T, the goal's tick; 100 % dashed
+    assert ax.get_xlabel() == "% of cuDNN's speed (FP8: of cuDNN FP8's, end to end)"
+    bf16 = page.Goal("bf16", ("mosaic",), "cudnn", 1.0, 4096, {})
+    recs = [r("cudnn", 4096, False, 1.0), r("mosaic", 4096, False, 1 / 0.9)]
+    fig = page.standing_figure(page.standing(page.goal_results(recs, (), (bf16,))))
+    assert fig.axes[0].get_xlabel() == "% of cuDNN's speed"  # no FP8 goal: no note on FP8's baseline
 
 
 @pytest.mark.parametrize(
@@ -346,21 +351,29 @@ def test_schedule_races_read_turns_against_the_rendezvous_with_the_code_each_ran
 
 @pytest.fixture(scope="module")
 def built():
-    """What the page's cells glued in the last docs build, as Python values (Markdown as its text)."""
+    """What the forward page's cells glued in the last docs build, as Python values (Markdown as its text)."""
     return glued("flash3")
+
+
+@pytest.fixture(scope="module")
+def built_next():
+    """What the page on FP8 and the backward glued in the last docs build."""
+    return glued("flash3_fp8_backward")
 
 
 def _pct(x):
     return f"{100 * x:.0f} %"
 
 
-def test_the_page_judges_every_goal_on_the_recording(built):
+@pytest.mark.parametrize(("which", "names"), [("built", ("h128", "h256")), ("built_next", ("fp8", "bwd128", "bwd64"))])
+def test_each_page_judges_its_goals_on_the_recording(which, names, request):
+    built = request.getfixturevalue(which)
     words = ("none", "one", "two", "three", "four", "five")
-    assert sum(words.index(built[k]) for k in ("n_yes", "n_shaky", "n_no")) == int(built["goals_all"]) == 5
-    for name in ("h128", "h256", "fp8", "bwd128", "bwd64"):
+    assert sum(words.index(built[k]) for k in ("n_yes", "n_shaky", "n_no")) == int(built["goals_all"]) == len(names)
+    for name in names:
         for mask in ("none", "causal"):
             assert re.fullmatch(r"\d+(–\d+)? %", built[f"stand_{name}_{mask}"]), (name, mask)
-    assert built["goal_table"].count("\n| ") == 20  # below the header, 5 goals × 2 kernels × 2 masks
+    assert built["goal_table"].count("\n| ") == 4 * len(names)  # below the header, each goal × 2 kernels × 2 masks
 
 
 def test_the_exponentials_share_is_the_papers_arithmetic(built):
@@ -371,7 +384,7 @@ def test_the_exponentials_share_is_the_papers_arithmetic(built):
     assert built["exp_fp8"] == _pct(2 * 989.4 / (3.9 * 4 * 128))
 
 
-def test_the_fp8_errors_count_the_output_rounding_alike(built):
+def test_the_fp8_errors_count_the_output_rounding_alike(built_next):
     """The page's errors at T = 4096 without a mask are the recorded ones; ours rounded is ours with the rounding
     error of E4M3 in quadrature, which lies between the two (a rounding error alone is below both)."""
     fp8 = [r for r in recorded()["records"] if r.get("grid") == "fp8" and r.get("experiment") == "cudnn_fp8"]
@@ -381,18 +394,18 @@ def test_the_fp8_errors_count_the_output_rounding_alike(built):
         return r["rel_error"]
 
     ours, theirs = error("mosaic_fp8_regs"), error("cudnn_fp8_s448")
-    assert built["fp8_err_t"] == "4096"
-    assert (built["fp8_err_ours"], built["fp8_err_theirs"]) == (f"{ours:.3f}", f"{theirs:.3f}")
-    rounded = float(built["fp8_err_rounded"])
+    assert built_next["fp8_err_t"] == "4096"
+    assert (built_next["fp8_err_ours"], built_next["fp8_err_theirs"]) == (f"{ours:.3f}", f"{theirs:.3f}")
+    rounded = float(built_next["fp8_err_rounded"])
     assert ours < rounded < math.hypot(ours, ours)  # the output's rounding is smaller than the kernel's error
     word = "alike" if abs(rounded / theirs - 1) <= 0.1 else "smaller" if rounded < theirs else "larger"
     assert (
-        built["fp8_err_word"]
+        built_next["fp8_err_word"]
         == {"alike": "about as large as", "smaller": "smaller than", "larger": "larger than"}[word]
     )
 
 
-def test_the_dq_verdicts_follow_the_recorded_table(built):
+def test_the_dq_verdicts_follow_the_recorded_table(built_next):
     rows = {(r["H"], r["causal"], r["config"]): r["tflops"] for r in tuning("bwd_dq")["rows"]}
 
     def span(H, cfg):
@@ -402,10 +415,10 @@ def test_the_dq_verdicts_follow_the_recorded_table(built):
     for H in (64, 128):
         own, atomic = span(H, "dQ pass"), span(H, "dQ atomic")
         want = "ahead of" if atomic[0] > own[1] else "behind" if atomic[1] < own[0] else "level with"
-        assert built[f"dq{H}_verdict"] == want
-        assert built[f"dq{H}_atomic"].startswith(f"{100 * atomic[0]:.0f}")
-    assert (built["dq64_verdict"], built["dq128_verdict"]) == ("ahead of", "behind")
-    assert built["tune_dq"] == "NVIDIA H200, commit unknown"  # tables measured before they carried a commit
+        assert built_next[f"dq{H}_verdict"] == want
+        assert built_next[f"dq{H}_atomic"].startswith(f"{100 * atomic[0]:.0f}")
+    assert (built_next["dq64_verdict"], built_next["dq128_verdict"]) == ("ahead of", "behind")
+    assert built_next["tune_dq"] == "NVIDIA H200, commit unknown"  # tables measured before they carried a commit
 
 
 def test_the_runs_without_exponentials_are_read_from_the_ablations(built):

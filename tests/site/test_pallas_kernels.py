@@ -218,3 +218,6 @@ def test_the_printed_kernel_excerpts_hold_what_the_page_says():
     assert kernel.startswith("def _kernel(") and "jnp.exp2(" in kernel
     assert step.startswith("def step(") and "schedule.after_qk()" in step and "plgpu.wgmma(acc_ref, p_op" in step
     assert step.rstrip().endswith("return acc, m_new, l") and all(line in whole for line in step.splitlines())
+    # the open excerpt of the step keeps the online softmax and leaves out what the text says it leaves out
+    assert "m_new = jnp.maximum(m, " in step and "p = exp2_tile(" in step and "l = l * alpha + " in step
+    assert "tile_kept(" not in step and "optimization_barrier" not in step and "look_ahead)" not in step
