@@ -143,7 +143,7 @@ def test_registers_reach_each_kernel_and_leave_the_copy_warpgroup_the_rest(regis
 def test_gpu_every_mask_forward_and_backward_matches_float64(head_dim, dq, schedule):
     """Every mask of the interpreter's matrix, compiled: causal both ways, windows, prefix-LM, lengths (rows with no
     key), softcap, packed documents with T != S; any T and S (320 × 384: partial tiles)."""
-    from tests.kernels.mosaic.test_interpret import MASKS, check_masked
+    from tests.kernels.mosaic.test_interpret_masks import MASKS, check_masked
 
     if reason := why_not(AttentionShape(2, 320, 384, 2, 1, head_dim), jnp.bfloat16, True):
         pytest.skip(reason)
@@ -164,7 +164,7 @@ def test_gpu_every_mask_forward_and_backward_matches_float64(head_dim, dq, sched
 def test_gpu_packed_documents_over_long_rows_forward_and_backward(head_dim):
     """Four documents packed into 5,500 tokens, causal: each key tile's list of query tiles (86) is longer than one
     copy moves (256 ints), so the backward's lists land in pieces; values and gradients against float64."""
-    from tests.kernels.mosaic.test_interpret import check_masked, documents
+    from tests.kernels.mosaic.test_interpret_masks import check_masked, documents
 
     if reason := why_not(AttentionShape(1, 5500, 5500, 1, 1, head_dim), jnp.bfloat16, True):
         pytest.skip(reason)
@@ -180,7 +180,7 @@ def test_gpu_packed_documents_over_long_rows_forward_and_backward(head_dim):
 def test_gpu_head_dims_between_the_kernels_run_padded(head_dim, grads):
     """H = 80 and 96 run as 128 (forward and backward), H = 192 as 256 (forward): values, lse and gradients
     against float64, causal over a ragged T."""
-    from tests.kernels.mosaic.test_interpret import band, check_masked
+    from tests.kernels.mosaic.test_interpret_masks import band, check_masked
 
     if reason := why_not(AttentionShape(1, 640, 640, 2, 1, head_dim), jnp.bfloat16, True):
         pytest.skip(reason)

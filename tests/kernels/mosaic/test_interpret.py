@@ -1,6 +1,6 @@
 """Our Mosaic GPU kernels on a CPU, through Pallas's GPU interpreter (:mod:`attention_tutorial.kernels.mosaic.
 interpret`): the kernels as written, every warpgroup a thread, against float64. The default suite runs a few
-shapes; the slow suite every kernel path."""
+shapes; the slow suite each kernel path (masks: ``test_interpret_masks.py``)."""
 
 import dataclasses
 import functools
@@ -107,12 +107,29 @@ CONFIGS = {
 }
 
 
+MHA, GQA_SHORT_Q, GQA_LONG_Q = (256, 256, 2, 2), (128, 384, 4, 1), (384, 128, 2, 1)  # (T, S, N, K)
+# Each kernel path with and without the causal mask and at both head dims, each (causal, H) pair twice, the shapes
+# in turn; on a GPU, the compiled kernels run these paths over more shapes (the gpu tests beside this file).
+PATHS = [
+    ("dq pass", False, 64, MHA),
+    ("dq pass", True, 128, GQA_SHORT_Q),
+    ("dq atomic", True, 64, GQA_LONG_Q),
+    ("dq atomic", False, 128, MHA),
+    ("pipelined", False, 64, GQA_SHORT_Q),
+    ("pipelined", True, 128, GQA_LONG_Q),
+    ("3 stages", True, 64, MHA),
+    ("3 stages", False, 128, GQA_SHORT_Q),
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("name", list(CONFIGS))
-@pytest.mark.parametrize(("t", "s", "n", "k"), [(256, 256, 2, 2), (128, 384, 4, 1), (384, 128, 2, 1)])
-def test_every_kernel_path_matches_float64(causal, head_dim, name, t, s, n, k):
+@pytest.mark.parametrize(
+    ("name", "causal", "head_dim", "shape"),
+    PATHS,
+    ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x),
+)
+def test_every_kernel_path_matches_float64(name, causal, head_dim, shape):
+    t, s, n, k = shape
     cfg = CONFIGS[name](head_dim)
     q, kk, v = qkv(t, s, n, k, head_dim, seed=t + s + n)
     fn = functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg)
@@ -121,9 +138,10 @@ def test_every_kernel_path_matches_float64(causal, head_dim, name, t, s, n, k):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(
-    "cfg", [MosaicConfig(block_kv=64), MosaicConfig(block_kv=64, pipeline=True)], ids=["plain", "pipelined"]
+    ("causal", "cfg"),
+    [(False, MosaicConfig(block_kv=64)), (True, MosaicConfig(block_kv=64, pipeline=True))],
+    ids=["plain", "pipelined, causal"],
 )
 def test_h256_forward_matches_float64(causal, cfg):
     q, k, v = qkv(256, 256, 2, 1, 256, seed=9)
@@ -131,166 +149,15 @@ def test_h256_forward_matches_float64(causal, cfg):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("causal", [False, True])
-def test_forward_with_exponentials_on_the_fma_units_matches_float64(causal):
+def test_forward_with_exponentials_on_the_fma_units_matches_float64():
     q, k, v = qkv(256, 256, 2, 2, 128, seed=5)
-    fn = functools.partial(mosaic_flash_attention, is_causal=causal, probe=Probe(exp_poly=0.25))
-    check_forward(fn, q, k, v, causal=causal)
+    fn = functools.partial(mosaic_flash_attention, is_causal=True, probe=Probe(exp_poly=0.25))
+    check_forward(fn, q, k, v, causal=True)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("p_via", ["registers", "smem"])
+@pytest.mark.parametrize(("p_via", "causal"), [("registers", False), ("smem", True)])
 def test_fp8_forward_matches_float64(causal, p_via):
     q, k, v = qkv(256, 384, 2, 1, 128, seed=6)
     fn = functools.partial(mosaic_fp8_attention, is_causal=causal, p_via=p_via)
     check_forward(fn, q, k, v, causal=causal, tol=0.15)
-
-
-# --- masks inside the kernels ------------------------------------------------------------------------------------
-
-
-def masked_reference(q, k, v, d_out, kept, *, softcap=None):
-    """(out, lse, (dq, dk, dv)) in float64 for a (B, T, S) boolean mask and an optional softcap, from the
-    definitions: rows that keep no key give 0 (and lse -inf, no gradient)."""
-    q, k, v, d_out = (np.asarray(x.astype(jnp.float32), np.float64) for x in (q, k, v, d_out))
-    B, T, N, H = q.shape
-    G = N // k.shape[2]
-    k, v = np.repeat(k, G, 2), np.repeat(v, G, 2)
-    ok = kept[:, None]  # (B, 1, T, S)
-    s = np.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(H)
-    y = softcap * np.tanh(s / softcap) if softcap else s
-    y = np.where(ok, y, -np.inf)
-    m = y.max(-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    e = np.where(ok, np.exp(y - m), 0.0)
-    den = e.sum(-1, keepdims=True)
-    p = np.divide(e, den, out=np.zeros_like(e), where=den > 0)
-    lse = np.where(den[..., 0] > 0, np.log(np.where(den[..., 0] > 0, den[..., 0], 1.0)) + m[..., 0], -np.inf)
-    out = np.einsum("bnts,bsnh->btnh", p, v)
-    dp = np.einsum("btnh,bsnh->bnts", d_out, v)
-    dy = p * (dp - (dp * p).sum(-1, keepdims=True))
-    ds = dy * (1 - np.tanh(s / softcap) ** 2) if softcap else dy
-    ds /= np.sqrt(H)
-    dq = np.einsum("bnts,bsnh->btnh", ds, k)
-    dk = np.einsum("bnts,btnh->bsnh", ds, q)
-    dv = np.einsum("bnts,btnh->bsnh", p, d_out)
-    fold = lambda x: x.reshape(*x.shape[:2], -1, G, H).sum(3)  # noqa: E731 - GQA: a kv head's query heads
-    return out, lse, (dq, fold(dk), fold(dv))
-
-
-def band(B, T, S, *, d=0, left=None, right=None):
-    r, c = np.arange(T)[:, None], np.arange(S)[None, :]
-    ok = np.ones((T, S), bool)
-    if right is not None:
-        ok &= c <= r + d + right
-    if left is not None:
-        ok &= c >= r + d - left
-    return np.broadcast_to(ok, (B, T, S))
-
-
-def documents(B, L, lengths, seed=0):
-    """(B, L) segment ids: documents of the given lengths packed in order, a different shuffle per row."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for _ in range(B):
-        order = rng.permutation(len(lengths))
-        ids = np.repeat(np.arange(len(lengths)), np.asarray(lengths)[order])
-        rows.append(np.resize(ids, L))
-    return np.stack(rows).astype(np.int32)
-
-
-def check_masked(kwargs, kept, *, B=1, T=256, S=256, N=2, K=1, H=64, config=None, grads=True, seed=0, run=interpret):
-    """The masked kernels' output, lse and gradients against :func:`masked_reference`, inside ``run()`` (the
-    interpreter; on a GPU, ``contextlib.nullcontext``: the compiled kernels)."""
-    q, k, v = make_qkv(B, T, N, H, seq_kv=S, kv_heads=K, dtype=jnp.bfloat16, seed=seed)
-    d_out = jnp.asarray(np.random.default_rng(seed + 1).standard_normal(q.shape), jnp.bfloat16)
-    fn = functools.partial(mosaic_flash_attention, config=config, return_lse=True, **kwargs)
-    out, lse, want_grads = masked_reference(q, k, v, d_out, kept, softcap=kwargs.get("softcap"))
-    with run():
-        (got, got_lse), vjp = jax.vjp(fn, q, k, v)
-        np.testing.assert_allclose(np.asarray(got, np.float64), out, atol=1e-2, rtol=1e-2)
-        np.testing.assert_array_equal(np.isinf(np.asarray(got_lse)), np.isinf(lse))  # rows with no key: -inf
-        np.testing.assert_allclose(
-            np.asarray(got_lse, np.float64)[np.isfinite(lse)], lse[np.isfinite(lse)], atol=1e-3, rtol=1e-3
-        )
-        if grads:
-            got_grads = vjp((d_out, jnp.zeros_like(got_lse)))
-            for name, g, w in zip(("dq", "dk", "dv"), got_grads, want_grads):
-                np.testing.assert_allclose(np.asarray(g, np.float64), w, atol=3e-2, rtol=3e-2, err_msg=name)
-
-
-def test_any_length_and_a_single_query_run_without_padding():
-    """T = 113 against S = 200: the last tiles are partly filled; and T = 1 (a decoding step), bottom-right."""
-    check_masked({}, band(1, 113, 200), T=113, S=200, N=1, K=1)
-    check_masked(
-        dict(is_causal=True, causal_alignment="bottom_right"),
-        band(1, 1, 300, d=299, right=0),
-        T=1,
-        S=300,
-        N=1,
-        K=1,
-        grads=False,
-    )
-
-
-@pytest.mark.parametrize("grads", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_a_tile_list_longer_than_one_copy_lands_whole(grads):
-    """A decoding step over 10,500 keys: its CTA's tile list (8 + 3 · 84 ints) is longer than the 256 elements one
-    copy moves, so it lands in two; the keys past each row's length are masked."""
-    lengths = dict(query_seq_lengths=np.asarray([1]), key_value_seq_lengths=np.asarray([10_500]))
-    kept = np.arange(10_700)[None, None, :] < 10_500
-    check_masked(lengths, kept, T=1, S=10_700, N=1, K=1, grads=grads)
-
-
-@pytest.mark.parametrize(("H", "grads"), [(96, True), (40, False), pytest.param(192, False, marks=pytest.mark.slow)])
-def test_head_dims_between_the_kernels_run_padded_with_zeros(H, grads):
-    """H = 40 and 96 run as 64 and 128, H = 192 (forward only) as 256: scaled by their own 1/sqrt(H)."""
-    check_masked(dict(is_causal=True), band(1, 200, 200, right=0), T=200, S=200, N=1, K=1, H=H, grads=grads)
-
-
-def test_packed_documents_with_a_causal_mask_forward_and_backward():
-    ids = documents(1, 300, [40, 100, 7, 90, 63])
-    kept = (ids[:, :, None] == ids[:, None, :]) & band(1, 300, 300, right=0)
-    check_masked(dict(segment_ids=ids, is_causal=True), kept, T=300, S=300)
-
-
-MASKS = {  # name: (kwargs, kept) for B = 2, T = 320, S = 384
-    "causal top-left": (dict(is_causal=True), band(2, 320, 384, right=0)),
-    "causal bottom-right": (dict(is_causal=True, causal_alignment="bottom_right"), band(2, 320, 384, d=64, right=0)),
-    "sliding window": (dict(is_causal=True, local_window_size=100), band(2, 320, 384, left=100, right=0)),
-    "window both sides": (dict(local_window_size=(60, 30)), band(2, 320, 384, left=60, right=30)),
-    "prefix-LM": (
-        dict(is_causal=True, prefix_length=np.asarray([50, 200], np.int32)),
-        band(2, 320, 384, right=0) | (np.arange(384)[None, None, :] < np.asarray([50, 200])[:, None, None]),
-    ),
-    "lengths": (
-        dict(query_seq_lengths=np.asarray([320, 100]), key_value_seq_lengths=np.asarray([200, 384])),
-        (np.arange(320)[None, :, None] < np.asarray([320, 100])[:, None, None])
-        & (np.arange(384)[None, None, :] < np.asarray([200, 384])[:, None, None]),
-    ),
-    "softcap, causal": (dict(is_causal=True, softcap=5.0), band(2, 320, 384, right=0)),
-}
-_docs_q, _docs_kv = documents(2, 320, [64, 200, 33, 23], seed=3), documents(2, 384, [64, 200, 33, 87], seed=3)
-MASKS["documents (T != S), window"] = (
-    dict(segment_ids=(_docs_q, _docs_kv), local_window_size=(80, 80)),
-    (_docs_q[:, :, None] == _docs_kv[:, None, :]) & band(2, 320, 384, left=80, right=80),
-)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("dq", ["pass", "atomic"])
-@pytest.mark.parametrize("name", list(MASKS))
-def test_every_mask_forward_and_backward_matches_float64(name, dq):
-    kwargs, kept = MASKS[name]
-    cfg = dataclasses.replace(default_config(64), bwd_dq=dq)
-    check_masked(kwargs, kept, B=2, T=320, S=384, config=cfg, seed=len(name))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("schedule", ["rendezvous", "turns"])
-@pytest.mark.parametrize("name", ["causal bottom-right", "documents (T != S), window", "lengths"])
-def test_masks_at_h128_and_both_schedules(name, schedule):
-    kwargs, kept = MASKS[name]
-    cfg = dataclasses.replace(default_config(128), schedule=schedule)
-    check_masked(kwargs, kept, B=2, T=320, S=384, H=128, config=cfg, seed=7)
