@@ -18,25 +18,14 @@ from attention_tutorial.results.plotting import label
 from attention_tutorial.site import scaling as page
 from attention_tutorial.site.claims import compare
 from tests.built_pages import glued
+from tests.measure.test_roofline import rec as roofline_rec
 
 DATA = store.recorded()
 
 
 def rec(impl, ms, lo=None, hi=None, **kw):
-    base = {
-        "impl": impl,
-        "status": "ok",
-        "pass": "fwd",
-        "batch": 2,
-        "seq_q": 1024,
-        "seq_kv": 1024,
-        "heads": 4,
-        "kv_heads": 4,
-        "head_dim": 64,
-        "dtype": "bfloat16",
-        "causal": False,
-    }
-    return {**base, "median_ms": ms, "p10_ms": lo or ms, "p90_ms": hi or ms, **kw}
+    """The roofline tests' record, with its spread (p10, p90: the median where not given)."""
+    return roofline_rec(impl, ms, p10_ms=lo or ms, p90_ms=hi or ms, **kw)
 
 
 def _recs(**where):
