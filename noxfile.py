@@ -33,7 +33,9 @@ def tests(session: nox.Session) -> None:
     in one process: each worker would claim the one device."""
     _install(session, "test", "docs")  # docs: the tests build a page with a failing cell
     workers = "0" if shutil.which("nvidia-smi") else "logical"  # "auto" counts physical cores: 1 on many 2-vCPU VMs
-    session.run("pytest", "-n", workers, "--dist", "loadfile", "-m", "not slow", *session.posargs)
+    # A test that hangs fails after 20 minutes with every thread's stack printed, rather than stalling the run.
+    timeout = ["--timeout", "1200", "--timeout-method", "thread"]
+    session.run("pytest", "-n", workers, "--dist", "loadfile", *timeout, "-m", "not slow", *session.posargs)
 
 
 @nox.session(default=False, reuse_venv=True)

@@ -19,6 +19,12 @@ import jax
 import pytest
 from hypothesis import HealthCheck, settings
 
+# Computations on the CPU run where they are called, not queued: the Mosaic GPU interpreter runs each kernel's
+# warpgroups as computations launched from inside the kernel's own computation, and a test that queues many small
+# computations behind a running kernel (a model run op by op) can take every slot the CPU client allows in flight,
+# so the kernel's warpgroups wait for a slot that only the kernel's end frees. Set before the backends start.
+jax.config.update("jax_cpu_enable_async_dispatch", False)
+
 settings.register_profile("ci", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci")
 
