@@ -20,6 +20,11 @@ Everything here touches JAX's private modules, in this one place; the tests run 
 
     with interpret():
         out = mosaic_flash_attention(q, k, v, is_causal=True)  # on a CPU
+
+Each warpgroup runs as a computation launched from inside the kernel's own computation. A program that queues many
+small computations behind a running kernel (a model run op by op, outside ``jax.jit``) can fill every slot the CPU
+client allows in flight, and the warpgroups then wait for a slot only the kernel's end would free. Run such programs
+with ``jax.config.update("jax_cpu_enable_async_dispatch", False)`` before JAX's first computation, as the tests do.
 """
 
 from __future__ import annotations
