@@ -20,12 +20,6 @@ from tests.measure.test_ring_cost import cp_rec
 RECORDED = store.select((store.recorded() or {"records": []})["records"], experiment="context_parallel")
 
 
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
-
-
 def _executed(suffix):
     path = executed(f"context_parallel{suffix}")
     if not RECORDED:

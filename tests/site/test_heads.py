@@ -4,7 +4,6 @@ docs build, set against the committed results read here independently."""
 
 from itertools import pairwise
 
-import matplotlib.pyplot as plt
 import pytest
 
 from attention_tutorial.measure.flops import attention_bytes, kv_cache_bytes
@@ -27,12 +26,6 @@ def built():
 
 def _recs(**where):
     return store.select(DATA["records"], status="ok", **where)
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
 
 
 # --- GQA

@@ -4,7 +4,6 @@ results read here independently."""
 
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
@@ -27,12 +26,6 @@ def built():
 
 def _recs(**where):
     return store.select(DATA["records"], status="ok", **where)
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
 
 
 def timed(ms, lo, hi, **kw):

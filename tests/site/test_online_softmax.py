@@ -5,7 +5,6 @@ results."""
 
 import re
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from matplotlib.colors import to_hex
@@ -15,12 +14,6 @@ from attention_tutorial.site import online_softmax as page
 from tests.built_pages import glued
 
 DATA = store.recorded()
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
 
 
 ROW = np.random.default_rng(3).normal(size=11) * 4  # 11 keys: the last block is short

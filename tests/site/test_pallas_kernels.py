@@ -3,16 +3,9 @@ ping-pong schedule's overlap, and what the recorded machine code holds."""
 
 import itertools
 
-import matplotlib.pyplot as plt
 import pytest
 
 from attention_tutorial.site import pallas_kernels as page
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
 
 
 def r(impl, T, ms, lo, hi, *, H=128, causal=False, grid="flash", dtype="bfloat16", status="ok"):

@@ -5,8 +5,9 @@ A Hopper SM completes 16 ``exp2`` per clock on its multi-function unit (``MUFU.E
 instruction per clock in each of its four quarters (128 threads' worth). So one ``MUFU.EX2`` keeps the unit busy as
 long as eight instructions take to issue — about what the polynomial below costs (a clamp, three adds, three FMAs,
 a shift and an integer add). Alone it is no faster; beside the MUFU both run at once. With the rest of the softmax
-(about 4.5 instructions per score: the scaled subtract, the max, the sum, half a conversion to 16 bits), a fraction
-φ of the scores on the polynomial issues 4.5 + 7φ instructions per score against the MUFU's 8(1 − φ) clock-slots:
+(about 4.5 instructions per score: the scaled subtract, the max, the sum, half a conversion to 16 bits), with a
+fraction φ of the scores on the polynomial the softmax takes 4.5 + 7φ instructions per score against the MUFU's
+8(1 − φ) clock-slots:
 they balance near φ = 0.23, where the softmax would take 6.3 slots per score instead of 8. FlashAttention-4 splits
 Blackwell's exponentials this way:
 
