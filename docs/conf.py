@@ -105,6 +105,7 @@ ogp_image = html_baseurl + "preview.png"
 redirects = {
     "benchmarks": "scaling.html",  # split into timing, scaling and how_we_measure
     "flash_from_scratch": "online_softmax.html",  # split into online_softmax, pallas_kernels and flash3
+    "heads_decode_masks": "heads_decode.html",  # its masks went to kernel_masks
 }
 if (Path(__file__).parent / "404.md").exists():  # not when another conf.py execs this one for a test site
     extensions.append("notfound.extension")

@@ -1,7 +1,7 @@
 """The figure of the page on shared keys and values (MHA, GQA, MQA and decoding) that takes more than a few lines:
 which kv head each query head reads; and the GPUs' processor counts its sentences use.
 
-The numbers and the sentences are in ``docs/heads_decode_masks.md``, computed there from the records.
+The numbers and the sentences are in ``docs/heads_decode.md``, computed there from the records.
 Shape legend: B batch, T query length, S key length, N query heads, K kv heads, H head dim.
 """
 

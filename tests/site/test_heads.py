@@ -21,7 +21,7 @@ DATA = store.recorded(store.REFERENCE_GPU)
 @pytest.fixture(scope="module")
 def built():
     """What the page's cells glued in the last docs build, as Python values (Markdown as its text)."""
-    return glued("heads_decode_masks")
+    return glued("heads_decode")
 
 
 def _recs(**where):
