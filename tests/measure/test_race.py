@@ -34,6 +34,9 @@ def test_every_group_builds_its_cases_and_unknown_groups_are_refused():
     assert {g for g, _ in names} == set(race.GROUPS) - {"schedule"}  # schedule: the pipelined kernel beside
     assert all("ours, pipelined" in c.contenders for c in race.cases(("schedule",)))
     assert not any("ours, pipelined" in c.contenders for c in race.cases(("forward",)))
+    for case in race.cases(("backward",)):  # the backward's two orders of the score-sized products
+        assert not case.contenders["ours"].__wrapped__.keywords["config"].bwd_together
+        assert case.contenders["ours, S and dP together"].__wrapped__.keywords["config"].bwd_together
     for case in race.cases(("masks", "masks_backward")):
         assert case.baseline in case.contenders and "ours" in case.contenders
     with pytest.raises(ValueError, match="unknown race groups"):

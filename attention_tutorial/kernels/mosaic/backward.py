@@ -132,9 +132,14 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Plan
                 plgpu.wgmma(s_ref, q_smem, scratch.k.at[slot].transpose((1, 0)))
                 return s_ref[...]
 
-            with region("qk"):
-                s = pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32))
-            with region("softmax"):
+            def qk_and_dov(s_ref, dp_ref):  # s = q kᵀ and dP = dO vᵀ issued together; s read as soon as it lands
+                plgpu.wgmma(s_ref, q_smem, scratch.k.at[slot].transpose((1, 0)))
+                plgpu.wgmma(dp_ref, do_smem, scratch.v.at[slot].transpose((1, 0)))
+                s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # dP may still be running
+                p, dcap = weights(s)
+                return p, dcap, dp_ref[...]
+
+            def weights(s):
                 keep = None
                 if masked:
                     kv_segment = None
@@ -149,16 +154,26 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Plan
                         kv_segment=kv_segment,
                         scalars=scalars,
                     )
-                p, dcap = recompute_p(s, lse, c, mask.softcap, 0, keep)  # the forward's weights, recomputed
-            with region("wait"):
-                plgpu.barrier_wait(scratch.v_ready.at[slot])
+                return recompute_p(s, lse, c, mask.softcap, 0, keep)  # the forward's weights, recomputed
 
             def dov(dp_ref):  # dP = dO vᵀ
                 plgpu.wgmma(dp_ref, do_smem, scratch.v.at[slot].transpose((1, 0)))
                 return dp_ref[...]
 
-            with region("grads"):
-                dp = pl.run_scoped(dov, plgpu.ACC((bq, bkv), jnp.float32))
+            if cfg.bwd_together:
+                with region("wait"):
+                    plgpu.barrier_wait(scratch.v_ready.at[slot])
+                with region("qk"):
+                    p, dcap, dp = pl.run_scoped(qk_and_dov, plgpu.ACC((bq, bkv)), plgpu.ACC((bq, bkv)))
+            else:
+                with region("qk"):
+                    s = pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32))
+                with region("softmax"):
+                    p, dcap = weights(s)
+                with region("wait"):
+                    plgpu.barrier_wait(scratch.v_ready.at[slot])
+                with region("grads"):
+                    dp = pl.run_scoped(dov, plgpu.ACC((bq, bkv), jnp.float32))
             plgpu.barrier_arrive(scratch.v_free.at[slot])
             with region("softmax"):
                 ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
@@ -283,9 +298,13 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
                 plgpu.wgmma(s_ref, k_smem, q_tile.transpose((1, 0)))
                 return s_ref[...]
 
-            with region("qk"):
-                st = pl.run_scoped(kq, plgpu.ACC((bkv, bq), jnp.float32))
-            with region("softmax"):
+            def kq_and_vdo(s_ref, dpt_ref):  # sᵀ and dPᵀ = v dOᵀ issued together; sᵀ read as soon as it lands
+                plgpu.wgmma(s_ref, k_smem, q_tile.transpose((1, 0)))
+                plgpu.wgmma(dpt_ref, v_smem, do_tile.transpose((1, 0)))
+                pt, dcap = weights(plgpu.wgmma_accumulator_load(s_ref, wait_n=1))  # dPᵀ may still be running
+                return pt, dcap, dpt_ref[...]
+
+            def weights(st):
                 keep = None
                 if masked:
                     q_segment = None
@@ -302,41 +321,56 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
                         scalars=scalars,
                     )
                 lse = load_vector(scratch.lse.at[slot], plgpu.Layout.WGMMA.reduce(0))
-                pt, dcap = recompute_p(st, lse, c, plan.mask.softcap, 1, keep)  # Pᵀ
+                return recompute_p(st, lse, c, plan.mask.softcap, 1, keep)  # Pᵀ
 
             def dv_and_dpt(refs):  # both matmuls in one group: one wait instead of two
                 dv_ref, dpt_ref = refs
                 plgpu.wgmma(dv_ref, pt.astype(dtype), do_tile)  # dV += Pᵀ dO
                 plgpu.wgmma(dpt_ref, v_smem, do_tile.transpose((1, 0)))  # dPᵀ = v dOᵀ
 
-            dpt0 = plgpu.layout_cast(jnp.full((bkv, bq), 0.0, jnp.float32), plgpu.Layout.WGMMA)
-            with region("grads"):
-                dv, dpt = pl.run_state(dv_and_dpt)((plgpu.ACC.init(dv), plgpu.ACC.init(dpt0)))
+            if cfg.bwd_together:  # dV waits to go out with dK (and dQ's share): one wait for all of them
+                with region("qk"):
+                    pt, dcap, dpt = pl.run_scoped(kq_and_vdo, plgpu.ACC((bkv, bq)), plgpu.ACC((bkv, bq)))
+            else:
+                with region("qk"):
+                    st = pl.run_scoped(kq, plgpu.ACC((bkv, bq), jnp.float32))
+                with region("softmax"):
+                    pt, dcap = weights(st)
+                dpt0 = plgpu.layout_cast(jnp.full((bkv, bq), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+                with region("grads"):
+                    dv, dpt = pl.run_state(dv_and_dpt)((plgpu.ACC.init(dv), plgpu.ACC.init(dpt0)))
             with region("softmax"):
                 delta = load_vector(scratch.delta.at[slot], plgpu.Layout.WGMMA.reduce(0))
                 dst = pt * (dpt - lax.broadcast_in_dim(delta, dpt.shape, [1]))
                 dst = (dst if dcap is None else dst * dcap).astype(dtype)  # dSᵀ
+            with_dv = cfg.bwd_together  # dV += Pᵀ dO still to issue, in the group below
             if not atomic:
 
-                def dk_step(dk_ref):  # dK += dSᵀ q
-                    plgpu.wgmma(dk_ref, dst, q_tile)
+                def dk_step(refs):  # dK += dSᵀ q (and dV += Pᵀ dO)
+                    plgpu.wgmma(refs[0], dst, q_tile)
+                    if with_dv:
+                        plgpu.wgmma(refs[1], pt.astype(dtype), do_tile)
 
                 with region("grads"):
-                    dk = pl.run_state(dk_step)(plgpu.ACC.init(dk))
+                    accs = (plgpu.ACC.init(dk), plgpu.ACC.init(dv)) if with_dv else (plgpu.ACC.init(dk),)
+                    dk, *dvs = pl.run_state(dk_step)(accs)
                 plgpu.barrier_arrive(scratch.tile_free.at[slot])
-                return dk, dv
+                return dk, (dvs[0] if with_dv else dv)
             ds_smem = scratch.ds.at[wg]
 
             def dk_and_dq(refs):
-                dk_ref, share_ref = refs
-                plgpu.wgmma(dk_ref, dst, q_tile)  # dK += dSᵀ q
-                plgpu.wgmma(share_ref, ds_smem.transpose((1, 0)), k_smem)  # dQ's share: dS k, (queries, H)
+                plgpu.wgmma(refs[0], dst, q_tile)  # dK += dSᵀ q
+                plgpu.wgmma(refs[1], ds_smem.transpose((1, 0)), k_smem)  # dQ's share: dS k, (queries, H)
+                if with_dv:
+                    plgpu.wgmma(refs[2], pt.astype(dtype), do_tile)  # dV += Pᵀ dO
 
             with region("grads"):
                 ds_smem[...] = dst  # dS as wgmma's left operand (transposed from shared memory)
                 plgpu.commit_smem()
                 share0 = plgpu.layout_cast(jnp.full((bq, head_dim), 0.0, jnp.float32), plgpu.Layout.WGMMA)
-                dk, share = pl.run_state(dk_and_dq)((plgpu.ACC.init(dk), plgpu.ACC.init(share0)))
+                accs = (plgpu.ACC.init(dk), plgpu.ACC.init(share0))
+                dk, share, *dvs = pl.run_state(dk_and_dq)(accs + ((plgpu.ACC.init(dv),) if with_dv else ()))
+                dv = dvs[0] if with_dv else dv
             plgpu.barrier_arrive(scratch.tile_free.at[slot])  # q and dO of this slot are done
             dq_smem = scratch.dq.at[wg]
             with region("dq_add"):  # add this step's float32 share of dQ into dQ in global memory

@@ -56,7 +56,9 @@ class MosaicConfig:
     ones leave of the CTA's pool (:func:`copy_registers`): 40 at 232, 24 at 240 (FlashAttention-3's split).
     ``pipeline=True`` adds FlashAttention-3's intra-warpgroup pipelining to the forward
     (:func:`~attention_tutorial.kernels.mosaic.pipelined.pipelined_steps`). H = 256 needs ``block_kv=64`` (see
-    :func:`smem_bytes`).
+    :func:`smem_bytes`). ``bwd_together=True`` issues the backward's two score-sized products (q·kᵀ and dO·vᵀ)
+    together and waits for the first alone, so the weights are recomputed while dO·vᵀ runs (FlashAttention-3's
+    order); the dK/dV kernel then issues dV's product with dK's (and dQ's share) after dS, one wait for them all.
 
     Ways to look inside the kernels (no exponentials, exponentials on the FMA units, the in-kernel profiler) are
     not part of the config: see :class:`Probe`."""
@@ -72,9 +74,11 @@ class MosaicConfig:
     bwd_registers: int = REGISTERS
     pipeline: bool = False
     schedule: str = "rendezvous"
+    bwd_together: bool = False
 
     def __post_init__(self):
         check_flag("MosaicConfig.pipeline", self.pipeline)
+        check_flag("MosaicConfig.bwd_together", self.bwd_together)
         if self.schedule not in SCHEDULES:
             raise ValueError(f"MosaicConfig.schedule must be one of {SCHEDULES}; got {self.schedule!r}.")
         if self.bwd_dq not in BWD_DQ:

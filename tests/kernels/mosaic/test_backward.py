@@ -85,6 +85,31 @@ def test_gpu_gradients_match_float64(causal, head_dim, dtype, dq):
         assert_grads_close(fn, q, kk, v, causal=causal, tol=3e-2)
 
 
+@pytest.mark.parametrize("dq", ["pass", "atomic"])
+def test_s_and_dp_together_lower_on_a_cpu(dq):
+    """bwd_together: both score-sized products issued before the first is read (a wgmma wait of 1 in the kernels)."""
+    q = jax.ShapeDtypeStruct((1, 256, 4, 128), jnp.bfloat16)
+    cfg = MosaicConfig(bwd_dq=dq, bwd_together=True)
+    fn = jax.grad(lambda q: mosaic_flash_attention(q, q, q, is_causal=True, config=cfg).astype(jnp.float32).sum())
+    hlo = jax.jit(fn).trace(q).lower(lowering_platforms=("cuda",)).as_text()
+    assert len(re.findall(r"custom_call @mosaic_gpu", hlo)) == (3 if dq == "pass" else 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dq", ["pass", "atomic"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_gradients_with_s_and_dp_together_match_float64(causal, head_dim, dq):
+    """bwd_together, at whole tiles and at a ragged T (the last tiles masked in the kernel), GQA."""
+    if reason := why_not(AttentionShape(1, 512, 512, 4, 4, head_dim), jnp.bfloat16, causal):
+        pytest.skip(reason)
+    cfg = MosaicConfig(bwd_dq=dq, bwd_together=True)
+    for b, t, s, n, k in ((1, 512, 512, 4, 4), (1, 500, 500, 8, 2)):
+        q, kk, v = make_qkv(b, t, n, head_dim, seq_kv=s, kv_heads=k, dtype=jnp.bfloat16, seed=t + s)
+        fn = functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg)
+        assert_grads_close(fn, q, kk, v, causal=causal, tol=3e-2)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(("dq", "head_dim"), [("pass", 128), ("atomic", 64)])

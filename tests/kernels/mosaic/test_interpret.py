@@ -104,6 +104,8 @@ CONFIGS = {
     "dq atomic": lambda h: dataclasses.replace(default_config(h), bwd_dq="atomic"),
     "pipelined": lambda h: default_config(h, pipeline=True),
     "3 stages": lambda h: dataclasses.replace(default_config(h), stages=3, bwd_stages=3),
+    "together, dq pass": lambda h: dataclasses.replace(default_config(h), bwd_dq="pass", bwd_together=True),
+    "together, dq atomic": lambda h: dataclasses.replace(default_config(h), bwd_dq="atomic", bwd_together=True),
 }
 
 
@@ -119,6 +121,8 @@ PATHS = [
     ("pipelined", True, 128, GQA_LONG_Q),
     ("3 stages", True, 64, MHA),
     ("3 stages", False, 128, GQA_SHORT_Q),
+    ("together, dq pass", True, 64, GQA_LONG_Q),
+    ("together, dq atomic", False, 128, GQA_SHORT_Q),
 ]
 
 
