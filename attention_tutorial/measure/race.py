@@ -107,7 +107,7 @@ def with_grad(fn):
         out, vjp = jax.vjp(fn, q, k, v)
         return vjp(d_out)
 
-    f.__wrapped__ = fn  # type: ignore[attr-defined]  # the record keeps fn's kernel config
+    f.__wrapped__ = fn  # the record keeps fn's kernel config
     return f
 
 
