@@ -74,17 +74,17 @@ def kept_scores(B, T, S, **mask_args) -> float:
     return float(dense(mask, arrays, B).sum())
 
 
-def _config(head_dim, *, schedule="rendezvous", pipeline=False, together=False):
+def _config(head_dim, *, pipeline=False, **changes):
     from ..kernels.mosaic import default_config
 
-    cfg = default_config(head_dim, pipeline=pipeline)
-    return dataclasses.replace(cfg, schedule=schedule, bwd_together=together)
+    return dataclasses.replace(default_config(head_dim, pipeline=pipeline), **changes)
 
 
-def ours(head_dim, *, schedule="rendezvous", pipeline=False, together=False, **mask):
+def ours(head_dim, *, pipeline=False, config: dict | None = None, **mask):
+    """Our kernel with ``head_dim``'s default config, ``config`` changing some of its fields."""
     from ..kernels.mosaic import mosaic_flash_attention
 
-    cfg = _config(head_dim, schedule=schedule, pipeline=pipeline, together=together)
+    cfg = _config(head_dim, pipeline=pipeline, **(config or {}))
     return functools.partial(mosaic_flash_attention, config=cfg, **mask)
 
 
@@ -142,9 +142,15 @@ def cases(groups=GROUPS) -> list[Case]:
         for H in (128, 256):
             for causal in (False, True):
                 m = {"is_causal": causal}
-                race = {"cuDNN": cudnn(**m), "ours": ours(H, **m), "ours, turns": ours(H, schedule="turns", **m)}
+                race = {
+                    "cuDNN": cudnn(**m),
+                    "ours": ours(H, **m),
+                    "ours, turns": ours(H, config={"schedule": "turns"}, **m),
+                }
                 if "schedule" in groups:
                     race["ours, pipelined"] = ours(H, pipeline=True, **m)
+                    if causal:  # the blocks with the most keys first
+                        race["ours, heavy first"] = ours(H, config={"heavy_first": True}, **m)
                 name = f"H={H} {'causal' if causal else 'no mask'}"
                 out.append(Case("forward", name, (B, T, T, N, N, H), m, race, "fwd", "cuDNN"))
     H = 128
@@ -211,7 +217,10 @@ def cases(groups=GROUPS) -> list[Case]:
                 race = {
                     "cuDNN": with_grad(cudnn(**m)),
                     "ours": with_grad(ours(H, **m)),
-                    "ours, S and dP together": with_grad(ours(H, together=True, **m)),
+                    "ours, S and dP together": with_grad(ours(H, config={"bwd_together": True}, **m)),
+                    "ours, together, heavy first": with_grad(
+                        ours(H, config={"bwd_together": True, "heavy_first": True}, **m)
+                    ),
                 }
                 name = f"H={H} {'causal' if causal else 'no mask'}"
                 out.append(Case("backward", name, (B, T, T, N, N, H), m, race, "fwd+bwd", "cuDNN"))

@@ -34,6 +34,8 @@ def test_every_group_builds_its_cases_and_unknown_groups_are_refused():
     assert {g for g, _ in names} == set(race.GROUPS) - {"schedule"}  # schedule: the pipelined kernel beside
     assert all("ours, pipelined" in c.contenders for c in race.cases(("schedule",)))
     assert not any("ours, pipelined" in c.contenders for c in race.cases(("forward",)))
+    heavy = {c.name for c in race.cases(("schedule",)) if "ours, heavy first" in c.contenders}
+    assert heavy == {"H=128 causal", "H=256 causal"}  # without a mask every block weighs the same
     for case in race.cases(("backward",)):  # the backward's two orders of the score-sized products
         assert not case.contenders["ours"].__wrapped__.keywords["config"].bwd_together
         assert case.contenders["ours, S and dP together"].__wrapped__.keywords["config"].bwd_together

@@ -138,6 +138,14 @@ def schedule_barriers(kind: str):
     return plgpu.Barrier(num_arrivals=2) if kind == "rendezvous" else plgpu.Barrier(num_arrivals=1, num_barriers=2)
 
 
+def query_cta(cfg, T: int, rows: int):
+    """The query block a CTA owns (``rows`` query rows each): its grid index, or with ``cfg.heavy_first`` counted
+    from the end, so that the blocks a causal mask leaves the most keys start first and a short one ends the
+    kernel (FlashAttention-3's longest-first order)."""
+    index = lax.axis_index("q_seq")
+    return padded_rows(T, rows) // rows - 1 - index if cfg.heavy_first else index
+
+
 def padded_rows(T: int, rows: int) -> int:
     """T rounded up to a multiple of ``rows``: the length of a per-row vector ((B, N, T): lse, D) that a kernel
     stores or loads ``rows`` at a time by TMA. A vector's last tile must not run past its end: TMA clips a slice of

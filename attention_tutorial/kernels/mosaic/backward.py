@@ -24,7 +24,18 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import masks as M
-from ._common import LOG2E, Walk, call, call_into, load_vector, padded_rows, regions, shared_lowering, slot_of
+from ._common import (
+    LOG2E,
+    Walk,
+    call,
+    call_into,
+    load_vector,
+    padded_rows,
+    query_cta,
+    regions,
+    shared_lowering,
+    slot_of,
+)
 from ._common import copy_ring as _copy_ring
 from ._common import swizzled_tiles as _tiles
 from .budget import NO_PROBE, MosaicConfig, Probe, copy_registers
@@ -96,7 +107,7 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Plan
     tiles_ref, q_seg_ref, kv_seg_ref = _mask_refs(plan, ins)
     dtype, head_dim = q_ref.dtype, q_ref.shape[-1]
     batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
-    cta = lax.axis_index("q_seq")
+    cta = query_cta(cfg, q_ref.shape[1], 2 * bq)
     cta_rows = cta * (2 * bq)
     region = regions(plan.probe.profiling)
     c = plan.scale * LOG2E

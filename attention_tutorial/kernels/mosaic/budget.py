@@ -59,6 +59,8 @@ class MosaicConfig:
     :func:`smem_bytes`). ``bwd_together=True`` issues the backward's two score-sized products (q·kᵀ and dO·vᵀ)
     together and waits for the first alone, so the weights are recomputed while dO·vᵀ runs (FlashAttention-3's
     order); the dK/dV kernel then issues dV's product with dK's (and dQ's share) after dS, one wait for them all.
+    ``heavy_first=True`` starts the query blocks from the last (under a causal mask, the ones with the most keys)
+    in the forward and the dQ kernel (the dK/dV kernel's first key blocks are already its heaviest).
 
     Ways to look inside the kernels (no exponentials, exponentials on the FMA units, the in-kernel profiler) are
     not part of the config: see :class:`Probe`."""
@@ -75,10 +77,12 @@ class MosaicConfig:
     pipeline: bool = False
     schedule: str = "rendezvous"
     bwd_together: bool = False
+    heavy_first: bool = False
 
     def __post_init__(self):
         check_flag("MosaicConfig.pipeline", self.pipeline)
         check_flag("MosaicConfig.bwd_together", self.bwd_together)
+        check_flag("MosaicConfig.heavy_first", self.heavy_first)
         if self.schedule not in SCHEDULES:
             raise ValueError(f"MosaicConfig.schedule must be one of {SCHEDULES}; got {self.schedule!r}.")
         if self.bwd_dq not in BWD_DQ:

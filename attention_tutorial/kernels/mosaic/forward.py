@@ -34,6 +34,7 @@ from ._common import (
     call,
     load_vector,
     padded_rows,
+    query_cta,
     regions,
     schedule_barriers,
     shared_lowering,
@@ -136,7 +137,7 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
     extra_refs = tuple(ins)  # the operands' own inputs (FP8: the factors)
     bq, bkv, head_dim = cfg.block_q, cfg.block_kv, q_ref.shape[-1]
     batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
-    cta = lax.axis_index("q_seq")
+    cta = query_cta(cfg, q_ref.shape[1], 2 * bq)
     cta_rows = cta * (2 * bq)  # first query row of this CTA
     region = regions(plan.probe.profiling)  # named regions for the in-kernel profiler (nothing when it is off)
     exp2, exp2_tile = softmax_exp2(plan.probe, bkv)  # of alpha, of p

@@ -142,12 +142,14 @@ def test_registers_reach_each_kernel_and_leave_the_copy_warpgroup_the_rest(regis
 @pytest.mark.parametrize(("head_dim", "dq"), [(64, "atomic"), (64, "pass"), (128, "pass"), (128, "atomic")])
 def test_gpu_every_mask_forward_and_backward_matches_float64(head_dim, dq, schedule):
     """Every mask of the interpreter's matrix, compiled: causal both ways, windows, prefix-LM, lengths (rows with no
-    key), softcap, packed documents with T != S; any T and S (320 × 384: partial tiles)."""
+    key), softcap, packed documents with T != S; any T and S (320 × 384: partial tiles). The turns schedule runs
+    with the backward's S and dP together and the query blocks heaviest first."""
     from tests.kernels.mosaic.test_interpret_masks import MASKS, check_masked
 
     if reason := why_not(AttentionShape(2, 320, 384, 2, 1, head_dim), jnp.bfloat16, True):
         pytest.skip(reason)
-    cfg = dataclasses.replace(default_config(head_dim), bwd_dq=dq, schedule=schedule)
+    new = {"bwd_together": True, "heavy_first": True} if schedule == "turns" else {}
+    cfg = dataclasses.replace(default_config(head_dim), bwd_dq=dq, schedule=schedule, **new)
     failed = {}
     for name, (kwargs, kept) in MASKS.items():
         try:

@@ -100,10 +100,11 @@ def test_s_and_dp_together_lower_on_a_cpu(dq):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_gpu_gradients_with_s_and_dp_together_match_float64(causal, head_dim, dq):
-    """bwd_together, at whole tiles and at a ragged T (the last tiles masked in the kernel), GQA."""
+    """bwd_together (with the query blocks heaviest first), at whole tiles and at a ragged T (the last tiles
+    masked in the kernel), GQA."""
     if reason := why_not(AttentionShape(1, 512, 512, 4, 4, head_dim), jnp.bfloat16, causal):
         pytest.skip(reason)
-    cfg = MosaicConfig(bwd_dq=dq, bwd_together=True)
+    cfg = MosaicConfig(bwd_dq=dq, bwd_together=True, heavy_first=causal)
     for b, t, s, n, k in ((1, 512, 512, 4, 4), (1, 500, 500, 8, 2)):
         q, kk, v = make_qkv(b, t, n, head_dim, seq_kv=s, kv_heads=k, dtype=jnp.bfloat16, seed=t + s)
         fn = functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg)

@@ -106,6 +106,7 @@ CONFIGS = {
     "3 stages": lambda h: dataclasses.replace(default_config(h), stages=3, bwd_stages=3),
     "together, dq pass": lambda h: dataclasses.replace(default_config(h), bwd_dq="pass", bwd_together=True),
     "together, dq atomic": lambda h: dataclasses.replace(default_config(h), bwd_dq="atomic", bwd_together=True),
+    "heavy first": lambda h: dataclasses.replace(default_config(h), bwd_dq="pass", heavy_first=True),
 }
 
 
@@ -123,6 +124,7 @@ PATHS = [
     ("3 stages", False, 128, GQA_SHORT_Q),
     ("together, dq pass", True, 64, GQA_LONG_Q),
     ("together, dq atomic", False, 128, GQA_SHORT_Q),
+    ("heavy first", True, 64, GQA_LONG_Q),
 ]
 
 
