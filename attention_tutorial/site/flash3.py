@@ -231,23 +231,29 @@ def ablation_rows(ratios) -> list[dict]:
     ]
 
 
-def schedule_races(provenance) -> list[dict]:
-    """Every recorded forward race (:mod:`attention_tutorial.measure.race`, group "forward") that timed both "ours"
-    (the rendezvous) and "ours, turns", in the order they ran: the case, ``speed`` (the rendezvous's median time over
-    the turns'; above 1: turns faster), the lowest and highest of the rounds' ratios, when it ran and the code it ran
+def versus_races(provenance, *, group: str, base: str, other: str) -> list[dict]:
+    """Every recorded race of ``group`` (:mod:`attention_tutorial.measure.race`) that timed both contenders
+    ``base`` and ``other``, in the order they ran: the case, ``speed`` (base's median time over other's; above 1:
+    ``other`` faster), the lowest and highest of the rounds' ratios, when it ran and the code it ran
     (:func:`attention_tutorial.results.store.code_words`, "not recorded" where not kept)."""
     out = []
     for rec in ((provenance or {}).get("race") or {}).values():
         rounds = {r["contender"]: r.get("rounds_ms") for r in rec.get("rows", ())}
-        plain, turns = rounds.get("ours"), rounds.get("ours, turns")
-        if rec.get("group") == "forward" and plain and turns:
-            ratios = [a / b for a, b in zip(plain, turns)]
-            speed = statistics.median(plain) / statistics.median(turns)
+        a, b = rounds.get(base), rounds.get(other)
+        if rec.get("group") == group and a and b:
+            ratios = [x / y for x, y in zip(a, b)]
+            speed = statistics.median(a) / statistics.median(b)
             ran, code = str(rec.get("created") or "–")[:16], store.code_words(rec) or "not recorded"
             out.append(
                 {"case": rec["case"], "speed": speed, "low": min(ratios), "high": max(ratios), "ran": ran, "code": code}
             )
     return out
+
+
+def schedule_races(provenance) -> list[dict]:
+    """:func:`versus_races` of the forward's rendezvous ("ours") against FlashAttention-3's turns ("ours,
+    turns"): above 1, turns faster."""
+    return versus_races(provenance, group="forward", base="ours", other="ours, turns")
 
 
 # --- the tuning tables and the backward's dQ -------------------------------------------------------------------------

@@ -78,3 +78,39 @@ def masks_cost_figure(records, title: str = ""):
     axes[1].legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(title, fontsize=11)
     return fig
+
+
+def race_rows(provenance, groups=("masks", "masks_backward")) -> list[dict]:
+    """One row per recorded race of ``groups`` (:mod:`attention_tutorial.measure.race`), in the order they ran: the
+    mask (``mask``), ``pass``, our median ms (``ms``), our TFLOP/s on the kept scores (``tflops``), the baseline
+    (``against``) and our speed against it (its time over ours, ``speed``); where our kernel also ran with the plain
+    causal mask over the whole row: its ms (``causal_ms``), how much faster ours ran (``vs_causal``) and our rate
+    over the causal kernel's own rate on the causal triangle's kept scores (``rate_vs_causal``). None where a
+    contender was not timed (``error`` says why, for ours)."""
+    from ..measure.flops import attention_flops
+
+    rows = []
+    for race in ((provenance or {}).get("race") or {}).values():
+        if race.get("group") not in groups:
+            continue
+        by = {r["contender"]: r for r in race["rows"]}
+        ours, causal = by.get("ours") or {}, by.get("ours, causal") or {}
+        ms, causal_ms = ours.get("median_ms"), causal.get("median_ms")
+        row = {
+            "mask": race["case"],
+            "pass": race["pass"],
+            "ms": ms,
+            "tflops": ours.get("tflops"),
+            "against": race["baseline"],
+            "speed": ours.get("speed"),
+            "causal_ms": causal_ms,
+            "vs_causal": causal_ms / ms if ms and causal_ms else None,
+            "rate_vs_causal": None,
+            "error": ours.get("error") if isinstance(ours.get("error"), str) else None,
+        }
+        if ms and causal_ms:
+            B, T, S, N, _, H = race["shape"]
+            causal_tflops = attention_flops(B, T, S, N, H, causal=True, pass_=race["pass"]) / causal_ms / 1e9
+            row["rate_vs_causal"] = ours["tflops"] / causal_tflops
+        rows.append(row)
+    return rows

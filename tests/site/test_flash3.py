@@ -344,6 +344,8 @@ def test_schedule_races_read_turns_against_the_rendezvous_with_the_code_each_ran
     assert got[0]["code"] == "commit 0123456, uncommitted changes" and got[1]["code"] == "not recorded"
     assert got[0]["ran"] == "2026-12-06T10:00"
     assert page.schedule_races({}) == page.schedule_races(None) == []
+    vs_cudnn = page.versus_races(prov, group="masks", base="cuDNN", other="ours")  # any two contenders of a group
+    assert [(r["case"], r["speed"]) for r in vs_cudnn] == [("causal, T=8000", 1.0)]
 
 
 # --- the built page: what its cells computed from the recording -------------------------------------------------------

@@ -157,3 +157,35 @@ def test_each_mask_against_float64_and_what_it_costs(built):
 def test_the_live_table_runs_two_points(built):
     live = built["msk_tables"].split("**Live, this build:**")[1].split("\n\nAgainst the recording")[0]
     assert live.split("**Recorded")[0].count("\n| ") - 1 == 2  # rows under the header
+
+
+def test_race_rows_set_ours_against_the_baseline_and_the_causal_kernel():
+    def contender(name, ms, **kw):
+        return {"contender": name, "median_ms": ms, "tflops": kw.pop("tflops", None), "speed": None, **kw}
+
+    window = {  # no causal kernel beside it; ours timed
+        "group": "masks_backward",
+        "case": "sliding window",
+        "pass": "fwd+bwd",
+        "baseline": "cuDNN",
+        "shape": [4, 8192, 8192, 16, 16, 128],
+        "rows": [contender("cuDNN", 4.0), contender("ours", 5.0, tflops=100.0, speed=0.8)],
+    }
+    docs = {  # ours beside the causal kernel, whose rate counts the causal triangle
+        "group": "masks",
+        "case": "packed documents",
+        "pass": "fwd",
+        "baseline": "XLA",
+        "shape": [1, 1024, 1024, 2, 2, 64],
+        "rows": [contender("XLA", 3.0), contender("ours", 1.0, tflops=50.0, speed=3.0), contender("ours, causal", 2.0)],
+    }
+    broken = {**docs, "case": "broken", "rows": [contender("XLA", 3.0), contender("ours", None, error="Boom: x")]}
+    prov = {"race": {"a": window, "b": docs, "c": broken, "d": {**docs, "group": "forward"}}}
+    rows = page.race_rows(prov)
+    assert [r["mask"] for r in rows] == ["sliding window", "packed documents", "broken"]
+    assert rows[0]["speed"] == 0.8 and rows[0]["causal_ms"] is None and rows[0]["rate_vs_causal"] is None
+    assert rows[1]["vs_causal"] == 2.0
+    causal_tflops = attention_flops(1, 1024, 1024, 2, 64, causal=True) / 2.0 / 1e9
+    assert rows[1]["rate_vs_causal"] == pytest.approx(50.0 / causal_tflops)
+    assert rows[2]["ms"] is None and rows[2]["vs_causal"] is None and rows[2]["error"] == "Boom: x"
+    assert page.race_rows({}) == [] and page.race_rows(None) == []
