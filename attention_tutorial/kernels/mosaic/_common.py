@@ -349,12 +349,20 @@ def regions(profile: bool):
     return region
 
 
-def swizzled_tiles():
-    """Shared-memory tiles in 8×64 tiles with a 128-byte swizzle: the layout wgmma and TMA read without bank
-    conflicts."""
+def swizzled_tiles(swizzle: int = 128):
+    """16-bit shared-memory tiles in 8 × (swizzle / 2) tiles with a ``swizzle``-byte swizzle: the layout wgmma and
+    TMA read without bank conflicts at 128 bytes. wgmma reads a right operand whose rows are its contraction (v in
+    p·v) in runs of swizzle / 2 rows: a key tile of 32 · odd keys needs the 64-byte swizzle
+    (:func:`rows_swizzle`)."""
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
-    return (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    return (plgpu.TilingTransform((8, swizzle // 2)), plgpu.SwizzleTransform(swizzle))
+
+
+def rows_swizzle(rows: int) -> int:
+    """The widest swizzle (bytes) of a 16-bit tile whose ``rows`` wgmma contracts over: 128 for a multiple of 64
+    rows, 64 for a multiple of 32."""
+    return 128 if rows % 64 == 0 else 64
 
 
 def load_vector(ref, layout):

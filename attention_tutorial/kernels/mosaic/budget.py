@@ -42,7 +42,8 @@ def kernel_head_dim(head_dim: int) -> int | None:
 
 @dataclasses.dataclass(frozen=True)
 class MosaicConfig:
-    """Tile sizes: ``block_q`` rows per compute warpgroup (wgmma's M is 64), ``block_kv`` keys per step, and
+    """Tile sizes: ``block_q`` rows per compute warpgroup (wgmma's M is 64), ``block_kv`` keys per step (a multiple
+    of 32: p·v contracts over it, in runs of 64 keys at the 128-byte swizzle, of 32 at the 64-byte one), and
     ``stages`` k/v slots in flight; ``bwd_*`` the same for the backward kernels (both blocks 64: each compute
     warpgroup there holds two float32 accumulators, dK and dV or dQ, plus two score-sized tiles).
     ``bwd_dq`` says how the backward makes dQ (:data:`BWD_DQ`): ``"pass"``, a kernel of its own that recomputes
@@ -89,11 +90,16 @@ class MosaicConfig:
             raise ValueError(f"MosaicConfig.bwd_dq must be one of {BWD_DQ}; got {self.bwd_dq!r}.")
         for name in ("block_q", "block_kv", "stages", "bwd_block_q", "bwd_block_kv", "bwd_stages"):
             check_block_size(f"MosaicConfig.{name}", getattr(self, name))
-        for name in ("block_q", "block_kv", "bwd_block_q", "bwd_block_kv"):
+        for name in ("block_q", "bwd_block_q", "bwd_block_kv"):
             if getattr(self, name) % 64:
                 raise ValueError(
                     f"MosaicConfig.{name} must be a multiple of 64 (wgmma's tile); got {getattr(self, name)}."
                 )
+        if self.block_kv % 32:  # p·v contracts over the key tile: wgmma reads it in runs of 32 rows at least
+            raise ValueError(
+                f"MosaicConfig.block_kv must be a multiple of 32 (p·v's contraction, at a 64-byte swizzle); got "
+                f"{self.block_kv}."
+            )
         for name in ("registers", "bwd_registers"):
             check_registers(f"MosaicConfig.{name}", getattr(self, name))
 

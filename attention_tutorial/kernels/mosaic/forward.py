@@ -36,6 +36,7 @@ from ._common import (
     padded_rows,
     query_cta,
     regions,
+    rows_swizzle,
     schedule_barriers,
     shared_lowering,
     slot_of,
@@ -324,7 +325,11 @@ def scratch_types(plan: Plan, head_dim: int, dtype, *, v_shape=None, transforms=
     return Scratch(
         q=plgpu.SMEM((2, bq, head_dim), dtype, transforms=_tiles()),
         k=plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=_tiles()),
-        v=plgpu.SMEM((stages, *(v_shape or (bkv, head_dim))), dtype, transforms=_tiles()),
+        v=plgpu.SMEM(
+            (stages, *(v_shape or (bkv, head_dim))),
+            dtype,
+            transforms=transforms if transforms is not None else _swizzled(rows_swizzle(bkv)),
+        ),
         lse=plgpu.SMEM((2, bq), jnp.float32),
         q_ready=plgpu.Barrier(num_arrivals=kv_copies, num_barriers=2),
         k_ready=plgpu.Barrier(num_arrivals=kv_copies, num_barriers=stages),

@@ -2,13 +2,16 @@
 fix."""
 
 import dataclasses
+import functools
 import re
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import pytest
 
 from attention_tutorial.inputs import AttentionShape
+from attention_tutorial.kernels.mosaic import mosaic_flash_attention
 from attention_tutorial.kernels.mosaic.budget import (
     LAUNCH_REGISTERS,
     SMEM_BYTES,
@@ -59,12 +62,25 @@ def test_only_the_pipelined_forward_needs_whole_tiles():
         ("block_kv", 0, "must be a positive integer"),
         ("bwd_stages", -1, "must be a positive integer"),
         ("bwd_block_q", 96, "must be a multiple of 64"),
+        ("block_kv", 80, "must be a multiple of 32"),
         ("block_q", 2.0, "must be a positive integer"),
     ],
 )
 def test_config_refuses_bad_sizes(field, value, expected):
     with pytest.raises(ValueError, match=f"MosaicConfig.{field} {expected}"):
         MosaicConfig(**{field: value})
+
+
+def test_a_key_tile_of_32_odd_keys_takes_the_64_byte_swizzle_and_lowers():
+    """wgmma contracts p·v over the key tile in runs of swizzle / 2 rows: 160 keys need the 64-byte swizzle."""
+    from attention_tutorial.kernels.mosaic._common import rows_swizzle
+
+    assert [rows_swizzle(n) for n in (64, 128, 96, 160)] == [128, 128, 64, 64]
+    q = jax.ShapeDtypeStruct((1, 640, 2, 128), jnp.bfloat16)
+    for causal in (False, True):
+        fn = functools.partial(mosaic_flash_attention, is_causal=causal, config=MosaicConfig(block_kv=160))
+        hlo = jax.jit(fn).trace(q, q, q).lower(lowering_platforms=("cuda",)).as_text()
+        assert "mosaic_gpu" in hlo
 
 
 H256 = MosaicConfig(block_kv=64)  # the default's block_kv=128 does not fit H = 256's tiles in shared memory
