@@ -171,7 +171,7 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Plan
                 plgpu.wgmma(dp_ref, do_smem, scratch.v.at[slot].transpose((1, 0)))
                 return dp_ref[...]
 
-            if cfg.bwd_together:
+            if cfg.bwd_together:  # the profiler's "qk" then holds the weights' recomputation too
                 with region("wait"):
                     plgpu.barrier_wait(scratch.v_ready.at[slot])
                 with region("qk"):
@@ -339,7 +339,7 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
                 plgpu.wgmma(dv_ref, pt.astype(dtype), do_tile)  # dV += Pᵀ dO
                 plgpu.wgmma(dpt_ref, v_smem, do_tile.transpose((1, 0)))  # dPᵀ = v dOᵀ
 
-            if cfg.bwd_together:  # dV waits to go out with dK (and dQ's share): one wait for all of them
+            if cfg.bwd_together:  # dV goes out with dK (and dQ's share), one wait for all; "qk" holds Pᵀ's making
                 with region("qk"):
                     pt, dcap, dpt = pl.run_scoped(kq_and_vdo, plgpu.ACC((bkv, bq)), plgpu.ACC((bkv, bq)))
             else:
