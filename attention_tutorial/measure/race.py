@@ -226,6 +226,13 @@ def cases(groups=GROUPS) -> list[Case]:
                 }
                 name = f"H={H} {'causal' if causal else 'no mask'}"
                 out.append(Case("backward", name, (B, T, T, N, N, H), m, race, "fwd+bwd", "cuDNN"))
+        for causal in (False, True):  # H = 256: the two warpgroups split the head dim (backward_split)
+            m = {"is_causal": causal}
+            race = {"cuDNN": with_grad(cudnn(**m)), "ours": with_grad(ours(256, **m))}
+            if causal:
+                race["ours, heavy first"] = with_grad(ours(256, config={"heavy_first": True}, **m))
+            name = f"H=256 {'causal' if causal else 'no mask'}"
+            out.append(Case("backward", name, (B, T, T, N, N, 256), m, race, "fwd+bwd", "cuDNN"))
     return out
 
 

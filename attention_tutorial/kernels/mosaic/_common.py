@@ -186,18 +186,22 @@ class Walk:
     (:func:`~.masks.band_steps`, pipeline step t is tile ``cta_lo + t``) or by the CTA's tile list
     (:func:`~.masks.tile_lists`, copied into ``scratch.tiles``). ``own``: rows per compute warpgroup (queries, or
     keys in the dK/dV kernel); ``visit``: rows per tile walked; ``mask``: as the kernel walks (a band is
-    transposed for the dK/dV kernel)."""
+    transposed for the dK/dV kernel). ``shared``: both warpgroups own the same rows (the CTA owns ``own`` rows, not
+    2·``own``) and walk the same steps."""
 
-    def __init__(self, mask, scratch, cta_rows, *, own: int, visit: int, stages: int, padded: int):
+    def __init__(
+        self, mask, scratch, cta_rows, *, own: int, visit: int, stages: int, padded: int, shared: bool = False
+    ):
         from . import masks as M
 
         self.M, self.mask, self.scratch = M, mask, scratch
         self.own, self.visit, self.stages, self.padded = own, visit, stages, padded
+        self.cta_own = own if shared else 2 * own  # rows a CTA owns
         self.lists = mask.has_arrays
         if self.lists:
             self.cta_lo = i32(0)
         else:
-            band = [M.band_steps(mask, cta_rows + w * own, own, visit) for w in (0, 1)]
+            band = [M.band_steps(mask, cta_rows + w * (self.cta_own - own), own, visit) for w in (0, 1)]
             self.cta_lo, self.cta_hi = band[0].lo, jnp.maximum(band[1].hi, band[0].hi)
 
     @property
@@ -302,7 +306,7 @@ class Walk:
         carry = lax.fori_loop(full_lo, full_hi, functools.partial(step, look_ahead=hi), carry)
         if mask.right is not None or mask.seq_kv % self.visit or ragged_owner:
             carry = lax.fori_loop(full_hi, hi, masked, carry)
-        if mask.right is not None or mask.seq_q % (2 * self.own):  # tiles past it (warpgroup 0 ends early)
+        if mask.right is not None or mask.seq_q % self.cta_own:  # tiles past it (warpgroup 0 ends early)
             skip(hi, n, trailing_readies)
         return carry
 

@@ -45,9 +45,10 @@ def mosaic_flash_attention(
 
     float16 or bfloat16; any T and S; the kernels run H = 64, 128 and 256, and any other H up to 256 runs padded
     with zero columns to the next of these (the scores are unchanged, the padding's output columns are dropped; it
-    costs the padded head dim's FLOPs: H = 96 those of 128). The backward takes H up to 128; above that the
-    forward only (:func:`default_config` takes block_kv = 64 there). The mask, every part optional and combined (a
-    score is kept when all parts keep it):
+    costs the padded head dim's FLOPs: H = 96 those of 128). At H = 256 :func:`default_config` takes block_kv = 64,
+    and the backward's two compute warpgroups split the head dim
+    (:mod:`~attention_tutorial.kernels.mosaic.backward_split`). The mask, every part optional and combined (a score
+    is kept when all parts keep it):
 
     * ``is_causal``: query i sees keys j <= i + d, with d = 0 for ``causal_alignment="top_left"`` and S − T for
       ``"bottom_right"`` (the last query sees the last key: decoding, chunked prefill);

@@ -464,14 +464,14 @@ def _plan(cfg, mask, *, own, visit, n_visit, groups, scale, transposed, probe):
     )
 
 
-def _lists(mask, arrays, plan, *, transposed):
+def _lists(mask, arrays, plan, *, transposed, shared=False):
     if not mask.has_arrays:
         return ()
     if transposed:
         grid = M.tile_grid(mask, arrays, block_q=plan.visit, block_kv=plan.own).transpose(0, 2, 1)
     else:
         grid = M.tile_grid(mask, arrays, block_q=plan.own, block_kv=plan.visit)
-    out = (M.tile_lists(M.by_cta(grid), arrays, padded=plan.padded),)
+    out = (M.tile_lists(M.by_cta(grid, shared=shared), arrays, padded=plan.padded),)
     if mask.segments:
         out += (arrays.q_segment, arrays.kv_segment)
     return out
@@ -498,12 +498,8 @@ def backward(
 
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
-    if H > 128:  # dK and dV at H = 256 would take 2 × 128 registers per thread alone
-        raise ValueError(
-            f"the backward kernels take head dims up to 128 (run as H = 64 or 128); got one run as "
-            f"H={H}: above 128 our kernel is forward-only, so differentiate through another attention "
-            "(cuDNN, XLA) there."
-        )
+    if H > 128:
+        _check_split(cfg, H)
     bq, bkv, dt = cfg.bwd_block_q, cfg.bwd_block_kv, q.dtype
     lse2 = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # a row with no key: every weight of it is masked to 0
     pad = [(0, 0), (0, 0), (0, padded_rows(T, 2 * bq) - T)]  # lse and D are loaded a tile of rows at a time
@@ -511,6 +507,21 @@ def backward(
     profile = dict(profile_space=probe.profile_space, profile_dir=probe.profile_dir)
     n_q, n_k = -(-T // bq), -(-S // bkv)
     segments = mask.segments
+
+    if H > 128:  # both warpgroups own the same rows, each half the head dim (backward_split)
+        from . import backward_split
+
+        common = dict(groups=N // K, scale=scale, probe=probe)
+        plans = (
+            _plan(cfg, mask, own=bq, visit=bkv, n_visit=n_k, transposed=False, **common),
+            _plan(cfg, mask, own=bkv, visit=bq, n_visit=n_q, transposed=True, **common),
+        )
+        mask_in = tuple(
+            _lists(mask, arrays, p, transposed=tr, shared=True) for p, tr in zip(plans, (False, True), strict=True)
+        )
+        return backward_split.backward(
+            args, mask_in, mask=mask, plans=plans, groups_shape=(B, T, S, N, K, H), dtype=dt, profile=profile
+        )
 
     if cfg.bwd_dq == "pass":
         plan = _plan(
@@ -571,6 +582,21 @@ def backward(
     outs = (jnp.zeros(q.shape, jnp.float32), jnp.zeros(k.shape, dt), jnp.zeros(v.shape, dt))  # dQ: the adds land here
     dq_sum, dk, dv = call_into(kernel, (*args, *mask_in), outs, scratch, grid, names, **profile)
     return (dq_sum * scale).astype(dt), dk, dv
+
+
+def _check_split(cfg: MosaicConfig, H: int) -> None:
+    """The config a backward above H = 128 runs with (:mod:`~.backward_split`), or a ValueError naming the fix."""
+    if cfg.bwd_dq != "pass":
+        raise ValueError(
+            f"at H={H} the backward makes dQ in a pass of its own: MosaicConfig.bwd_dq must be 'pass' (a float32 "
+            f"share of dQ to add by atomics does not fit beside dK and dV there); got {cfg.bwd_dq!r}."
+        )
+    if (cfg.bwd_block_q, cfg.bwd_block_kv) != (64, 64):
+        raise ValueError(
+            f"at H={H} the backward takes bwd_block_q = bwd_block_kv = 64 (each warpgroup makes the weights of 32 "
+            f"of a tile's rows and half the head dim of its gradients); got bwd_block_q={cfg.bwd_block_q}, "
+            f"bwd_block_kv={cfg.bwd_block_kv}."
+        )
 
 
 def _list_scratch(plan: Plan, segments: bool, *, q_rows, kv_rows) -> dict:

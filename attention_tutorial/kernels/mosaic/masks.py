@@ -275,9 +275,11 @@ def tile_grid(mask: Mask, arrays: MaskArrays, *, block_q: int, block_kv: int) ->
     return jnp.where(empty, EMPTY, jnp.where(full, FULL, PARTIAL)).astype(jnp.int32)
 
 
-def by_cta(grid: jax.Array) -> jax.Array:
+def by_cta(grid: jax.Array, *, shared: bool = False) -> jax.Array:
     """(B, owner tiles, visited tiles) -> (B, CTAs, 2, visited tiles): a CTA's two compute warpgroups own two
-    consecutive tiles (a missing last one sees nothing)."""
+    consecutive tiles (a missing last one sees nothing), or with ``shared`` both the same one."""
+    if shared:
+        return jnp.stack([grid, grid], axis=2)
     B, n, m = grid.shape
     grid = jnp.pad(grid, ((0, 0), (0, n % 2), (0, 0)))
     return grid.reshape(B, (n + n % 2) // 2, 2, m)

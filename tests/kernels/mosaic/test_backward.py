@@ -1,6 +1,8 @@
-"""The backward kernels: the gradient lowers to the forward and two backward kernels on a CPU, and matches float64
-gradients on a Hopper GPU (through jax.grad and called alone, as the context-parallel ring does)."""
+"""The backward kernels: the gradient lowers to the forward and two backward kernels on a CPU (at H = 256 those that
+split the head dim), and matches float64 gradients on a Hopper GPU (through jax.grad and called alone, as the
+context-parallel ring does)."""
 
+import dataclasses
 import functools
 import re
 
@@ -149,12 +151,50 @@ def test_gpu_backward_alone_from_out_and_lse(causal):
     assert_grads_match(got, q, k, v, d_out, causal=causal, tol=3e-2)
 
 
-@pytest.mark.parametrize("head_dim", [192, 256])
-def test_backward_above_h128_is_refused(head_dim):
-    q = jax.ShapeDtypeStruct((1, 256, 2, head_dim), jnp.bfloat16)
+@pytest.mark.parametrize("causal", [False, True])
+def test_h256_gradient_lowers_to_the_kernels_that_split_the_head_dim(causal):
+    """Above H = 128 (192 runs padded to 256) the gradient takes the dQ and dK/dV kernels of backward_split, whose
+    warpgroups each hold half the head dim (GQA, T < S, ragged T)."""
+    q = jax.ShapeDtypeStruct((1, 320, 8, 192), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, 512, 2, 192), jnp.bfloat16)
+
+    def loss(q, k, v):
+        return mosaic_flash_attention(q, k, v, is_causal=causal, config=H256).astype(jnp.float32).sum()
+
+    hlo = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, kv, kv).lower(lowering_platforms=("cuda",)).as_text()
+    calls = [line for line in hlo.splitlines() if "custom_call @mosaic_gpu" in line]
+    assert len(calls) == 3  # the forward, dQ, dK/dV
+    assert "-> tensor<1x320x8x256xbf16>" in calls[1]
+    assert "-> (tensor<1x512x2x256xbf16>, tensor<1x512x2x256xbf16>)" in calls[2]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"bwd_dq": "atomic"}, r"at H=256 the backward makes dQ in a pass .* got 'atomic'"),
+        ({"bwd_block_kv": 128}, r"at H=256 the backward takes bwd_block_q = bwd_block_kv = 64 .* bwd_block_kv=128"),
+    ],
+)
+def test_an_h256_backward_config_it_cannot_run_is_refused_naming_the_field(changes, message):
+    q = jax.ShapeDtypeStruct((1, 256, 2, 256), jnp.bfloat16)
+    cfg = dataclasses.replace(H256, **changes)
 
     def loss(q):
-        return mosaic_flash_attention(q, q, q, config=H256).astype(jnp.float32).sum()
+        return mosaic_flash_attention(q, q, q, config=cfg).astype(jnp.float32).sum()
 
-    with pytest.raises(ValueError, match=r"backward kernels take head dims up to 128 .* got one run as H=256"):
+    with pytest.raises(ValueError, match=message):
         jax.jit(jax.grad(loss)).trace(q)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_h256_gradients_match_float64(causal):
+    """The head-dim-split backward: MHA, GQA with T < S, ragged T and S (the last tiles masked in the kernel), and
+    the query blocks heaviest first."""
+    if reason := why_not(AttentionShape(1, 512, 512, 4, 4, 256), jnp.bfloat16, causal):
+        pytest.skip(reason)
+    for cfg in (H256, dataclasses.replace(H256, heavy_first=True)):
+        for b, t, s, n, k in ((1, 512, 512, 4, 4), (1, 256, 512, 8, 2), (2, 500, 436, 4, 1)):
+            q, kk, v = make_qkv(b, t, n, 256, seq_kv=s, kv_heads=k, dtype=jnp.bfloat16, seed=t + s)
+            fn = functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg)
+            assert_grads_close(fn, q, kk, v, causal=causal, tol=3e-2)

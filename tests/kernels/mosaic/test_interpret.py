@@ -154,6 +154,22 @@ def test_h256_forward_matches_float64(causal, cfg):
     check_forward(functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg), q, k, v, causal=causal)
 
 
+def test_h256_backward_runs_on_a_cpu():
+    """The backward that splits the head dim between the warpgroups, GQA with a ragged T < S."""
+    q, k, v = qkv(100, 160, 2, 1, 256, seed=4)
+    check_gradients(functools.partial(mosaic_flash_attention, config=default_config(256)), q, k, v, causal=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [GQA_SHORT_Q, GQA_LONG_Q], ids=["T<S", "T>S"])
+def test_h256_backward_matches_float64(causal, shape):
+    t, s, n, k = shape
+    q, kk, v = qkv(t, s, n, k, 256, seed=t + s)
+    cfg = dataclasses.replace(default_config(256), heavy_first=causal)
+    check_gradients(functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg), q, kk, v, causal=causal)
+
+
 @pytest.mark.slow
 def test_forward_with_exponentials_on_the_fma_units_matches_float64():
     q, k, v = qkv(256, 256, 2, 2, 128, seed=5)

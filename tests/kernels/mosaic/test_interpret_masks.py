@@ -163,3 +163,11 @@ def test_masks_at_h128_and_both_schedules(name, schedule):
     kwargs, kept = MASKS[name]
     cfg = dataclasses.replace(default_config(128), schedule=schedule)
     check_masked(kwargs, kept, B=2, T=320, S=384, H=128, config=cfg, seed=7)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["sliding window", "prefix-LM", "softcap, causal", "documents (T != S), window"])
+def test_masks_at_h256_where_the_warpgroups_split_the_head_dim(name):
+    """A band, a prefix, a softcap and tile lists of packed documents through the H = 256 backward."""
+    kwargs, kept = MASKS[name]
+    check_masked(kwargs, kept, B=2, T=320, S=384, H=256, config=default_config(256), seed=11)
