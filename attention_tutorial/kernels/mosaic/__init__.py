@@ -28,7 +28,8 @@ row's log-sum-exp; the backward (:func:`mosaic_flash_attention`'s custom VJP) ha
 in two kernels.
 
 Modules: :mod:`~.forward` (the kernel), :mod:`~.pipelined` (FlashAttention-3's intra-warpgroup pipelining),
-:mod:`~.backward`, :mod:`~attention_tutorial.kernels.mosaic.fp8` (an FP8 forward), :mod:`~.budget` (the config,
+:mod:`~.backward` (and :mod:`~.backward_split`, the backward at H = 256),
+:mod:`~attention_tutorial.kernels.mosaic.fp8` (an FP8 forward), :mod:`~.budget` (the config,
 shared-memory and register budgets), :mod:`~attention_tutorial.kernels.mosaic.masks` (masks as tiles),
 :mod:`~.attention` (the public functions); ``_common`` holds what they share.
 """

@@ -213,6 +213,17 @@ def bwd_smem_bytes(cfg: MosaicConfig, head_dim: int, dtype) -> int:
     return total
 
 
+def bwd_split_smem_bytes(cfg: MosaicConfig, head_dim: int, dtype) -> int:
+    """Bytes of shared memory the larger of the backward kernels above H = 128 allocates
+    (:mod:`~attention_tutorial.kernels.mosaic.backward_split`, both warpgroups on the same rows): the dK/dV kernel's
+    k and v (bwd_block_kv × H each), its ring of q and dO tiles with their log-sum-exp and D rows, and Pᵀ and dSᵀ
+    (bwd_block_kv × bwd_block_q each); or the dQ kernel's q and dO, its ring of k and v tiles and dS."""
+    item, bq, bkv, stages = jnp.dtype(dtype).itemsize, cfg.bwd_block_q, cfg.bwd_block_kv, cfg.bwd_stages
+    dkv = 2 * bkv * head_dim * item + stages * (2 * bq * head_dim * item + 2 * bq * 4) + 2 * bkv * bq * item
+    dq = 2 * bq * head_dim * item + 2 * bq * 4 + stages * 2 * bkv * head_dim * item + bq * bkv * item
+    return max(dkv, dq)
+
+
 def smem_bytes_fp8(cfg: MosaicConfig, head_dim: int) -> int:
     """Shared memory the FP8 forward allocates: q (E4M3) and the bfloat16 output per compute warpgroup, the k and vᵀ
     rings in E4M3, p in E4M3 per warpgroup, the log-sum-exp rows and the two factors."""
@@ -304,6 +315,12 @@ def problem(shape: AttentionShape, dtype, cfg: MosaicConfig, probe: Probe = NO_P
             f"{'' if cfg.bwd_dq == 'pass' else f' with bwd_dq={cfg.bwd_dq!r}'} the dK/dV kernel needs {need / 1024:.1f} KiB "
             f"of shared memory, more than the {(SMEM_BYTES - SMEM_RESERVE) // 1024} KiB a Hopper CTA leaves for its "
             "tiles: pick bwd_stages=2 or smaller bwd blocks."
+        )
+    if H > 128 and (need := bwd_split_smem_bytes(cfg, H, dtype)) + SMEM_RESERVE > SMEM_BYTES:
+        return (
+            f"at H={H}, bwd_stages={cfg.bwd_stages} the backward's kernels need {need / 1024:.1f} KiB of shared "
+            f"memory, more than the {(SMEM_BYTES - SMEM_RESERVE) // 1024} KiB a Hopper CTA leaves for their tiles: "
+            "pick bwd_stages=2."
         )
     if (
         probe.profiling

@@ -20,6 +20,7 @@ from attention_tutorial.kernels.mosaic.budget import (
     MosaicConfig,
     Probe,
     bwd_smem_bytes,
+    bwd_split_smem_bytes,
     bwd_tile_registers,
     copy_registers,
     default_config,
@@ -138,6 +139,17 @@ def test_backward_budget_by_hand_and_its_refusal():
     reason = problem(shape, jnp.bfloat16, MosaicConfig(bwd_dq="atomic", bwd_stages=3))
     assert "with bwd_dq='atomic' the dK/dV kernel needs 241.5 KiB" in reason and "bwd_stages=2" in reason
     assert problem(shape._replace(head_dim=64), jnp.bfloat16, MosaicConfig(bwd_dq="atomic", bwd_stages=3)) is None
+
+
+def test_h256_backward_budget_by_hand_and_its_refusal():
+    # the dK/dV kernel: k and v 64×256, 2 stages of q and dO 64×256 with 2·64 float32 rows, Pᵀ and dSᵀ 64×64
+    cfg = MosaicConfig(block_kv=64)
+    dkv = 2 * 64 * 256 * 2 + 2 * (2 * 64 * 256 * 2 + 2 * 64 * 4) + 2 * 64 * 64 * 2
+    assert bwd_split_smem_bytes(cfg, 256, jnp.bfloat16) == dkv == 209 * 1024
+    shape = AttentionShape(1, 512, 512, 4, 4, 256)
+    assert problem(shape, jnp.bfloat16, cfg) is None
+    reason = problem(shape, jnp.bfloat16, MosaicConfig(block_kv=64, bwd_stages=3))
+    assert "at H=256, bwd_stages=3 the backward's kernels need 273.5 KiB" in reason and "bwd_stages=2" in reason
     with pytest.raises(ValueError, match=r"MosaicConfig\.bwd_dq must be one of \('pass', 'atomic'\); got 'atomics'"):
         MosaicConfig(bwd_dq="atomics")
 
