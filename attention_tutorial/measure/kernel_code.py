@@ -36,6 +36,11 @@ FAMILIES = {
     "setmaxnreg (per-warpgroup registers)": (r"\bsetmaxnreg\b", r"\bUSETMAXREG\b"),
 }
 _REGISTERS = re.compile(r"Used (\d+) registers")
+# ptxas -v: per function, "Function properties for NAME" then "S bytes stack frame, A bytes spill stores, B bytes
+# spill loads": registers that did not fit go to local memory (the stack), at a load or store each time they move.
+_SPILLS = re.compile(
+    r"Function properties for (\S+)\s*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+)
 # ptxas's performance warnings (e.g. C7513/C7515, "wgmma.mma_async instructions are serialized due to ..."): a
 # warpgroup matmul that waits for itself loses the overlap a Hopper kernel is built around.
 _SERIALISED = re.compile(r"\((C75\d\d)\)[^\n]*?wgmma[^\n]*?serialized due to ([^\n]*?)(?: in the function|$)", re.M)
@@ -56,16 +61,28 @@ def count_instructions(text: str, kind: str) -> dict[str, int]:
     return {name: len(re.findall(patterns[column], text)) for name, patterns in FAMILIES.items()}
 
 
+def spills_in(text: str) -> dict[str, dict[str, int]]:
+    """ptxas's spill report of each function in ``text`` (its ``-v`` output): {function: {"stack", "stores",
+    "loads"}} in bytes per thread (0, 0, 0: every value stayed in registers)."""
+    return {
+        name: {"stack": int(stack), "stores": int(stores), "loads": int(loads)}
+        for name, stack, stores, loads in _SPILLS.findall(text)
+    }
+
+
 def summarise_dump(folder: Path) -> dict:
-    """Instruction counts over every PTX and SASS file under ``folder``, plus the registers ptxas reported and its
-    warnings that it serialised warpgroup matmuls (``wgmma_serialised``: 'C7513: <why>', empty when none)."""
+    """Instruction counts over every PTX and SASS file under ``folder``, plus the registers ptxas reported, its
+    spills per function (:func:`spills_in`) and its warnings that it serialised warpgroup matmuls
+    (``wgmma_serialised``: 'C7513: <why>', empty when none)."""
     totals: dict[str, dict[str, int]] = {}
     registers: set[int] = set()
     serialised: set[str] = set()
+    spills: dict[str, dict[str, int]] = {}
     for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
         text = path.read_text(errors="replace")
         registers.update(int(n) for n in _REGISTERS.findall(text))
         serialised.update(f"{code}: {why.strip()}" for code, why in _SERIALISED.findall(text))
+        spills.update(spills_in(text))
         kind = kind_of(text)
         if kind is None:
             continue
@@ -73,7 +90,12 @@ def summarise_dump(folder: Path) -> dict:
         into = totals.setdefault(kind, dict.fromkeys(FAMILIES, 0))
         for name, n in counts.items():
             into[name] += n
-    return {"counts": totals, "registers": sorted(registers), "wgmma_serialised": sorted(serialised)}
+    return {
+        "counts": totals,
+        "registers": sorted(registers),
+        "wgmma_serialised": sorted(serialised),
+        "spills": dict(sorted(spills.items())),
+    }
 
 
 def elf_images(blob: bytes) -> list[bytes]:
@@ -215,9 +237,19 @@ def _child(spec: dict, folder: str) -> None:
         from ..kernels.mosaic.fp8 import mosaic_fp8_attention
 
         fn = functools.partial(mosaic_fp8_attention, p_via=FP8_PATHS[spec["impl"]])
+    elif spec.get("config") is not None:  # our Mosaic kernel with some fields of its default config changed
+        import dataclasses
+
+        from ..kernels.mosaic import default_config, mosaic_flash_attention
+
+        cfg = dataclasses.replace(default_config(spec["head_dim"]), **spec["config"])
+        fn = functools.partial(mosaic_flash_attention, config=cfg)
     else:
         fn = get(spec["impl"]).fn
-    compiled = jax.jit(functools.partial(fn, is_causal=spec["causal"])).lower(q, k, v).compile()
+    fn = functools.partial(fn, is_causal=spec["causal"])
+    if spec.get("grad"):  # the forward and the backward kernels: the gradients of sum(out)
+        fn = jax.grad(lambda q, k, v, f=fn: f(q, k, v).astype(jax.numpy.float32).sum(), argnums=(0, 1, 2))
+    compiled = jax.jit(fn).lower(q, k, v).compile()
     jax.block_until_ready(compiled(q, k, v))
     cuobjdump = _cuda_tool("cuobjdump")
     # XLA's own kernels hold a Triton-lowered kernel; beside our FP8 forward they are only its quantising passes,
@@ -232,8 +264,21 @@ def _child(spec: dict, folder: str) -> None:
             cubin.with_suffix(".sass").write_text(sass.stdout)
 
 
-def kernel_code(impl: str, *, batch=4, seq_q=4096, heads=16, head_dim=128, dtype="bfloat16", causal=False) -> dict:
-    """Compile ``impl`` in a fresh process with the code dumps on; its instruction counts as one record."""
+def kernel_code(
+    impl: str,
+    *,
+    batch=4,
+    seq_q=4096,
+    heads=16,
+    head_dim=128,
+    dtype="bfloat16",
+    causal=False,
+    config: dict | None = None,
+    grad: bool = False,
+) -> dict:
+    """Compile ``impl`` in a fresh process with the code dumps on; its instruction counts as one record. ``config``:
+    fields of our Mosaic kernel's default config to change (``impl`` "mosaic"); ``grad``: compile the gradient
+    (forward and backward kernels) instead of the forward."""
     spec = {
         "impl": impl,
         "batch": batch,
@@ -243,6 +288,10 @@ def kernel_code(impl: str, *, batch=4, seq_q=4096, heads=16, head_dim=128, dtype
         "dtype": dtype,
         "causal": causal,
     }
+    if config is not None:
+        spec["config"] = dict(config)
+    if grad:
+        spec["grad"] = True
     with tempfile.TemporaryDirectory() as folder:
         run = subprocess.run(
             [sys.executable, "-m", "attention_tutorial.measure.kernel_code", json.dumps(spec), folder],
@@ -258,6 +307,7 @@ def kernel_code(impl: str, *, batch=4, seq_q=4096, heads=16, head_dim=128, dtype
         summary["wgmma_serialised"] = sorted(
             {*summary["wgmma_serialised"], *(f"{c}: {w.strip()}" for c, w in _SERIALISED.findall(run.stderr))}
         )
+        summary["spills"] = dict(sorted({**summary["spills"], **spills_in(run.stderr)}.items()))
     return {**spec, "status": "ok", **summary}
 
 
@@ -298,6 +348,35 @@ def kernel_code_records() -> dict[str, dict]:
     return {
         code_key(impl, dtype, causal, H): kernel_code(impl, dtype=dtype, causal=causal, head_dim=H)
         for impl, dtype, causal, H in INSPECTED
+    }
+
+
+# Configurations of our Mosaic kernels whose spills the recorder reads before a default is chosen (the extra
+# ``spills``), by name: (H, causal, gradient, fields of the default config changed). Causal: every kernel path
+# (full and masked tiles) is compiled.
+SPILL_CHECKS: dict[str, tuple[int, bool, bool, dict]] = {
+    "forward H=128": (128, True, False, {}),
+    "forward H=128, turns": (128, True, False, {"schedule": "turns"}),
+    "forward H=128, 160 keys": (128, True, False, {"block_kv": 160}),
+    "forward H=128, pipelined": (128, True, False, {"pipeline": True}),
+    "forward H=256": (256, True, False, {}),
+    "forward H=256, pipelined": (256, True, False, {"pipeline": True}),
+    "backward H=64 (dQ atomic)": (64, True, True, {}),
+    "backward H=64, dQ pass": (64, True, True, {"bwd_dq": "pass"}),
+    "backward H=128 (dQ pass)": (128, True, True, {}),
+    "backward H=128, S and dP together": (128, True, True, {"bwd_together": True}),
+    "backward H=128, dQ atomic": (128, True, True, {"bwd_dq": "atomic"}),
+    "backward H=128, dQ atomic, together": (128, True, True, {"bwd_dq": "atomic", "bwd_together": True}),
+    "backward H=128, 240 registers": (128, True, True, {"bwd_registers": 240}),
+    "backward H=256 (head dim split)": (256, True, True, {}),
+}
+
+
+def spill_records() -> dict[str, dict]:
+    """:func:`kernel_code` (spills, registers, instruction counts) of each of :data:`SPILL_CHECKS`, by its name."""
+    return {
+        name: kernel_code("mosaic", head_dim=H, causal=causal, grad=grad, config=changes)
+        for name, (H, causal, grad, changes) in SPILL_CHECKS.items()
     }
 
 

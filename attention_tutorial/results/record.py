@@ -121,6 +121,18 @@ def record(
         store.save(out, prov, [])
         statuses = ", ".join(f"{name}: {rec['status']}" for name, rec in prov["kernel_code"].items())
         print(f"kernel_code: {statuses}", flush=True)
+    if "spills" in extras:  # ptxas's spills of each configuration of our kernels, kept in the provenance
+        from ..measure.kernel_code import spill_records
+
+        t0 = time.perf_counter()
+        prov["spills"] = spill_records()
+        prov["grids"] = {"spills": _grid_provenance(env, round(time.perf_counter() - t0, 1), command, peak)}
+        store.save(out, prov, [])
+        for name, rec in prov["spills"].items():
+            worst = max((f["stores"] + f["loads"] for f in rec.get("spills", {}).values()), default=None)
+            print(
+                f"spills: {name}: {rec['status']}, registers {rec.get('registers')}, most spilled {worst} B", flush=True
+            )
     for key in ("timeline", "timeline_backward"):  # the warpgroups from the in-kernel profiler, in the provenance
         if key in extras:
             from ..measure import timeline
@@ -313,8 +325,9 @@ def _train_dispatch_records(peak, **timing):
 
 
 # Experiments beside the grids, by name: each returns records (None: kept in the provenance instead — kernel_code:
-# instruction counts; lessons: see measure.lessons; timeline, timeline_backward: see measure.timeline; timing_lesson:
-# see measure.timing_lesson, kept as lessons["timing"]).
+# instruction counts; spills: ptxas's spills per configuration of our kernels; lessons: see measure.lessons;
+# timeline, timeline_backward: see measure.timeline; timing_lesson: see measure.timing_lesson, kept as
+# lessons["timing"]).
 EXTRAS: dict[str, Callable[..., Any] | None] = {
     "fp8": _fp8_records,
     "device_time": _device_time_records,
@@ -323,6 +336,7 @@ EXTRAS: dict[str, Callable[..., Any] | None] = {
     "train": _train_records,
     "ablations": _ablation_records,
     "kernel_code": None,
+    "spills": None,
     "lessons": None,
     "timeline": None,
     "timeline_backward": None,

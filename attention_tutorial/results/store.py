@@ -52,7 +52,7 @@ PROVENANCE_FIELDS: dict[str, type | tuple[type, ...]] = {
 GPU_ONLY = ("gpu", "driver", "cudnn")  # null on a CPU
 CEILINGS = ("matmul_bf16_tflops", "copy_gbps")  # reference rates, present in every file; null when not measured
 # Provenance entries a later run adds to instead of replacing: per-grid details, kernel instruction counts, history.
-MERGED_PROVENANCE = ("grids", "kernel_code", "lessons", "timeline", "timeline_backward", "race", "tuning")
+MERGED_PROVENANCE = ("grids", "kernel_code", "spills", "lessons", "timeline", "timeline_backward", "race", "tuning")
 # What a record is labelled with (the top-level provenance, or its grid's entry where that names them): a merge
 # that would change any of these for an old record is refused.
 LABEL_FIELDS = ("backend", "gpu", "cpu", "driver", "jax", "jaxlib", "cudnn", "transformer_engine", "python")

@@ -195,3 +195,55 @@ def test_the_code_child_compiles_our_fp8_forward_with_its_path_and_mask_and_no_x
 def test_fp8_warpgroup_matmuls_count_in_sass():
     sass = "/*0a10*/ QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR4], R24 ;\n/*0a20*/ HGMMA.64x64x16.F32.BF16 R0, gdesc[UR8], R0 ;"
     assert count_instructions(sass, "sass")["wgmma (warpgroup matmul)"] == 2
+
+
+PTXAS_V = """ptxas info    : Compiling entry function 'dkv_kernel_mosaic_gpu_kernel' for 'sm_90a'
+ptxas info    : Function properties for dkv_kernel_mosaic_gpu_kernel
+    24 bytes stack frame, 20 bytes spill stores, 36 bytes spill loads
+ptxas info    : Used 168 registers, used 1 barriers
+ptxas info    : Function properties for dq_kernel_mosaic_gpu_kernel
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+"""
+
+
+def test_spills_are_read_per_function_from_ptxas_report(tmp_path):
+    assert kc.spills_in(PTXAS_V) == {
+        "dkv_kernel_mosaic_gpu_kernel": {"stack": 24, "stores": 20, "loads": 36},
+        "dq_kernel_mosaic_gpu_kernel": {"stack": 0, "stores": 0, "loads": 0},
+    }
+    (tmp_path / "ptxas.log").write_text(PTXAS_V)
+    summary = summarise_dump(tmp_path)
+    assert summary["spills"]["dkv_kernel_mosaic_gpu_kernel"]["loads"] == 36 and summary["registers"] == [168]
+    assert kc.spills_in("ptxas info    : Used 40 registers") == {}
+
+
+def test_every_spill_check_is_a_config_our_kernel_takes():
+    import dataclasses
+
+    from attention_tutorial.kernels.mosaic import default_config
+
+    assert any(grad for _, _, grad, _ in kc.SPILL_CHECKS.values())
+    for name, (H, causal, grad, changes) in kc.SPILL_CHECKS.items():
+        cfg = dataclasses.replace(default_config(H), **changes)  # a field that does not exist would raise here
+        assert f"H={H}" in name and isinstance(causal, bool) and isinstance(grad, bool), name
+        assert all(getattr(cfg, field) == value for field, value in changes.items())
+
+
+def test_the_code_child_compiles_the_gradient_of_our_kernel_with_its_config(tmp_path, monkeypatch):
+    import jax.numpy as jnp
+
+    import attention_tutorial.kernels.mosaic as mosaic
+
+    for name in ("MOSAIC_GPU_DUMP_TO", "MOSAIC_GPU_DUMP_PTX", "MOSAIC_GPU_DUMP_SASS", "MOSAIC_GPU_DUMP_PTXAS", "PATH"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+    configs = []
+
+    def fake(q, k, v, *, config, is_causal):
+        configs.append((config, is_causal))
+        return jnp.sin(q) * k
+
+    monkeypatch.setattr(mosaic, "mosaic_flash_attention", fake)
+    spec = {"impl": "mosaic", "batch": 1, "seq_q": 128, "heads": 2, "head_dim": 128, "dtype": "bfloat16"}
+    kc._child({**spec, "causal": True, "config": {"bwd_together": True}, "grad": True}, str(tmp_path))
+    (cfg, causal), *_ = configs
+    assert cfg.bwd_together and cfg.bwd_dq == "pass" and causal

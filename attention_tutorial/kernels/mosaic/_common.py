@@ -423,4 +423,5 @@ def _entry(body, scratch):
     def entry(*refs):
         pl.run_scoped(lambda scoped: body(*refs, scoped), scratch, collective_axes="wg")
 
+    entry.__name__ = getattr(body, "func", body).__name__  # the kernel's name in dumps, traces and profiles
     return entry

@@ -67,7 +67,7 @@ class SplitDqScratch(NamedTuple):
     kv_segment: Any = None  # (stages, 2, PIECE) int32
 
 
-def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan):
+def split_dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan):
     """dQ: the CTA owns ``plan.own`` query rows, both warpgroups walking the key tiles they see; warpgroup w makes
     dS for the tile's w-th 32 keys and dQ's w-th half of the head dim."""
     import jax.experimental.pallas as pl
@@ -209,7 +209,7 @@ class SplitDkvScratch(NamedTuple):
     kv_segment: Any = None  # (bkv,) int32
 
 
-def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan):
+def split_dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan):
     """dK, dV: the CTA owns ``plan.own`` keys of one kv head, both warpgroups walking, for each query head sharing
     it, the query tiles that see them; warpgroup w makes Pᵀ and dSᵀ for the tile's w-th 32 queries and dK's and
     dV's w-th half of the head dim."""
@@ -401,7 +401,7 @@ def backward(args, mask_in, *, mask, plans, groups_shape, dtype, profile):
         **lists,
     )
     dq = call(
-        functools.partial(dq_kernel, plan=dq_plan),
+        functools.partial(split_dq_kernel, plan=dq_plan),
         jax.ShapeDtypeStruct(q.shape, dtype),
         scratch,
         (N, -(-T // bq), B),
@@ -429,6 +429,6 @@ def backward(args, mask_in, *, mask, plans, groups_shape, dtype, profile):
     )
     out_type = [jax.ShapeDtypeStruct(k.shape, dtype)] * 2
     grid, names = (K, -(-S // bkv), B), ("heads", "kv_seq", "batch")
-    kernel = functools.partial(dkv_kernel, plan=dkv_plan)
+    kernel = functools.partial(split_dkv_kernel, plan=dkv_plan)
     dk, dv = call(kernel, out_type, scratch, grid, names, *args, *mask_in[1], **profile)
     return dq, dk, dv

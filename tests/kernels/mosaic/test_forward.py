@@ -134,8 +134,9 @@ def _scope_names(jaxpr, found=None):
 def test_profiler_regions_exist_only_when_profiling_and_add_no_operation(pipeline, causal):
     plain = MosaicConfig(pipeline=pipeline)
     profiled = Probe(profile_space=64, profile_dir="/tmp/trace")
-    assert _scope_names(_jaxpr(plain, causal).jaxpr) == {"entry"}
-    assert _scope_names(_jaxpr(plain, causal, probe=profiled).jaxpr) == {"entry", "qk", "softmax", "pv", "wait", "copy"}
+    assert _scope_names(_jaxpr(plain, causal).jaxpr) == {"forward_kernel"}
+    regions = {"forward_kernel", "qk", "softmax", "pv", "wait", "copy"}
+    assert _scope_names(_jaxpr(plain, causal, probe=profiled).jaxpr) == regions
     # the same operations either way: the two programs differ only in the compiler parameters that switch it on
     a, b = str(_jaxpr(plain, causal)).splitlines(), str(_jaxpr(plain, causal, probe=profiled)).splitlines()
     differ = [(x, y) for x, y in zip(a, b) if x != y]
