@@ -359,3 +359,34 @@ def dq_figure(blocks: int = 4):
             caption(x - 0.75, blocks + 0.85, "each tile adds dS·k (TMA reduce-add)", PALETTE[1])
         ax.set_title(f"dQ by {DQ_WORDS[scheme]}: {products(scheme)} products per tile pair", fontsize=10)
     return fig
+
+
+def split_figure():
+    """The backward's float32 dK and dV by warpgroup: up to H = 128 each compute warpgroup owns 64 keys of its own
+    across the whole head dim; at H = 256 both own the same 64 keys, each one half of the head dim, and each makes
+    the weights and dS of half the query tile, which both then read from shared memory."""
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.4), layout="constrained")
+    colour = {0: PALETTE[0], 1: PALETTE[1]}
+
+    def box(ax, x, y, w, h, wg, text):
+        ax.add_patch(Rectangle((x, y), w, h, facecolor=colour[wg], alpha=0.25, edgecolor=colour[wg], lw=1.2))
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=8)
+
+    for ax in axes:
+        ax.set(xlim=(-1.6, 8.6), ylim=(5.0, -0.6), aspect="equal")
+        ax.axis("off")
+    left, right = axes
+    for wg in (0, 1):  # H = 128: two key blocks, the whole head dim each
+        box(left, 1.0, 0.4 + 2.2 * wg, 5.0, 2.0, wg, f"warpgroup {wg}\nkeys {64 * wg}–{64 * wg + 63} × H 0–127")
+    left.text(3.5, 4.85, "dK, dV: each warpgroup its own keys", ha="center", fontsize=8, color=GREY)
+    left.set_title("H = 128", fontsize=10)
+    for wg in (0, 1):  # H = 256: one key block; shared memory above, the head dim split below
+        box(right, 0.5 + 3.6 * wg, 0.0, 3.4, 1.2, wg, f"Pᵀ, dSᵀ of queries {32 * wg}–{32 * wg + 31}\n(warpgroup {wg})")
+        box(right, 0.0 + 4.1 * wg, 2.6, 3.9, 2.0, wg, f"warpgroup {wg}\nkeys 0–63 × H {128 * wg}–{128 * wg + 127}")
+        for to in (0, 1):
+            start, end = (2.2 + 3.6 * wg, 1.25), (1.95 + 4.1 * to, 2.55)
+            right.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=10, color=colour[wg], lw=1.2))
+    right.text(-1.5, 0.6, "shared\nmemory", va="center", fontsize=8, color=GREY)
+    right.text(4.0, 4.85, "dK, dV: the same keys, half the head dim each", ha="center", fontsize=8, color=GREY)
+    right.set_title("H = 256", fontsize=10)
+    return fig
