@@ -223,6 +223,10 @@ def cases(groups=GROUPS) -> list[Case]:
                     "ours, together, heavy first": with_grad(
                         ours(H, config={"bwd_together": True, "heavy_first": True}, **m)
                     ),
+                    "ours, dQ split": with_grad(ours(H, config={"bwd_dq": "split"}, **m)),
+                    "ours, dQ split, together": with_grad(
+                        ours(H, config={"bwd_dq": "split", "bwd_together": True}, **m)
+                    ),
                 }
                 name = f"H={H} {'causal' if causal else 'no mask'}"
                 out.append(Case("backward", name, (B, T, T, N, N, H), m, race, "fwd+bwd", "cuDNN"))

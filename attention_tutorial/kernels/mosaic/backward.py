@@ -241,7 +241,9 @@ class DkvScratch(NamedTuple):
     tile_ready: Any  # (stages,): q, dO, lse, delta (and segment ids) of a slot landed
     tile_free: Any  # (stages,), two arrivals
     ds: Any = None  # (2, bkv, bq): dSᵀ, the left operand of dQ's share (dQ by atomic adds)
-    dq: Any = None  # (2, bq, H) float32: dQ's share on its way out
+    dq: Any = None  # (2, bq, H) float32: dQ's share on its way out; split: (2, 2, bq, H / 2), two buffers each
+    ds_ready: Any = None  # split: both warpgroups' dSᵀ written (two arrivals)
+    ds_free: Any = None  # split: both warpgroups done reading them (two arrivals)
     tiles: Any = None
     tiles_ready: Any = None
     q_segment: Any = None  # (stages, bq) int32
@@ -257,7 +259,8 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
     cfg, stages, bkv, bq = plan.cfg, plan.stages, plan.own, plan.visit
-    atomic = cfg.bwd_dq == "atomic"
+    atomic = cfg.bwd_dq in ("atomic", "split")
+    split = cfg.bwd_dq == "split"  # both warpgroups walk every step, each making half the head dim of dQ's share
     *ins, scratch = refs
     if atomic:
         *ins, dq_ref, dk_ref, dv_ref = ins
@@ -271,7 +274,16 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
     cta_keys = cta * (2 * bkv)
     region = regions(plan.probe.profiling)
     c = plan.scale * LOG2E
-    walk = Walk(plan.mask, scratch, cta_keys, own=plan.own, visit=plan.visit, stages=plan.stages, padded=plan.padded)
+    walk = Walk(
+        plan.mask,
+        scratch,
+        cta_keys,
+        own=2 * bkv if split else bkv,  # split: the CTA's keys walked as one
+        visit=plan.visit,
+        stages=plan.stages,
+        padded=plan.padded,
+        shared=split,
+    )
     seq_kv = mask.seq_q if not plan.lists else mask.seq_kv  # keys are the band's rows when transposed
 
     @pl.when(wg < 2)
@@ -295,6 +307,8 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
         zeros = jnp.full((bkv, head_dim), 0.0, jnp.float32)
         dk = plgpu.layout_cast(zeros, plgpu.Layout.WGMMA)
         dv = plgpu.layout_cast(zeros, plgpu.Layout.WGMMA)
+        if split:
+            plgpu.barrier_arrive(scratch.ds_free)  # the dSᵀ buffers start free
 
         def step(t, carry, masked=False, g=None):
             dk, dv = carry
@@ -367,6 +381,8 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
                     dk, *dvs = pl.run_state(dk_step)(accs)
                 plgpu.barrier_arrive(scratch.tile_free.at[slot])
                 return dk, (dvs[0] if with_dv else dv)
+            if split:
+                return split_dq_step(dk, dv, pt, dst, q_tile, do_tile, slot, jq, g, tt)
             ds_smem = scratch.ds.at[wg]
 
             def dk_and_dq(refs):
@@ -392,6 +408,45 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
                 plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[rows], reduction_op="add")
             return dk, dv
 
+        def split_dq_step(dk, dv, pt, dst, q_tile, do_tile, slot, jq, g, tt):
+            """dK, dV as ever; dQ's share of this query tile from both warpgroups' keys, this warpgroup's half of the
+            head dim: dS (queries × the CTA's 2·bkv keys, both warpgroups' dSᵀ from shared memory) · k[:, half]."""
+            half = head_dim // 2
+            with region("wait"):
+                plgpu.barrier_wait(scratch.ds_free)
+            scratch.ds.at[wg][...] = dst
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(scratch.ds_ready)
+
+            def dk_dv(refs):
+                plgpu.wgmma(refs[0], dst, q_tile)  # dK += dSᵀ q
+                if cfg.bwd_together:
+                    plgpu.wgmma(refs[1], pt.astype(dtype), do_tile)  # dV += Pᵀ dO (issued above otherwise)
+
+            def share_of(ref):
+                cols = pl.ds(pl.multiple_of(wg * half, half), half)
+                for w in (0, 1):  # dS of each warpgroup's keys times those keys, our half of the head dim
+                    plgpu.wgmma(ref, scratch.ds.at[w].transpose((1, 0)), scratch.k.at[w].at[:, cols])
+
+            with region("grads"):
+                accs = (plgpu.ACC.init(dk), plgpu.ACC.init(dv)) if cfg.bwd_together else (plgpu.ACC.init(dk),)
+                dk, *dvs = pl.run_state(dk_dv)(accs)
+                dv = dvs[0] if cfg.bwd_together else dv
+            plgpu.barrier_arrive(scratch.tile_free.at[slot])  # q and dO of this slot are done
+            with region("wait"):
+                plgpu.barrier_wait(scratch.ds_ready)
+            with region("grads"):
+                share = pl.run_scoped(lambda r: (share_of(r), r[...])[1], plgpu.ACC((bq, half), jnp.float32))
+            plgpu.barrier_arrive(scratch.ds_free)
+            staging = scratch.dq.at[wg, lax.rem(tt, 2)]  # two buffers: the last step's share may still be leaving
+            with region("dq_add"):
+                plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+                staging[...] = share
+                plgpu.commit_smem()
+                rows = (batch, pl.ds(jq * bq, bq), kv_head * plan.groups + g, pl.ds(wg * half, half))
+                plgpu.copy_smem_to_gmem(staging, dq_ref.at[rows], reduction_op="add")
+            return dk, dv
+
         def one_head(g, carry):
             return walk.loops(
                 functools.partial(_with_head, step, g),
@@ -401,10 +456,12 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
                 readies=(scratch.tile_ready,),
                 trailing_readies=(scratch.tile_ready,),
                 offset=g * n_visit,
-                ragged_owner=seq_kv % bkv != 0,
+                ragged_owner=seq_kv % (2 * bkv if split else bkv) != 0,
             )
 
         dk, dv = lax.fori_loop(0, plan.groups, one_head, (dk, dv))
+        if split:  # the other warpgroup's last share read our keys: wait until it is done
+            plgpu.barrier_wait(scratch.ds_free)
         k_smem[...] = (dk * plan.scale).astype(dtype)
         v_smem[...] = dv.astype(dtype)
         plgpu.commit_smem()
@@ -464,13 +521,16 @@ def _plan(cfg, mask, *, own, visit, n_visit, groups, scale, transposed, probe):
     )
 
 
-def _lists(mask, arrays, plan, *, transposed, shared=False):
+def _lists(mask, arrays, plan, *, transposed, shared=False, own=None):
+    """The mask's inputs to a kernel: the CTAs' tile lists (``own`` rows a warpgroup owns, ``plan.own`` unless
+    given; ``shared``: both warpgroups the same ones) and the segment ids."""
     if not mask.has_arrays:
         return ()
+    own = own or plan.own
     if transposed:
-        grid = M.tile_grid(mask, arrays, block_q=plan.visit, block_kv=plan.own).transpose(0, 2, 1)
+        grid = M.tile_grid(mask, arrays, block_q=plan.visit, block_kv=own).transpose(0, 2, 1)
     else:
-        grid = M.tile_grid(mask, arrays, block_q=plan.own, block_kv=plan.visit)
+        grid = M.tile_grid(mask, arrays, block_q=own, block_kv=plan.visit)
     out = (M.tile_lists(M.by_cta(grid, shared=shared), arrays, padded=plan.padded),)
     if mask.segments:
         out += (arrays.q_segment, arrays.kv_segment)
@@ -556,7 +616,7 @@ def backward(
 
     plan = _plan(cfg, mask, own=bkv, visit=bq, n_visit=n_q, groups=N // K, scale=scale, transposed=True, probe=probe)
     stages = plan.stages
-    atomic = cfg.bwd_dq == "atomic"
+    atomic, split = cfg.bwd_dq in ("atomic", "split"), cfg.bwd_dq == "split"
     f32_tiles = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
     scratch = DkvScratch(
         k=plgpu.SMEM((2, bkv, H), dt, transforms=_tiles()),
@@ -569,12 +629,16 @@ def backward(
         tile_ready=plgpu.Barrier(num_arrivals=5 if segments else 4, num_barriers=stages),
         tile_free=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
         ds=plgpu.SMEM((2, bkv, bq), dt, transforms=_tiles()) if atomic else None,
-        dq=plgpu.SMEM((2, bq, H), jnp.float32, transforms=f32_tiles) if atomic else None,
+        dq=plgpu.SMEM((2, 2, bq, H // 2) if split else (2, bq, H), jnp.float32, transforms=f32_tiles)
+        if atomic
+        else None,
+        ds_ready=plgpu.Barrier(num_arrivals=2) if split else None,
+        ds_free=plgpu.Barrier(num_arrivals=2) if split else None,
         **_list_scratch(plan, segments, q_rows=(stages, bq), kv_rows=(2, bkv)),
     )
     kernel = functools.partial(dkv_kernel, plan=plan)
     grid, names = (K, -(-S // (2 * bkv)), B), ("heads", "kv_seq", "batch")
-    mask_in = _lists(mask, arrays, plan, transposed=True)
+    mask_in = _lists(mask, arrays, plan, transposed=True, shared=split, own=2 * bkv if split else None)
     if not atomic:
         out_type = [jax.ShapeDtypeStruct(k.shape, dt)] * 2
         dk, dv = call(kernel, out_type, scratch, grid, names, *args, *mask_in, **profile)

@@ -28,7 +28,7 @@ REGISTERS = 232  # a compute thread's by default (MosaicConfig.registers), leavi
 MIN_COPY_REGISTERS = 24  # the fewest set_max_registers gives a thread
 TILE_REGISTERS = 192  # of the default 232, for tiles; the other 40: indices, max, sum, addresses, ...
 PROFILE_BYTES_PER_REGION = 16  # the in-kernel profiler: two events (start, end) of two 32-bit words each
-BWD_DQ = ("pass", "atomic")  # how the backward makes dQ (MosaicConfig.bwd_dq)
+BWD_DQ = ("pass", "atomic", "split")  # how the backward makes dQ (MosaicConfig.bwd_dq)
 SCHEDULES = ("rendezvous", "turns")  # how the two compute warpgroups share the tensor cores (MosaicConfig.schedule)
 KERNEL_HEAD_DIMS = (64, 128, 256)  # the head dims the kernels' tiles are laid out for; others are padded up to one
 
@@ -50,7 +50,10 @@ class MosaicConfig:
     q·kᵀ and dO·vᵀ (seven matrix products per tile pair in all, deterministic); ``"atomic"``, the dK/dV kernel adds
     each step's share dS·k into a float32 dQ in global memory (TMA reduce-add, FlashAttention-2's way, which
     FlashAttention-3 keeps: five products, float32 traffic, a summation order that varies from run to run, so dQ is
-    not the same bits twice). ``schedule`` says how the two compute warpgroups share the tensor cores
+    not the same bits twice); ``"split"``, atomic adds as FlashAttention-3 makes them: both warpgroups walk every
+    query tile together, hand their dS over through shared memory, and each makes half the head dim of the CTA's
+    share (one add per element a step instead of two, half the registers). ``schedule`` says how the two compute
+    warpgroups share the tensor cores
     (:data:`SCHEDULES`, :class:`~attention_tutorial.kernels.mosaic._common.Schedule`).
     ``registers`` and ``bwd_registers``: 32-bit registers per compute thread in the forward and in the backward
     kernels (``set_max_registers``; a multiple of 8 from 168 to 240). The copy warpgroup gets what the two compute
@@ -208,7 +211,7 @@ def bwd_smem_bytes(cfg: MosaicConfig, head_dim: int, dtype) -> int:
     float32 share of dQ (bwd_block_q × H) on its way out."""
     item, bq, bkv = jnp.dtype(dtype).itemsize, cfg.bwd_block_q, cfg.bwd_block_kv
     total = 2 * 2 * bkv * head_dim * item + cfg.bwd_stages * (2 * bq * head_dim * item + 2 * bq * 4)
-    if cfg.bwd_dq == "atomic":
+    if cfg.bwd_dq in ("atomic", "split"):  # split: two buffers of half the head dim each
         total += 2 * (bkv * bq * item + bq * head_dim * 4)
     return total
 
@@ -249,7 +252,7 @@ def bwd_tile_registers(cfg: MosaicConfig, head_dim: int) -> int:
     warpgroup's 128 threads: dK and dV (bwd_block_kv × H each), the scores and dP (bwd_block_kv × bwd_block_q each),
     and with dQ by atomics the step's share of dQ (bwd_block_q × H). An upper bound: not all are live at once."""
     bq, bkv = cfg.bwd_block_q, cfg.bwd_block_kv
-    share = {"pass": 0, "atomic": bq * head_dim}[cfg.bwd_dq]
+    share = {"pass": 0, "atomic": bq * head_dim, "split": bq * head_dim // 2}[cfg.bwd_dq]
     tiles = 2 * bkv * head_dim + 2 * bkv * bq + share
     return tiles // 128
 

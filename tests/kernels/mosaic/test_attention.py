@@ -140,7 +140,7 @@ def test_registers_reach_each_kernel_and_leave_the_copy_warpgroup_the_rest(regis
 @pytest.mark.gpu
 @pytest.mark.parametrize("schedule", ["rendezvous", "turns"])
 @pytest.mark.parametrize(
-    ("head_dim", "dq"), [(64, "atomic"), (64, "pass"), (128, "pass"), (128, "atomic"), (256, "pass")]
+    ("head_dim", "dq"), [(64, "atomic"), (64, "pass"), (128, "pass"), (128, "atomic"), (128, "split"), (256, "pass")]
 )
 def test_gpu_every_mask_forward_and_backward_matches_float64(head_dim, dq, schedule):
     """Every mask of the interpreter's matrix, compiled: causal both ways, windows, prefix-LM, lengths (rows with no

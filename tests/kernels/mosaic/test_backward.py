@@ -73,7 +73,7 @@ def test_lowers_with_x64_enabled():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dq", ["pass", "atomic"])
+@pytest.mark.parametrize("dq", ["pass", "atomic", "split"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
@@ -98,7 +98,7 @@ def test_s_and_dp_together_lower_on_a_cpu(dq):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dq", ["pass", "atomic"])
+@pytest.mark.parametrize("dq", ["pass", "atomic", "split"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_gpu_gradients_with_s_and_dp_together_match_float64(causal, head_dim, dq):
