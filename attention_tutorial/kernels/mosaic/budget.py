@@ -319,7 +319,8 @@ def problem(shape: AttentionShape, dtype, cfg: MosaicConfig, probe: Probe = NO_P
             f"of shared memory, more than the {(SMEM_BYTES - SMEM_RESERVE) // 1024} KiB a Hopper CTA leaves for its "
             "tiles: pick bwd_stages=2 or smaller bwd blocks."
         )
-    if H > 128 and (need := bwd_split_smem_bytes(cfg, H, dtype)) + SMEM_RESERVE > SMEM_BYTES:
+    split_tiles = (cfg.bwd_block_q, cfg.bwd_block_kv) == (64, 64)  # others: refused by the backward, naming them
+    if H > 128 and split_tiles and (need := bwd_split_smem_bytes(cfg, H, dtype)) + SMEM_RESERVE > SMEM_BYTES:
         return (
             f"at H={H}, bwd_stages={cfg.bwd_stages} the backward's kernels need {need / 1024:.1f} KiB of shared "
             f"memory, more than the {(SMEM_BYTES - SMEM_RESERVE) // 1024} KiB a Hopper CTA leaves for their tiles: "

@@ -150,7 +150,9 @@ def test_h256_backward_budget_by_hand_and_its_refusal():
     assert problem(shape, jnp.bfloat16, cfg) is None
     reason = problem(shape, jnp.bfloat16, MosaicConfig(block_kv=64, bwd_stages=3))
     assert "at H=256, bwd_stages=3 the backward's kernels need 273.5 KiB" in reason and "bwd_stages=2" in reason
-    with pytest.raises(ValueError, match=r"MosaicConfig\.bwd_dq must be one of \('pass', 'atomic'\); got 'atomics'"):
+    with pytest.raises(
+        ValueError, match=r"MosaicConfig\.bwd_dq must be one of \('pass', 'atomic', 'split'\); got 'atomics'"
+    ):
         MosaicConfig(bwd_dq="atomics")
 
 
