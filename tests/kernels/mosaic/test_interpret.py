@@ -107,6 +107,8 @@ CONFIGS = {
     "together, dq pass": lambda h: dataclasses.replace(default_config(h), bwd_dq="pass", bwd_together=True),
     "together, dq atomic": lambda h: dataclasses.replace(default_config(h), bwd_dq="atomic", bwd_together=True),
     "heavy first": lambda h: dataclasses.replace(default_config(h), bwd_dq="pass", heavy_first=True),
+    "dq split": lambda h: dataclasses.replace(default_config(h), bwd_dq="split"),
+    "dq split, together": lambda h: dataclasses.replace(default_config(h), bwd_dq="split", bwd_together=True),
 }
 
 
@@ -125,6 +127,9 @@ PATHS = [
     ("together, dq pass", True, 64, GQA_LONG_Q),
     ("together, dq atomic", False, 128, GQA_SHORT_Q),
     ("heavy first", True, 64, GQA_LONG_Q),
+    ("dq split", True, 128, GQA_SHORT_Q),
+    ("dq split", False, 64, GQA_LONG_Q),
+    ("dq split, together", True, 64, MHA),
 ]
 
 

@@ -171,3 +171,12 @@ def test_masks_at_h256_where_the_warpgroups_split_the_head_dim(name):
     """A band, a prefix, a softcap and tile lists of packed documents through the H = 256 backward."""
     kwargs, kept = MASKS[name]
     check_masked(kwargs, kept, B=2, T=320, S=384, H=256, config=default_config(256), seed=11)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["causal bottom-right", "window both sides", "documents (T != S), window", "lengths"])
+def test_masks_with_dq_split_between_the_warpgroups(name):
+    """Both warpgroups walk the union of their tiles and hand dS over: bands, lengths and tile lists."""
+    kwargs, kept = MASKS[name]
+    cfg = dataclasses.replace(default_config(128), bwd_dq="split")
+    check_masked(kwargs, kept, B=2, T=320, S=384, H=128, config=cfg, seed=13)
