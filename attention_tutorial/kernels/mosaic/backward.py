@@ -451,7 +451,7 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
             return walk.loops(
                 functools.partial(_with_head, step, g),
                 carry,
-                key0,
+                cta_keys if split else key0,  # split: both warpgroups walk the CTA's steps
                 frees=(scratch.tile_free,),
                 readies=(scratch.tile_ready,),
                 trailing_readies=(scratch.tile_ready,),
