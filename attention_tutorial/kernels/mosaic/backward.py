@@ -560,6 +560,11 @@ def backward(
     S, K = k.shape[1], k.shape[2]
     if H > 128:
         _check_split(cfg, H)
+    if cfg.bwd_dq == "split" and H != 128:  # each warpgroup's half of dQ's share: whole 64-column tiles of k
+        raise ValueError(
+            f"MosaicConfig.bwd_dq='split' takes H = 128 (each warpgroup makes a 64-column half of dQ's share); got "
+            f"H={H}: use bwd_dq='atomic' or 'pass'."
+        )
     bq, bkv, dt = cfg.bwd_block_q, cfg.bwd_block_kv, q.dtype
     lse2 = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # a row with no key: every weight of it is masked to 0
     pad = [(0, 0), (0, 0), (0, padded_rows(T, 2 * bq) - T)]  # lse and D are loaded a tile of rows at a time

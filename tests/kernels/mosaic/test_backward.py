@@ -80,6 +80,8 @@ def test_lowers_with_x64_enabled():
 def test_gpu_gradients_match_float64(causal, head_dim, dtype, dq):
     if reason := why_not(AttentionShape(1, 512, 512, 4, 4, head_dim), dtype, causal):
         pytest.skip(reason)
+    if dq == "split" and head_dim != 128:
+        pytest.skip("dQ split takes H = 128")
     cfg = MosaicConfig(bwd_dq=dq)
     for b, t, s, n, k in ((1, 512, 512, 4, 4), (1, 256, 512, 8, 2), (2, 512, 256, 4, 1)):  # MHA, GQA T<S, MQA T>S
         q, kk, v = make_qkv(b, t, n, head_dim, seq_kv=s, kv_heads=k, dtype=dtype, seed=t + s)
@@ -106,6 +108,8 @@ def test_gpu_gradients_with_s_and_dp_together_match_float64(causal, head_dim, dq
     masked in the kernel), GQA."""
     if reason := why_not(AttentionShape(1, 512, 512, 4, 4, head_dim), jnp.bfloat16, causal):
         pytest.skip(reason)
+    if dq == "split" and head_dim != 128:
+        pytest.skip("dQ split takes H = 128")
     cfg = MosaicConfig(bwd_dq=dq, bwd_together=True, heavy_first=causal)
     for b, t, s, n, k in ((1, 512, 512, 4, 4), (1, 500, 500, 8, 2)):
         q, kk, v = make_qkv(b, t, n, head_dim, seq_kv=s, kv_heads=k, dtype=jnp.bfloat16, seed=t + s)
@@ -166,6 +170,24 @@ def test_h256_gradient_lowers_to_the_kernels_that_split_the_head_dim(causal):
     assert len(calls) == 3  # the forward, dQ, dK/dV
     assert "-> tensor<1x320x8x256xbf16>" in calls[1]
     assert "-> (tensor<1x512x2x256xbf16>, tensor<1x512x2x256xbf16>)" in calls[2]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("together", [False, True])
+def test_dq_split_lowers_at_h128_to_one_backward_kernel_adding_halves(causal, together):
+    """dQ split: the dK/dV kernel alone after the forward; refused at H = 64, naming the field."""
+    q = jax.ShapeDtypeStruct((1, 320, 8, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, 512, 2, 128), jnp.bfloat16)
+    cfg = MosaicConfig(bwd_dq="split", bwd_together=together)
+
+    def loss(q, k, v, cfg=cfg):
+        return mosaic_flash_attention(q, k, v, is_causal=causal, config=cfg).astype(jnp.float32).sum()
+
+    hlo = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, kv, kv).lower(lowering_platforms=("cuda",)).as_text()
+    assert len(re.findall(r"custom_call @mosaic_gpu", hlo)) == 2
+    small = jax.ShapeDtypeStruct((1, 320, 8, 64), jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"bwd_dq='split' takes H = 128 .* got H=64"):
+        jax.jit(jax.grad(loss)).trace(small, small, small)
 
 
 @pytest.mark.parametrize(

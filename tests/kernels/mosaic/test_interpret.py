@@ -128,8 +128,8 @@ PATHS = [
     ("together, dq atomic", False, 128, GQA_SHORT_Q),
     ("heavy first", True, 64, GQA_LONG_Q),
     ("dq split", True, 128, GQA_SHORT_Q),
-    ("dq split", False, 64, GQA_LONG_Q),
-    ("dq split, together", True, 64, MHA),
+    ("dq split", False, 128, GQA_LONG_Q),
+    ("dq split, together", True, 128, MHA),
 ]
 
 
