@@ -296,10 +296,10 @@ def _tile_range(ids, block, n):
 
 def tile_lists(states: jax.Array, arrays: MaskArrays, *, padded: int) -> jax.Array:
     """Per CTA, the key tiles to visit, packed into one int32 row (one copy into shared memory):
-    ``[n_full, n_total, prefix, q_len, kv_len, 0, 0, 0, tiles[padded], state0[padded], state1[padded]]``. Tiles
-    full for both warpgroups come first (``n_full`` of them: no mask is built), then those partial for either
-    (each warpgroup's state says whether it masks or skips), in key order within each group; ``padded`` ≥ the key
-    tiles, a multiple of 4 (16-byte copies)."""
+    ``[n_full, n_total, prefix, q_len, kv_len, 0, 0, 0, tiles[padded], state0[padded], state1[padded], 0...]``
+    (zeros up to :func:`list_length`). Tiles full for both warpgroups come first (``n_full`` of them: no mask is
+    built), then those partial for either (each warpgroup's state says whether it masks or skips), in key order
+    within each group; ``padded`` ≥ the key tiles, a multiple of 4."""
     B, C, _, n = states.shape
     both_full = (states == FULL).all(axis=2)  # (B, C, n)
     any_kept = (states != EMPTY).any(axis=2)
@@ -323,27 +323,29 @@ def tile_lists(states: jax.Array, arrays: MaskArrays, *, padded: int) -> jax.Arr
         ],
         axis=-1,
     )
-    return jnp.concatenate([head, fill(order), fill(per_wg[:, :, 0]), fill(per_wg[:, :, 1])], axis=-1)
+    row = jnp.concatenate([head, fill(order), fill(per_wg[:, :, 0]), fill(per_wg[:, :, 1])], axis=-1)
+    return jnp.pad(row, [(0, 0), (0, 0), (0, list_length(padded) - row.shape[-1])])
 
 
 COPY_LIMIT = 256  # a TMA copy moves at most 256 elements along each axis
+COPY_QUANTUM = 32  # int32s: Mosaic GPU's copies into shared memory move a multiple of 128 bytes (one per thread)
 
 
 def list_length(padded: int) -> int:
-    """The int32s of one CTA's tile list (see :func:`tile_lists`)."""
-    return HEADER + 3 * padded
+    """The int32s of one CTA's tile list (see :func:`tile_lists`), rounded up to a whole :data:`COPY_QUANTUM`."""
+    return -(-(HEADER + 3 * padded) // COPY_QUANTUM) * COPY_QUANTUM
 
 
 def list_copies(padded: int) -> tuple[tuple[int, int], ...]:
     """(start, size) of the copies that bring one CTA's tile list into shared memory, each at most
-    :data:`COPY_LIMIT` long (a multiple of 4: 16 bytes), so a list of any length lands; its barrier expects one
-    arrival per copy."""
+    :data:`COPY_LIMIT` long and a multiple of :data:`COPY_QUANTUM`, so a list of any length lands; its barrier
+    expects one arrival per copy."""
     n = list_length(padded)
     return tuple((start, min(COPY_LIMIT, n - start)) for start in range(0, n, COPY_LIMIT))
 
 
 def padded_tiles(n: int) -> int:
-    """Key tiles rounded up to a multiple of 4 (a tile list's rows are copied 16 bytes at a time)."""
+    """Key tiles rounded up to a multiple of 4 (a tile list's parts start on 16-byte boundaries)."""
     return -(-n // 4) * 4
 
 

@@ -113,12 +113,29 @@ def test_tile_grid_is_exact_for_packed_documents_and_safe_always(T, S, docs, cau
         np.testing.assert_array_equal(got[0], want[0])
 
 
+@pytest.mark.parametrize("n", [1, 4, 5, 8, 9, 83, 84, 100])
+def test_a_tile_list_lands_in_copies_of_whole_128_byte_rows(n):
+    """Mosaic GPU copies into shared memory a multiple of 128 bytes (one per thread of a warpgroup), at most 256
+    elements each: the list is padded with zeros to a whole number of those, and its copies cover it exactly."""
+    padded = M.padded_tiles(n)
+    length = M.list_length(padded)
+    assert length >= M.HEADER + 3 * padded and length % 32 == 0
+    copies = M.list_copies(padded)
+    assert all(size % 32 == 0 and 0 < size <= M.COPY_LIMIT for _, size in copies)
+    assert [start for start, _ in copies] == list(range(0, length, M.COPY_LIMIT)) and sum(
+        s for _, s in copies
+    ) == length
+    states = jnp.full((1, 1, 2, n), M.FULL, jnp.int32)
+    row = np.asarray(M.tile_lists(states, M.MaskArrays(), padded=padded))[0, 0]
+    assert row.shape == (length,) and not row[M.HEADER + 3 * padded :].any()
+
+
 def test_tile_lists_put_full_tiles_first_then_the_partial_ones():
     # one CTA, five key tiles: warpgroup 0's states, then warpgroup 1's
     states = jnp.asarray([[[[2, 1, 0, 0, 2], [2, 2, 1, 0, 2]]]], jnp.int32)
     arrays = M.MaskArrays(prefix=jnp.asarray([7], jnp.int32))
     row = np.asarray(M.tile_lists(states, arrays, padded=8))[0, 0]
-    assert row.shape == (M.HEADER + 3 * 8,)
+    assert row.shape == (M.HEADER + 3 * 8,) == (M.list_length(8),)
     n_full, n_total, prefix = row[:3]
     tiles, s0, s1 = row[8:16], row[16:24], row[24:32]
     assert (n_full, n_total, prefix) == (2, 4, 7)  # tile 3 is empty for both: not visited
