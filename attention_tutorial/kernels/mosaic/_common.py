@@ -153,6 +153,22 @@ def padded_rows(T: int, rows: int) -> int:
     return -(-T // rows) * rows
 
 
+ROW_QUANTUM = 8  # Mosaic GPU copies tiles of an array whose rows (T or S) are a multiple of 8, its tiles' height
+
+
+def pad_rows(x, axis: int = 1, mode: str = "constant"):
+    """``x`` with rows along ``axis`` up to a multiple of :data:`ROW_QUANTUM` (zeros, or ``mode="edge"``: the last
+    row repeated); as is when already one. The kernels' masks stop at the true T and S, so a padded key is never
+    kept and a padded query's output row is dropped."""
+    n = x.shape[axis]
+    pad = -n % ROW_QUANTUM
+    if not pad:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, pad)
+    return jnp.pad(x, widths, mode=mode)
+
+
 def i32(x):
     """An int32 scalar (loop bounds stay int32 also under JAX_ENABLE_X64=1)."""
     return jnp.asarray(x, jnp.int32)

@@ -30,6 +30,7 @@ from ._common import (
     call,
     call_into,
     load_vector,
+    pad_rows,
     padded_rows,
     query_cta,
     regions,
@@ -533,7 +534,7 @@ def _lists(mask, arrays, plan, *, transposed, shared=False, own=None):
         grid = M.tile_grid(mask, arrays, block_q=own, block_kv=plan.visit)
     out = (M.tile_lists(M.by_cta(grid, shared=shared), arrays, padded=plan.padded),)
     if mask.segments:
-        out += (arrays.q_segment, arrays.kv_segment)
+        out += (pad_rows(arrays.q_segment, mode="edge"), pad_rows(arrays.kv_segment, mode="edge"))
     return out
 
 
@@ -554,8 +555,6 @@ def backward(
 ):
     """(dq, dk, dv) from the backward kernels: lse2 (B, N, T) the base-2 log-sum-exp the forward saved (−inf for a
     row that keeps no key), delta (B, N, T) = rowsum(dO ∘ O) (less what a cotangent on the log-sum-exp adds)."""
-    import jax.experimental.pallas.mosaic_gpu as plgpu
-
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
     if H > 128:
@@ -565,10 +564,25 @@ def backward(
             f"MosaicConfig.bwd_dq='split' takes H = 128 (each warpgroup makes a 64-column half of dQ's share); got "
             f"H={H}: use bwd_dq='atomic' or 'pass'."
         )
-    bq, bkv, dt = cfg.bwd_block_q, cfg.bwd_block_kv, q.dtype
     lse2 = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # a row with no key: every weight of it is masked to 0
-    pad = [(0, 0), (0, 0), (0, padded_rows(T, 2 * bq) - T)]  # lse and D are loaded a tile of rows at a time
-    args = (q, k, v, d_out, jnp.pad(lse2, pad), jnp.pad(delta, pad))
+    pad = [
+        (0, 0),
+        (0, 0),
+        (0, padded_rows(T, 2 * cfg.bwd_block_q) - T),
+    ]  # lse and D are loaded a tile of rows at a time
+    # rows a multiple of 8 for the copies (zero queries and dO add nothing; the mask stops at S)
+    args = (pad_rows(q), pad_rows(k), pad_rows(v), pad_rows(d_out), jnp.pad(lse2, pad), jnp.pad(delta, pad))
+    dq, dk, dv = _backward(args, arrays, T, S, N, K, H, cfg=cfg, mask=mask, scale=scale, probe=probe)
+    return dq[:, :T], dk[:, :S], dv[:, :S]
+
+
+def _backward(args, arrays, T, S, N, K, H, *, cfg, mask, scale, probe):
+    """The kernels on ``args`` (q, k, v, dO with rows padded, lse and D): (dq, dk, dv) with the padded rows."""
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    q, k, v = args[:3]
+    B = q.shape[0]
+    bq, bkv, dt = cfg.bwd_block_q, cfg.bwd_block_kv, q.dtype
     profile = dict(profile_space=probe.profile_space, profile_dir=probe.profile_dir)
     n_q, n_k = -(-T // bq), -(-S // bkv)
     segments = mask.segments

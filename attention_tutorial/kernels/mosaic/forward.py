@@ -33,6 +33,7 @@ from ._common import (
     Walk,
     call,
     load_vector,
+    pad_rows,
     padded_rows,
     query_cta,
     regions,
@@ -353,7 +354,7 @@ def mask_inputs(plan: Plan, arrays: M.MaskArrays) -> tuple:
     grid = M.tile_grid(plan.mask, arrays, block_q=plan.cfg.block_q, block_kv=plan.cfg.block_kv)
     out = (M.tile_lists(M.by_cta(grid), arrays, padded=plan.padded),)
     if plan.mask.segments:
-        out += (arrays.q_segment, arrays.kv_segment)
+        out += (pad_rows(arrays.q_segment, mode="edge"), pad_rows(arrays.kv_segment, mode="edge"))
     return out
 
 
@@ -378,6 +379,7 @@ def forward(q, k, v, arrays: M.MaskArrays, *, scale: float, cfg: MosaicConfig, m
     (B, N, T)), lse2 the base-2 log-sum-exp of the scaled scores (−inf for a row that keeps no key)."""
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
+    q, k, v = pad_rows(q), pad_rows(k), pad_rows(v)  # rows a multiple of 8 for the copies; the mask stops at T, S
     plan = make_plan(cfg, mask, S, N // K, sixteen_bit(scale), probe)
     kernel = functools.partial(forward_kernel, plan=plan)
     rows = padded_rows(T, 2 * cfg.block_q)  # lse is stored a CTA's rows at a time
@@ -396,4 +398,4 @@ def forward(q, k, v, arrays: M.MaskArrays, *, scale: float, cfg: MosaicConfig, m
         profile_space=probe.profile_space,
         profile_dir=probe.profile_dir,
     )
-    return out, lse2[..., :T]
+    return out[:, :T], lse2[..., :T]

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...inputs import AttentionShape, attention_shape
-from ._common import LOG2E, call, on_hopper, padded_rows, positive_scale, shared_lowering, swizzled_tiles
+from ._common import LOG2E, call, on_hopper, pad_rows, padded_rows, positive_scale, shared_lowering, swizzled_tiles
 from .budget import FP8_HEAD_DIMS, NO_PROBE, MosaicConfig, Probe, fp8_problem
 from .forward import Operands, forward_kernel, make_plan, mask_inputs, scratch_types
 from .masks import Mask, MaskArrays, make_mask
@@ -174,10 +174,10 @@ def mosaic_fp8_attention(
         raise ValueError(f"p_via must be one of {P_VIA}; got {p_via!r}.")
     (q8, dq), (k8, dk), (v8, dv) = quantize_e4m3(q), quantize_e4m3(k), quantize_e4m3(v)
     vt8 = jnp.transpose(v8, (0, 2, 3, 1))  # (B, K, H, S): K-major for p·v
+    # keys up to whole 128-byte rows of E4M3 (the copies' tiles; zeros, and masked: the mask stops at S)
+    vt8 = jnp.pad(vt8, ((0, 0), (0, 0), (0, 0), (0, -S % 128)))
     if p_via == "registers":  # v's keys in the order p's registers hold them: key 16J + 8h + 2t + e to column
         # 16J + 4t + 2h + e (operand_key_order), as a swap of two axes that XLA fuses into the quantising pass
-        if S % 16:  # whole groups of 16 keys (the keys past S are zeros, and masked)
-            vt8 = jnp.pad(vt8, ((0, 0), (0, 0), (0, 0), (0, -S % 16)))
         vt8 = vt8.reshape(*vt8.shape[:-1], vt8.shape[-1] // 16, 2, 4, 2).swapaxes(-3, -2).reshape(vt8.shape)
     factors = logit_factors(positive_scale(scale, H), dq, dk, dv, float(p_scale))
     return fp8_forward(
@@ -254,6 +254,7 @@ def fp8_forward(
 
     B, T, N, H = q8.shape
     S, K = k8.shape[1], k8.shape[2]
+    q8, k8 = pad_rows(q8), pad_rows(k8)  # rows a multiple of 8 for the copies; the mask stops at T, S
     bq, bkv = cfg.block_q, cfg.block_kv
     plan = make_plan(cfg, mask, S, N // K, fp8_operands(cfg, p_scale, p_via), probe)
     extra = Extra(
@@ -265,9 +266,9 @@ def fp8_forward(
     scratch = scratch_types(plan, H, F8, v_shape=(H, bkv), transforms=_tile8(), extra=extra)
     kernel = functools.partial(forward_kernel, plan=plan)
     rows = padded_rows(T, 2 * bq)  # lse is stored a CTA's rows at a time
-    out_type = [jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16), jax.ShapeDtypeStruct((B, N, rows), jnp.float32)]
+    out_type = [jax.ShapeDtypeStruct(q8.shape, jnp.bfloat16), jax.ShapeDtypeStruct((B, N, rows), jnp.float32)]
     grid = (N, rows // (2 * bq), B)
     out, _ = call(
         kernel, out_type, scratch, grid, ("heads", "q_seq", "batch"), q8, k8, vt8, *mask_inputs(plan, arrays), factors
     )
-    return out
+    return out[:, :T]

@@ -119,6 +119,40 @@ def _register_moves(fn, *args):
     return sorted((a, int(n)) for a, n in re.findall(r"set_max_registers_p\[action=(\w+)\] (\d+)", text))
 
 
+@pytest.mark.parametrize(("head_dim", "dq"), [(64, "atomic"), (128, "pass"), (128, "split"), (256, "pass")])
+def test_any_length_lowers_for_cuda_forward_and_backward(head_dim, dq):
+    """T and S that are not multiples of 8 (Mosaic GPU copies tiles of arrays whose rows are; the kernels pad the
+    rows and their masks stop at T and S), a single query, and packed documents (tile lists that are short)."""
+    cfg = dataclasses.replace(default_config(head_dim), bwd_dq=dq)
+    for T, S, masks in (
+        (113, 200, {"is_causal": True}),
+        (1, 300, {"is_causal": True, "causal_alignment": "bottom_right"}),
+        (500, 436, {"segment_ids": (jnp.zeros((1, 500), jnp.int32), jnp.zeros((1, 436), jnp.int32))}),
+    ):
+        q = jax.ShapeDtypeStruct((1, T, 4, head_dim), jnp.bfloat16)
+        kv = jax.ShapeDtypeStruct((1, S, 2, head_dim), jnp.bfloat16)
+
+        def loss(q, k, v, masks=masks):
+            return mosaic_flash_attention(q, k, v, config=cfg, **masks).astype(jnp.float32).sum()
+
+        grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        shapes = [x.shape for x in jax.eval_shape(grad, q, kv, kv)]
+        assert shapes == [q.shape, kv.shape, kv.shape]
+        hlo = grad.trace(q, kv, kv).lower(lowering_platforms=("cuda",)).as_text()
+        assert "custom_call @mosaic_gpu" in hlo
+
+
+@pytest.mark.parametrize("p_via", ["registers", "smem"])
+def test_the_fp8_forward_lowers_at_any_length(p_via):
+    from attention_tutorial.kernels.mosaic.fp8 import mosaic_fp8_attention
+
+    for T in (113, 1000):
+        q = jax.ShapeDtypeStruct((1, T, 2, 128), jnp.bfloat16)
+        fn = jax.jit(functools.partial(mosaic_fp8_attention, is_causal=True, p_via=p_via))
+        assert jax.eval_shape(fn, q, q, q).shape == q.shape
+        assert "custom_call @mosaic_gpu" in fn.trace(q, q, q).lower(lowering_platforms=("cuda",)).as_text()
+
+
 @pytest.mark.parametrize(("registers", "bwd_registers"), [(232, 232), (240, 232), (232, 240)])
 def test_registers_reach_each_kernel_and_leave_the_copy_warpgroup_the_rest(registers, bwd_registers):
     """Forward (plain, pipelined, FP8) with ``registers``, both backward kernels with ``bwd_registers``."""
