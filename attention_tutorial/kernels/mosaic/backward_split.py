@@ -17,8 +17,8 @@ shared-memory operands must have the same swizzle. dQ comes in a pass of its own
 of dQ (64 queries × 256) to add by atomics would need another 64 registers and 64 KiB of shared memory. The scores
 and dP are issued together (``bwd_together``'s order, always here).
 
-Masks as in :mod:`~attention_tutorial.kernels.mosaic.backward`: both warpgroups walk the same tiles (:class:`~._common.
-Walk` with ``shared``), each building the element mask of its half where a tile is kept in part.
+Masks as in :mod:`~attention_tutorial.kernels.mosaic.backward`: both warpgroups walk the same tiles
+(``Walk(..., shared=True)``), each building the element mask of its half where a tile is kept in part.
 """
 
 from __future__ import annotations
