@@ -12,7 +12,7 @@ it yet; :func:`interpret` adds them, each in terms of what the GPU does:
 * TMA's edges: a load that reaches past the array's end gets zeros there, a store drops what lies past it, and a
   store with ``reduction_op="add"`` (dQ by atomic adds) adds, under a lock; a store of a slice of the innermost axis
   (all other axes fixed) past that axis's end is refused: on the GPU it lands on the next row; so is a load of more
-  than 256 elements along any axis, as the GPU's copy engine refuses it;
+  than 256 elements along any axis, or of a number of bytes not a multiple of 128, as Mosaic GPU refuses them;
 * ``plgpu.inline_mgpu`` (registers rearranged by hand): its function's ``logical`` attribute, the same rearrangement
   on a plain array, stands in.
 
@@ -142,6 +142,7 @@ def _patch():
             finally:
                 _TMA.loading = False
             _refuse_long_copy(self.data)
+            _refuse_ragged_copy(self.data)
             return out
 
         def zero_fill(ret, full_read_shape, shape, dtype, *args, **kw):
@@ -496,6 +497,20 @@ def _refuse_long_copy(data):
         raise ValueError(
             f"Async copies only support copying <={TMA_AXIS_LIMIT} elements along each dimension, got "
             f"{shape} (split the copy: a GPU refuses it)"
+        )
+
+
+COPY_BYTES_QUANTUM = 128  # bytes: a copy into shared memory moves a multiple of this (one per warpgroup thread)
+
+
+def _refuse_ragged_copy(data):
+    """A TMA load of a number of bytes that is not a multiple of 128: Mosaic GPU refuses it when it compiles the
+    kernel (every thread of the warpgroup arrives on the barrier with its share of the bytes)."""
+    nbytes = int(getattr(data, "nbytes", 0))
+    if nbytes % COPY_BYTES_QUANTUM:
+        raise ValueError(
+            f"Only copies transferring a number of bytes divisible by {COPY_BYTES_QUANTUM} are supported; got "
+            f"{nbytes} bytes of shape {tuple(data.shape)} (pad the copy: a GPU refuses it)"
         )
 
 

@@ -68,6 +68,14 @@ def test_a_store_past_the_end_of_a_per_row_vector_is_refused():
     interpret_module._refuse_folded_overrun((0, 1, slice(0, 64)), (2, 2, 113), info)  # inside
 
 
+def test_a_copy_into_shared_memory_of_a_ragged_number_of_bytes_is_refused():
+    """Mosaic GPU copies a multiple of 128 bytes into shared memory: 20 int32s (80 bytes) is refused, 32 pass."""
+    with pytest.raises(ValueError, match="got 80 bytes of shape \\(20,\\)"):
+        interpret_module._refuse_ragged_copy(np.zeros(20, np.int32))
+    interpret_module._refuse_ragged_copy(np.zeros(32, np.int32))
+    interpret_module._refuse_ragged_copy(np.zeros((32, 128), jnp.bfloat16))
+
+
 def test_a_deadlocked_kernel_raises_instead_of_hanging(monkeypatch):
     """A compute warpgroup that waits on a barrier nobody arrives at: the interpreter gives up and names the wait."""
     import jax.experimental.pallas as pl
