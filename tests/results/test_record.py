@@ -236,7 +236,7 @@ def test_every_extra_is_offered_by_the_cli_and_unknown_ones_are_refused():
     assert tuple(args.extras) == tuple(rec_mod.EXTRAS)
     with pytest.raises(
         ValueError,
-        match="choose from fp8, device_time, context_parallel, cp_scaling, train, ablations, kernel_code, lessons, "
+        match="choose from fp8, device_time, context_parallel, cp_scaling, train, ablations, kernel_code, spills, lessons, "
         "timeline",
     ):
         rec_mod.record(["seq_long"], extras=("nope",))
