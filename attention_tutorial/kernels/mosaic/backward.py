@@ -428,6 +428,7 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
                 cols = pl.ds(pl.multiple_of(wg * half, half), half)
                 for w in (0, 1):  # dS of each warpgroup's keys times those keys, our half of the head dim
                     plgpu.wgmma(ref, scratch.ds.at[w].transpose((1, 0)), scratch.k.at[w].at[:, cols])
+                return ref[...]
 
             with region("grads"):
                 accs = (plgpu.ACC.init(dk), plgpu.ACC.init(dv)) if cfg.bwd_together else (plgpu.ACC.init(dk),)
@@ -437,7 +438,7 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
             with region("wait"):
                 plgpu.barrier_wait(scratch.ds_ready)
             with region("grads"):
-                share = pl.run_scoped(lambda r: (share_of(r), r[...])[1], plgpu.ACC((bq, half), jnp.float32))
+                share = pl.run_scoped(share_of, plgpu.ACC((bq, half), jnp.float32))
             plgpu.barrier_arrive(scratch.ds_free)
             staging = scratch.dq.at[wg, lax.rem(tt, 2)]  # two buffers: the last step's share may still be leaving
             with region("dq_add"):
