@@ -327,11 +327,13 @@ class Walk:
         return carry
 
 
-def copy_ring(parts, *, stages: int, steps, region, guard: bool = False):
+def copy_ring(parts, *, stages: int, steps, region, guard: bool = False, after=None):
     """A copy warpgroup's ring of ``stages`` shared-memory slots over ``steps`` pipeline steps. ``parts``: pairs
     (free, copy): ``copy(t, slot)`` starts the TMA copies of step t into ``slot``, and ``free`` is the barrier both
     compute warpgroups release that slot's part on (k and v apart, so that k's refill need not wait for p·v). The
-    first ``stages`` steps fill the ring (``guard``: only those that exist, when ``steps`` may be fewer)."""
+    first ``stages`` steps fill the ring (``guard``: only those that exist, when ``steps`` may be fewer).
+    ``after(t)``: what the copy warpgroup does for step t once its slot is refilled (the last ``stages`` steps after
+    the ring), every step in order: the backward's stores of what the compute warpgroups staged."""
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
@@ -354,6 +356,11 @@ def copy_ring(parts, *, stages: int, steps, region, guard: bool = False):
                 plgpu.barrier_wait(free.at[slot])
             with region("copy"):
                 copy(t + stages, slot)
+        if after is not None:
+            after(t)
+
+    if after is not None:
+        pl.loop(jnp.maximum(steps - stages, 0), steps)(after)
 
 
 def regions(profile: bool):

@@ -245,6 +245,8 @@ class DkvScratch(NamedTuple):
     dq: Any = None  # (2, bq, H) float32: dQ's share on its way out; split: (2, 2, bq, H / 2), two buffers each
     ds_ready: Any = None  # split: both warpgroups' dSᵀ written (two arrivals)
     ds_free: Any = None  # split: both warpgroups done reading them (two arrivals)
+    dq_staged: Any = None  # split (2,): both halves of a step's share written to a buffer (two arrivals)
+    dq_free: Any = None  # split (2,): the copy warpgroup's adds have read a buffer
     tiles: Any = None
     tiles_ready: Any = None
     q_segment: Any = None  # (stages, bq) int32
@@ -440,13 +442,17 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
             with region("grads"):
                 share = pl.run_scoped(share_of, plgpu.ACC((bq, half), jnp.float32))
             plgpu.barrier_arrive(scratch.ds_free)
-            staging = scratch.dq.at[wg, lax.rem(tt, 2)]  # two buffers: the last step's share may still be leaving
+            buffer = lax.rem(tt, 2)  # two buffers: the last step's share may still be leaving through the other
+
+            @pl.when(tt >= 2)
+            def _():
+                with region("wait"):  # the copy warpgroup's add of two steps ago has read this buffer
+                    plgpu.barrier_wait(scratch.dq_free.at[buffer])
+
             with region("dq_add"):
-                plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-                staging[...] = share
+                scratch.dq.at[wg, buffer][...] = share
                 plgpu.commit_smem()
-                rows = (batch, pl.ds(jq * bq, bq), kv_head * plan.groups + g, pl.ds(wg * half, half))
-                plgpu.copy_smem_to_gmem(staging, dq_ref.at[rows], reduction_op="add")
+            plgpu.barrier_arrive(scratch.dq_staged.at[buffer])  # the copy warpgroup adds it into dQ
             return dk, dv
 
         def one_head(g, carry):
@@ -489,9 +495,31 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
             if plan.mask.segments:
                 plgpu.copy_gmem_to_smem(q_seg_ref.at[batch, pl.ds(jq * bq, bq)], scratch.q_segment.at[slot], ready)
 
+        def add_share(t):  # split: both halves of step t's share of dQ into dQ in global memory, by TMA reduce-add
+            g, i = lax.div(t, jnp.maximum(steps, 1)), lax.rem(t, jnp.maximum(steps, 1))
+            buffer, half = lax.rem(t, 2), head_dim // 2
+            with region("wait"):
+                plgpu.barrier_wait(scratch.dq_staged.at[buffer])
+            with region("dq_add"):
+                for w in (0, 1):
+                    rows = (batch, pl.ds(walk.block_of(i) * bq, bq), kv_head * plan.groups + g, pl.ds(w * half, half))
+                    plgpu.copy_smem_to_gmem(scratch.dq.at[w, buffer], dq_ref.at[rows], reduction_op="add")
+                plgpu.wait_smem_to_gmem(2, wait_read_only=True)  # step t − 1's adds have read their buffer
+
+            @pl.when(t >= 1)
+            def _():
+                plgpu.barrier_arrive(scratch.dq_free.at[1 - buffer])
+
         _copy_ring(
-            ((scratch.tile_free, copy_tile),), stages=stages, steps=plan.groups * steps, region=region, guard=True
+            ((scratch.tile_free, copy_tile),),
+            stages=stages,
+            steps=plan.groups * steps,
+            region=region,
+            guard=True,
+            after=add_share if split else None,
         )
+        if split:
+            plgpu.wait_smem_to_gmem(0)
 
 
 def _with_head(step, g, t, carry, masked=False, look_ahead=None):
@@ -654,6 +682,8 @@ def _backward(args, arrays, T, S, N, K, H, *, cfg, mask, scale, probe):
         else None,
         ds_ready=plgpu.Barrier(num_arrivals=2) if split else None,
         ds_free=plgpu.Barrier(num_arrivals=2) if split else None,
+        dq_staged=plgpu.Barrier(num_arrivals=2, num_barriers=2) if split else None,
+        dq_free=plgpu.Barrier(num_barriers=2) if split else None,
         **_list_scratch(plan, segments, q_rows=(stages, bq), kv_rows=(2, bkv)),
     )
     kernel = functools.partial(dkv_kernel, plan=plan)

@@ -52,7 +52,8 @@ class MosaicConfig:
     FlashAttention-3 keeps: five products, float32 traffic, a summation order that varies from run to run, so dQ is
     not the same bits twice); ``"split"``, atomic adds as FlashAttention-3 makes them: both warpgroups walk every
     query tile together, hand their dS over through shared memory, and each makes half the head dim of the CTA's
-    share (one add per element a step instead of two, half the registers). ``schedule`` says how the two compute
+    share (one add per element a step instead of two, half the registers), staged in shared memory for the copy
+    warpgroup to add. ``schedule`` says how the two compute
     warpgroups share the tensor cores
     (:data:`SCHEDULES`, :class:`~attention_tutorial.kernels.mosaic._common.Schedule`).
     ``registers`` and ``bwd_registers``: 32-bit registers per compute thread in the forward and in the backward
