@@ -357,7 +357,7 @@ def kernel_code_records() -> dict[str, dict]:
 SPILL_CHECKS: dict[str, tuple[int, bool, bool, dict]] = {
     "forward H=128": (128, True, False, {}),
     "forward H=128, turns": (128, True, False, {"schedule": "turns"}),
-    "forward H=128, 160 keys": (128, True, False, {"block_kv": 160}),
+    "forward H=128, 176 keys": (128, True, False, {"block_kv": 176}),
     "forward H=128, pipelined": (128, True, False, {"pipeline": True}),
     "forward H=256": (256, True, False, {}),
     "forward H=256, pipelined": (256, True, False, {"pipeline": True}),

@@ -379,8 +379,8 @@ def regions(profile: bool):
 def swizzled_tiles(swizzle: int = 128):
     """16-bit shared-memory tiles in 8 × (swizzle / 2) tiles with a ``swizzle``-byte swizzle: the layout wgmma and
     TMA read without bank conflicts at 128 bytes. wgmma reads a right operand whose rows are its contraction (v in
-    p·v) in runs of swizzle / 2 rows: a key tile of 32 · odd keys needs the 64-byte swizzle
-    (:func:`rows_swizzle`)."""
+    p·v) in runs of swizzle / 2 rows: a key tile of 32 · odd keys needs the 64-byte swizzle, of 16 · odd keys (176:
+    FlashAttention-3's tile at H = 128) the 32-byte one (:func:`rows_swizzle`)."""
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
     return (plgpu.TilingTransform((8, swizzle // 2)), plgpu.SwizzleTransform(swizzle))
@@ -388,8 +388,8 @@ def swizzled_tiles(swizzle: int = 128):
 
 def rows_swizzle(rows: int) -> int:
     """The widest swizzle (bytes) of a 16-bit tile whose ``rows`` wgmma contracts over: 128 for a multiple of 64
-    rows, 64 for a multiple of 32."""
-    return 128 if rows % 64 == 0 else 64
+    rows, 64 for a multiple of 32, 32 for a multiple of 16 (wgmma's contraction step in 16 bits)."""
+    return 128 if rows % 64 == 0 else 64 if rows % 32 == 0 else 32
 
 
 def load_vector(ref, layout):

@@ -43,8 +43,8 @@ def kernel_head_dim(head_dim: int) -> int | None:
 @dataclasses.dataclass(frozen=True)
 class MosaicConfig:
     """Tile sizes: ``block_q`` rows per compute warpgroup (wgmma's M is 64), ``block_kv`` keys per step (a multiple
-    of 32: p·v contracts over it, in runs of 64 keys at the 128-byte swizzle, of 32 at the 64-byte one), and
-    ``stages`` k/v slots in flight; ``bwd_*`` the same for the backward kernels (both blocks 64: each compute
+    of 16: p·v contracts over it, in runs of 64 keys at the 128-byte swizzle, of 32 at the 64-byte one, of 16 at
+    the 32-byte one), and ``stages`` k/v slots in flight; ``bwd_*`` the same for the backward kernels (both blocks 64: each compute
     warpgroup there holds two float32 accumulators, dK and dV or dQ, plus two score-sized tiles).
     ``bwd_dq`` says how the backward makes dQ (:data:`BWD_DQ`): ``"pass"``, a kernel of its own that recomputes
     q·kᵀ and dO·vᵀ (seven matrix products per tile pair in all, deterministic); ``"atomic"``, the dK/dV kernel adds
@@ -99,9 +99,9 @@ class MosaicConfig:
                 raise ValueError(
                     f"MosaicConfig.{name} must be a multiple of 64 (wgmma's tile); got {getattr(self, name)}."
                 )
-        if self.block_kv % 32:  # p·v contracts over the key tile: wgmma reads it in runs of 32 rows at least
+        if self.block_kv % 16:  # p·v contracts over the key tile: wgmma reads it in runs of 16 rows at least
             raise ValueError(
-                f"MosaicConfig.block_kv must be a multiple of 32 (p·v's contraction, at a 64-byte swizzle); got "
+                f"MosaicConfig.block_kv must be a multiple of 16 (p·v's contraction, at a 32-byte swizzle); got "
                 f"{self.block_kv}."
             )
         for name in ("registers", "bwd_registers"):

@@ -63,7 +63,7 @@ def test_only_the_pipelined_forward_needs_whole_tiles():
         ("block_kv", 0, "must be a positive integer"),
         ("bwd_stages", -1, "must be a positive integer"),
         ("bwd_block_q", 96, "must be a multiple of 64"),
-        ("block_kv", 80, "must be a multiple of 32"),
+        ("block_kv", 72, "must be a multiple of 16"),
         ("block_q", 2.0, "must be a positive integer"),
     ],
 )
@@ -72,14 +72,16 @@ def test_config_refuses_bad_sizes(field, value, expected):
         MosaicConfig(**{field: value})
 
 
-def test_a_key_tile_of_32_odd_keys_takes_the_64_byte_swizzle_and_lowers():
-    """wgmma contracts p·v over the key tile in runs of swizzle / 2 rows: 160 keys need the 64-byte swizzle."""
+@pytest.mark.parametrize("block_kv", [160, 176])
+def test_a_key_tile_of_odd_multiples_of_16_or_32_keys_takes_a_narrower_swizzle_and_lowers(block_kv):
+    """wgmma contracts p·v over the key tile in runs of swizzle / 2 rows: 160 keys need the 64-byte swizzle, 176
+    (FlashAttention-3's tile at H = 128) the 32-byte one."""
     from attention_tutorial.kernels.mosaic._common import rows_swizzle
 
-    assert [rows_swizzle(n) for n in (64, 128, 96, 160)] == [128, 128, 64, 64]
-    q = jax.ShapeDtypeStruct((1, 640, 2, 128), jnp.bfloat16)
+    assert [rows_swizzle(n) for n in (64, 128, 96, 160, 48, 176)] == [128, 128, 64, 64, 32, 32]
+    q = jax.ShapeDtypeStruct((1, 700, 2, 128), jnp.bfloat16)
     for causal in (False, True):
-        fn = functools.partial(mosaic_flash_attention, is_causal=causal, config=MosaicConfig(block_kv=160))
+        fn = functools.partial(mosaic_flash_attention, is_causal=causal, config=MosaicConfig(block_kv=block_kv))
         hlo = jax.jit(fn).trace(q, q, q).lower(lowering_platforms=("cuda",)).as_text()
         assert "mosaic_gpu" in hlo
 

@@ -80,11 +80,12 @@ def test_gpu_kernel_matches_reference(causal, head_dim, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_gpu_160_key_tiles_match_reference(causal, head_dim):
-    """block_kv = 160 (v in 64-byte swizzled tiles), whole and ragged key tiles, GQA."""
+@pytest.mark.parametrize("block_kv", [160, 176])
+def test_gpu_longer_key_tiles_match_reference(causal, head_dim, block_kv):
+    """block_kv = 160 and 176 (v in 64- and 32-byte swizzled tiles), whole and ragged key tiles, GQA."""
     if reason := why_not(AttentionShape(1, 1024, 1024, 8, 8, head_dim), jnp.bfloat16, causal):
         pytest.skip(reason)
-    cfg = MosaicConfig(block_kv=160)
+    cfg = MosaicConfig(block_kv=block_kv)
     for b, t, s, n, k in ((2, 960, 960, 8, 8), (1, 500, 1000, 8, 2)):
         q, kk, v = make_qkv(b, t, n, head_dim, seq_kv=s, kv_heads=k, dtype=jnp.bfloat16, seed=t + s)
         fn = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg))

@@ -184,6 +184,15 @@ def test_h256_backward_matches_float64(causal, shape):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_with_176_key_tiles_matches_float64(causal):
+    """FlashAttention-3's key tile at H = 128: v in 32-byte swizzled tiles; S = 2 · 176 + 48 ends on a ragged tile."""
+    q, k, v = qkv(200, 400, 2, 1, 128, seed=1)
+    fn = functools.partial(mosaic_flash_attention, is_causal=causal, config=MosaicConfig(block_kv=176))
+    check_forward(fn, q, k, v, causal=causal)
+
+
+@pytest.mark.slow
 def test_forward_with_exponentials_on_the_fma_units_matches_float64():
     q, k, v = qkv(256, 256, 2, 2, 128, seed=5)
     fn = functools.partial(mosaic_flash_attention, is_causal=True, probe=Probe(exp_poly=0.25))
