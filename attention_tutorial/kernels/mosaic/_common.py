@@ -404,13 +404,23 @@ def load_vector(ref, layout):
     return plgpu.load(ref, layout=layout)
 
 
-def call(body, out_type, scratch, grid, grid_names, *args, profile_space: int = 0, profile_dir: str = ""):
-    """One warp-specialised Mosaic GPU kernel: two compute warpgroups and one copy warpgroup per CTA, exp2 as the
-    hardware's ``ex2.approx``. With ``profile_space`` (regions per warpgroup) and ``profile_dir``, Pallas's
-    in-kernel profiler writes each call's per-warpgroup trace (Chrome trace JSON) into ``profile_dir``."""
+def compiler_params(profile_space: int = 0, profile_dir: str = ""):
+    """What every kernel of ours compiles with: exp2 as the hardware's ``ex2.approx``; no shared memory set aside
+    for reductions across warps (Pallas keeps 2 KiB for them by default: the kernels reduce only along a row of
+    wgmma's layout, which stays within a warp, and those 2 KiB let H = 256 take 80-key tiles); the profiler when
+    ``profile_space`` is set."""
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
     profile = {"profile_space": profile_space, "profile_dir": profile_dir} if profile_space else {}
+    return plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0, **profile)
+
+
+def call(body, out_type, scratch, grid, grid_names, *args, profile_space: int = 0, profile_dir: str = ""):
+    """One warp-specialised Mosaic GPU kernel: two compute warpgroups and one copy warpgroup per CTA
+    (:func:`compiler_params`). With ``profile_space`` (regions per warpgroup) and ``profile_dir``, Pallas's
+    in-kernel profiler writes each call's per-warpgroup trace (Chrome trace JSON) into ``profile_dir``."""
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
     return plgpu.kernel(
         _entry(body, scratch),
         out_type=out_type,
@@ -418,7 +428,7 @@ def call(body, out_type, scratch, grid, grid_names, *args, profile_space: int = 
         grid_names=grid_names,
         num_threads=3,  # warpgroups per CTA: two compute, one copy
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True, **profile),
+        compiler_params=compiler_params(profile_space, profile_dir),
     )(*args)
 
 
@@ -430,9 +440,8 @@ def call_into(body, args, outs, scratch, grid, grid_names, *, profile_space: int
 
     mesh = plgpu.Mesh(grid=grid, grid_names=grid_names, num_threads=3, thread_name="wg")
     refs = [jax.new_ref(x) for x in outs]
-    profile = {"profile_space": profile_space, "profile_dir": profile_dir} if profile_space else {}
     kernel = pl.kernel(
-        _entry(body, scratch), out_type=(), mesh=mesh, compiler_params=plgpu.CompilerParams(approx_math=True, **profile)
+        _entry(body, scratch), out_type=(), mesh=mesh, compiler_params=compiler_params(profile_space, profile_dir)
     )
     kernel(*args, *refs)
     return tuple(r[...] for r in refs)
