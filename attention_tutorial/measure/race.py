@@ -151,8 +151,10 @@ def cases(groups=GROUPS) -> list[Case]:
                     race["ours, pipelined"] = ours(H, pipeline=True, **m)
                     if causal:  # the blocks with the most keys first
                         race["ours, heavy first"] = ours(H, config={"heavy_first": True}, **m)
-                    if H == 128:  # FlashAttention-3's longer key tile at H = 128
+                    if H == 128:  # FlashAttention-3's longer key tiles: 176 keys at H = 128, 80 at H = 256
                         race["ours, 176 keys"] = ours(H, config={"block_kv": 176}, **m)
+                    else:
+                        race["ours, 80 keys"] = ours(H, config={"block_kv": 80}, **m)
                 name = f"H={H} {'causal' if causal else 'no mask'}"
                 out.append(Case("forward", name, (B, T, T, N, N, H), m, race, "fwd", "cuDNN"))
     H = 128

@@ -159,8 +159,12 @@ def test_every_kernel_path_matches_float64(name, causal, head_dim, shape):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("causal", "cfg"),
-    [(False, MosaicConfig(block_kv=64)), (True, MosaicConfig(block_kv=64, pipeline=True))],
-    ids=["plain", "pipelined, causal"],
+    [
+        (False, MosaicConfig(block_kv=64)),
+        (True, MosaicConfig(block_kv=64, pipeline=True)),
+        (True, MosaicConfig(block_kv=80)),  # FlashAttention-3's tile: v in 32-byte swizzled tiles, S ragged
+    ],
+    ids=["plain", "pipelined, causal", "80 keys, causal"],
 )
 def test_h256_forward_matches_float64(causal, cfg):
     q, k, v = qkv(256, 256, 2, 1, 256, seed=9)
