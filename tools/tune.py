@@ -70,9 +70,12 @@ BWD_DQ_CONFIGS = [
 ]
 PIPE = [(128, 2, False), (128, 2, True), (64, 2, True), (64, 3, True), (64, 4, True)]  # 128 × 3 stages: no room
 # (p_via, MosaicConfig fields other than the default's, the fraction of p's exponentials on the FMA units);
-# block_kv = 256 needs more registers than the kernel budgets
+# block_kv = 192 puts vᵀ and p in 64-byte swizzled tiles; 256 needs more registers than the kernel budgets
 FP8 = [
     ("registers", {}, 0),
+    ("registers", {"block_kv": 192}, 0),
+    ("registers", {"block_kv": 192, "registers": 240}, 0),
+    ("smem", {"block_kv": 192}, 0),
     ("registers", {"stages": 3}, 0),
     ("registers", {"stages": 4}, 0),
     ("smem", {}, 0),

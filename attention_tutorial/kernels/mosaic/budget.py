@@ -240,12 +240,13 @@ def profile_bytes(probe: Probe) -> int:
     return WARPGROUPS * probe.profile_space * PROFILE_BYTES_PER_REGION
 
 
-def tile_registers(cfg: MosaicConfig, head_dim: int) -> int:
+def tile_registers(cfg: MosaicConfig, head_dim: int, *, p_bits: int = 16) -> int:
     """32-bit registers per compute thread for the forward's tiles, each spread over a warpgroup's 128 threads: the
-    float32 accumulator (block_q × H: 128 at H = 256), the float32 scores s (block_q × block_kv) and p in 16 bits
-    (two to a register) — twice when pipelined (block j's p feeds the running p·v while block j+1's is made)."""
+    float32 accumulator (block_q × H: 128 at H = 256), the float32 scores s (block_q × block_kv) and p in
+    ``p_bits`` (16: two to a register; FP8's 8: four) — twice when pipelined (block j's p feeds the running p·v
+    while block j+1's is made)."""
     regs = lambda cols, bits: cfg.block_q * cols * bits // 32 // 128  # noqa: E731
-    return regs(head_dim, 32) + regs(cfg.block_kv, 32) + regs(cfg.block_kv, 16) * (2 if cfg.pipeline else 1)
+    return regs(head_dim, 32) + regs(cfg.block_kv, 32) + regs(cfg.block_kv, p_bits) * (2 if cfg.pipeline else 1)
 
 
 def bwd_tile_registers(cfg: MosaicConfig, head_dim: int) -> int:
@@ -345,10 +346,10 @@ FP8_HEAD_DIMS = (128,)  # 128-byte rows of E4M3: the 128-byte swizzle the tiles 
 
 def fp8_problem(shape: AttentionShape, cfg: MosaicConfig, probe: Probe = NO_PROBE) -> str | None:
     """Why the FP8 forward cannot take this problem with these tiles (naming the fix), or None."""
-    if cfg.pipeline or cfg.block_q != 64 or cfg.block_kv % 128:
+    if cfg.pipeline or cfg.block_q != 64 or cfg.block_kv % 64:
         return (
-            f"the FP8 forward takes pipeline=False, block_q=64 and block_kv a multiple of 128 (128-byte rows of "
-            f"E4M3 p); got pipeline={cfg.pipeline}, block_q={cfg.block_q}, block_kv={cfg.block_kv}."
+            f"the FP8 forward takes pipeline=False, block_q=64 and block_kv a multiple of 64 (E4M3 p's rows in whole "
+            f"64- or 128-byte swizzles); got pipeline={cfg.pipeline}, block_q={cfg.block_q}, block_kv={cfg.block_kv}."
         )
     if probe.exp_poly:
         try:
@@ -357,10 +358,10 @@ def fp8_problem(shape: AttentionShape, cfg: MosaicConfig, probe: Probe = NO_PROB
             return str(e)
     if probe.profiling:
         return "the FP8 forward has no profiler regions: profile the 16-bit forward (profile_space=0 here)."
-    if (regs := tile_registers(cfg, shape.head_dim)) > cfg.tile_budget:
+    if (regs := tile_registers(cfg, shape.head_dim, p_bits=8)) > cfg.tile_budget:
         return (
-            f"at block_kv={cfg.block_kv} the FP8 forward's float32 tiles need {regs} registers per thread, more "
-            f"than the {cfg.tile_budget} the kernel budgets: use block_kv=128."
+            f"at block_kv={cfg.block_kv} the FP8 forward's tiles need {regs} registers per thread, more "
+            f"than the {cfg.tile_budget} the kernel budgets: use block_kv=128 or 192."
         )
     if (need := smem_bytes_fp8(cfg, shape.head_dim)) + SMEM_RESERVE > SMEM_BYTES:
         return (

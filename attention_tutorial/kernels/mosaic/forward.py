@@ -313,10 +313,12 @@ def capped(s, c, softcap):
     return jnp.tanh(s * (c / (LOG2E * softcap))), softcap * LOG2E
 
 
-def scratch_types(plan: Plan, head_dim: int, dtype, *, v_shape=None, transforms=None, extra=None) -> Scratch:
+def scratch_types(
+    plan: Plan, head_dim: int, dtype, *, v_shape=None, transforms=None, v_transforms=None, extra=None
+) -> Scratch:
     """The :class:`Scratch` a forward call allocates (``v_shape``: the v ring's (rows, cols) when not (block_kv,
-    H); ``transforms``: the tiles' layout in shared memory when not the 16-bit one; ``extra``: the operands' own
-    buffers)."""
+    H); ``transforms``: the tiles' layout in shared memory when not the 16-bit one, ``v_transforms`` the v ring's
+    when not those; ``extra``: the operands' own buffers)."""
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
     cfg, stages = plan.cfg, plan.stages
@@ -329,7 +331,7 @@ def scratch_types(plan: Plan, head_dim: int, dtype, *, v_shape=None, transforms=
         v=plgpu.SMEM(
             (stages, *(v_shape or (bkv, head_dim))),
             dtype,
-            transforms=transforms if transforms is not None else _swizzled(rows_swizzle(bkv)),
+            transforms=v_transforms or transforms or _swizzled(rows_swizzle(bkv)),
         ),
         lse=plgpu.SMEM((2, bq), jnp.float32),
         q_ready=plgpu.Barrier(num_arrivals=kv_copies, num_barriers=2),

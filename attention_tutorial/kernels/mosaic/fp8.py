@@ -145,7 +145,7 @@ def mosaic_fp8_attention(
     :func:`attention_tutorial.measure.fp8.cudnn_fp8_attention` times cuDNN's), runs both matmuls in FP8 and
     returns bfloat16. Forward only, Hopper only, H = 128; any T and S, and the masks of
     :func:`~attention_tutorial.kernels.mosaic.mosaic_flash_attention`. ``config``: the tiles (block_kv a multiple
-    of 128, stages; no pipeline). ``p_via``: "registers" (p stays in registers) or "smem" (p goes through shared
+    of 64, stages; no pipeline). ``p_via``: "registers" (p stays in registers) or "smem" (p goes through shared
     memory); see the module docstring, and the flash page for both measured on the H200.
     """
     B, T, S, N, K, H = attention_shape(q, k, v)
@@ -227,11 +227,13 @@ def fp8_operands(cfg: MosaicConfig, p_scale: float, p_via: str) -> Operands:
     )
 
 
-def _tile8():
-    """E4M3 tiles: 8×128 (128-byte rows) with the 128-byte swizzle."""
+def _tile8(row_bytes: int = 128):
+    """E4M3 tiles: 8 rows × the widest swizzle (bytes) that ``row_bytes`` is a multiple of (128, else 64), with that
+    swizzle: q's and k's rows are H = 128 bytes; vᵀ's and p's are block_kv (192 takes the 64-byte one)."""
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
-    return (plgpu.TilingTransform((8, 128)), plgpu.SwizzleTransform(128))
+    swizzle = 128 if row_bytes % 128 == 0 else 64
+    return (plgpu.TilingTransform((8, swizzle)), plgpu.SwizzleTransform(swizzle))
 
 
 @shared_lowering("cfg", "mask", "p_scale", "p_via", "probe")
@@ -259,11 +261,11 @@ def fp8_forward(
     plan = make_plan(cfg, mask, S, N // K, fp8_operands(cfg, p_scale, p_via), probe)
     extra = Extra(
         out=plgpu.SMEM((2, bq, H), jnp.bfloat16, transforms=swizzled_tiles()),
-        p=plgpu.SMEM((2, bq, bkv), F8, transforms=_tile8()),
+        p=plgpu.SMEM((2, bq, bkv), F8, transforms=_tile8(bkv)),
         factors=plgpu.SMEM((2, 128), jnp.float32),
         factors_ready=plgpu.Barrier(num_barriers=2),
     )
-    scratch = scratch_types(plan, H, F8, v_shape=(H, bkv), transforms=_tile8(), extra=extra)
+    scratch = scratch_types(plan, H, F8, v_shape=(H, bkv), transforms=_tile8(), v_transforms=_tile8(bkv), extra=extra)
     kernel = functools.partial(forward_kernel, plan=plan)
     rows = padded_rows(T, 2 * bq)  # lse is stored a CTA's rows at a time
     out_type = [jax.ShapeDtypeStruct(q8.shape, jnp.bfloat16), jax.ShapeDtypeStruct((B, N, rows), jnp.float32)]

@@ -51,15 +51,15 @@ def test_logit_factors_fold_both_descales_and_the_softmax_scale():
         ((1, 256, 2, 128), {"p_scale": True}, r"p_scale must be a real number .*got True"),
         ((1, 256, 2, 128), {"p_scale": float("nan")}, r"p_scale must be a real number .*got nan"),
         ((1, 256, 2, 128), {"scale": -0.1}, "positive softmax scale"),
-        ((1, 256, 2, 128), {"config": MosaicConfig(block_kv=256)}, "need 256 registers per thread"),
+        ((1, 256, 2, 128), {"config": MosaicConfig(block_kv=256)}, "need 224 registers per thread"),
         ((1, 256, 2, 128), {"config": MosaicConfig(block_q=128)}, "block_q=64"),
         ((1, 256, 2, 128), {"config": MosaicConfig(stages=8)}, "KiB of shared memory"),
         ((1, 256, 2, 128), {"is_causal": "yes"}, "is_causal must be True or False"),
         ((1, 256, 2, 128), {"p_via": "tmem"}, r"p_via must be one of \('smem', 'registers'\); got 'tmem'"),
         (
             (1, 256, 2, 128),
-            {"config": MosaicConfig(block_kv=64)},
-            "block_kv a multiple of 128 .* block_kv=64",
+            {"config": MosaicConfig(block_kv=96)},
+            "block_kv a multiple of 64 .* block_kv=96",
         ),
         ((1, 256, 2, 128), {"config": MosaicConfig(pipeline=True)}, "takes pipeline=False"),
     ],
@@ -72,10 +72,13 @@ def test_bad_input_names_the_fix(shape, kwargs, match):
 
 @pytest.mark.parametrize("p_via", ["smem", "registers"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_lowers_to_one_mosaic_gpu_kernel_with_fp8_operands(causal, p_via):
-    """Mosaic GPU lowers the kernel on a CPU too: one custom call, after XLA's quantising (and transposing) ops."""
-    q = jax.ShapeDtypeStruct((1, 256, 2, 128), jnp.bfloat16)
-    fn = jax.jit(functools.partial(mosaic_fp8_attention, is_causal=causal, p_via=p_via))
+@pytest.mark.parametrize("block_kv", [128, 192])
+def test_lowers_to_one_mosaic_gpu_kernel_with_fp8_operands(causal, p_via, block_kv):
+    """Mosaic GPU lowers the kernel on a CPU too: one custom call, after XLA's quantising (and transposing) ops;
+    192 keys put vᵀ and p in 64-byte swizzled tiles."""
+    q = jax.ShapeDtypeStruct((1, 500, 2, 128), jnp.bfloat16)
+    cfg = MosaicConfig(block_kv=block_kv)
+    fn = jax.jit(functools.partial(mosaic_fp8_attention, is_causal=causal, p_via=p_via, config=cfg))
     hlo = fn.trace(q, q, q).lower(lowering_platforms=("cuda",)).as_text()
     assert len(re.findall(r"custom_call @mosaic_gpu", hlo)) == 1
     assert "f8E4M3FN" in hlo and "transpose" in hlo
@@ -107,9 +110,12 @@ def test_why_not_on_a_cpu_names_hopper():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("p_via", "registers"), [("smem", 232), ("registers", 232), ("registers", 240)])
+@pytest.mark.parametrize(
+    ("p_via", "registers", "block_kv"),
+    [("smem", 232, 128), ("registers", 232, 128), ("registers", 240, 128), ("registers", 232, 192), ("smem", 232, 192)],
+)
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_fp8_forward_is_as_accurate_as_cudnn_fp8(causal, p_via, registers):
+def test_gpu_fp8_forward_is_as_accurate_as_cudnn_fp8(causal, p_via, registers, block_kv):
     """Relative error against float64 within FP8's reach, and no worse than 1.25× cuDNN FP8's on the same inputs."""
     if reason := on_hopper():
         pytest.skip(reason)
@@ -117,7 +123,7 @@ def test_gpu_fp8_forward_is_as_accurate_as_cudnn_fp8(causal, p_via, registers):
 
     for b, t, s, n, k in ((2, 512, 1024, 8, 2), (1, 1024, 256, 4, 4)):  # GQA T<S, MHA T>S
         q, kk, v = make_qkv(b, t, n, 128, seq_kv=s, kv_heads=k, dtype=jnp.bfloat16, seed=t + s)
-        cfg = MosaicConfig(registers=registers)
+        cfg = MosaicConfig(registers=registers, block_kv=block_kv)
         out = jax.jit(functools.partial(mosaic_fp8_attention, is_causal=causal, p_via=p_via, config=cfg))(q, kk, v)
         assert out.dtype == jnp.bfloat16 and out.shape == q.shape
         want = reference_attention(q, kk, v, is_causal=causal)

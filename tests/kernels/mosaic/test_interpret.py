@@ -204,8 +204,11 @@ def test_forward_with_exponentials_on_the_fma_units_matches_float64():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("p_via", "causal"), [("registers", False), ("smem", True)])
-def test_fp8_forward_matches_float64(causal, p_via):
+@pytest.mark.parametrize(
+    ("p_via", "causal", "block_kv"), [("registers", False, 128), ("smem", True, 128), ("registers", True, 192)]
+)
+def test_fp8_forward_matches_float64(causal, p_via, block_kv):
+    """S = 384: three whole 128-key tiles, or two of 192 (vᵀ and p in 64-byte swizzled tiles)."""
     q, k, v = qkv(256, 384, 2, 1, 128, seed=6)
-    fn = functools.partial(mosaic_fp8_attention, is_causal=causal, p_via=p_via)
+    fn = functools.partial(mosaic_fp8_attention, is_causal=causal, p_via=p_via, config=MosaicConfig(block_kv=block_kv))
     check_forward(fn, q, k, v, causal=causal, tol=0.15)
