@@ -94,6 +94,12 @@ def mosaic_flash_attention(
         key_value_seq_lengths=key_value_seq_lengths,
         softcap=softcap,
     )
+    if mask.segments and cfg.block_kv % 32:
+        raise ValueError(
+            f"mosaic_flash_attention: with segment_ids the forward copies each key tile's ids (block_kv int32s) "
+            f"into shared memory, which takes whole 128-byte copies: block_kv must then be a multiple of 32; got "
+            f"block_kv={cfg.block_kv} (pick 160 or 192)."
+        )
     if cfg.pipeline and not mask.plain(cfg.block_q, cfg.block_kv):
         raise ValueError(
             "mosaic_flash_attention: the pipelined forward (config.pipeline=True) takes no mask but the "

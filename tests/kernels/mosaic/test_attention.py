@@ -48,6 +48,21 @@ def test_a_scale_that_is_not_positive_is_refused(scale):
         jax.jit(functools.partial(mosaic_flash_attention, scale=scale)).trace(q, q, q)
 
 
+def test_segment_ids_with_a_key_tile_of_16_odd_keys_are_refused_naming_the_fix():
+    """Each key tile's segment ids go into shared memory by one copy of whole 128 bytes: 176 keys (704 bytes) would
+    not compile on a GPU; 160 lowers."""
+    q = jax.ShapeDtypeStruct((1, 352, 2, 128), jnp.bfloat16)
+    ids = jax.ShapeDtypeStruct((1, 352), jnp.int32)
+
+    def run(block_kv):
+        fn = functools.partial(mosaic_flash_attention, config=MosaicConfig(block_kv=block_kv))
+        return jax.jit(lambda q, ids: fn(q, q, q, segment_ids=ids)).trace(q, ids).lower(lowering_platforms=("cuda",))
+
+    with pytest.raises(ValueError, match="block_kv must then be a multiple of 32; got block_kv=176"):
+        run(176)
+    assert "mosaic_gpu" in run(160).as_text()
+
+
 def test_default_config_takes_block_kv_64_at_h256():
     """Without a config, H = 256 gets block_kv = 64 (plain and pipelined); an explicit 128 is refused, naming it."""
     shape = AttentionShape(1, 1024, 1024, 4, 4, 256)

@@ -180,3 +180,16 @@ def test_masks_with_dq_split_between_the_warpgroups(name):
     kwargs, kept = MASKS[name]
     cfg = dataclasses.replace(default_config(128), bwd_dq="split")
     check_masked(kwargs, kept, B=2, T=320, S=384, H=128, config=cfg, seed=13)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "H", "block_kv"),
+    [("causal bottom-right", 128, 176), ("lengths", 128, 176), ("sliding window", 256, 80)],
+)
+def test_masks_with_flash_attention_3s_key_tiles(name, H, block_kv):
+    """Key tiles of 16 · odd keys (v in 32-byte swizzled tiles): bands and tile lists, S = 384 ending mid-tile.
+    (Segment ids need a multiple of 32 keys: their copies move whole 128 bytes.)"""
+    kwargs, kept = MASKS[name]
+    cfg = dataclasses.replace(default_config(H), block_kv=block_kv)
+    check_masked(kwargs, kept, B=2, T=320, S=384, H=H, config=cfg, seed=17)
