@@ -290,7 +290,7 @@ def problem(shape: AttentionShape, dtype, cfg: MosaicConfig, probe: Probe = NO_P
             f"at H={H}, block_kv={cfg.block_kv} and stages={cfg.stages} the forward's tiles need {need / 1024:.1f} "
             f"KiB of shared memory, more than the {(SMEM_BYTES - reserve) // 1024} KiB a Hopper CTA leaves for them: "
             f"pick a smaller block_kv or "
-            f"fewer stages (H=256 fits with config=MosaicConfig(block_kv=64 or 80, stages=2), or pass no config)."
+            f"fewer stages (H=256 fits with config=MosaicConfig(block_kv=64, stages=2), or block_kv=80, or pass no config)."
         )
     if probe.exp_poly:
         try:
