@@ -482,10 +482,12 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
         plgpu.set_max_registers(copy_registers(cfg.bwd_registers), action="decrease")
         steps = walk.copy_steps(tiles_ref, batch, cta)  # per query head
 
-        def copy_tile(t, slot):
+        def head_and_block(t):  # pipeline step t: (query head, query block)
             g, i = lax.div(t, jnp.maximum(steps, 1)), lax.rem(t, jnp.maximum(steps, 1))
-            head = kv_head * plan.groups + g
-            jq = walk.block_of(i)
+            return kv_head * plan.groups + g, walk.block_of(i)
+
+        def copy_tile(t, slot):
+            head, jq = head_and_block(t)
             rows = (batch, pl.ds(jq * bq, bq), head)
             ready = scratch.tile_ready.at[slot]
             plgpu.copy_gmem_to_smem(q_ref.at[rows], scratch.q.at[slot], ready)
@@ -496,13 +498,12 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: Pla
                 plgpu.copy_gmem_to_smem(q_seg_ref.at[batch, pl.ds(jq * bq, bq)], scratch.q_segment.at[slot], ready)
 
         def add_share(t):  # split: both halves of step t's share of dQ into dQ in global memory, by TMA reduce-add
-            g, i = lax.div(t, jnp.maximum(steps, 1)), lax.rem(t, jnp.maximum(steps, 1))
-            buffer, half = lax.rem(t, 2), head_dim // 2
+            (head, jq), buffer, half = head_and_block(t), lax.rem(t, 2), head_dim // 2
             with region("wait"):
                 plgpu.barrier_wait(scratch.dq_staged.at[buffer])
             with region("dq_add"):
                 for w in (0, 1):
-                    rows = (batch, pl.ds(walk.block_of(i) * bq, bq), kv_head * plan.groups + g, pl.ds(w * half, half))
+                    rows = (batch, pl.ds(jq * bq, bq), head, pl.ds(w * half, half))
                     plgpu.copy_smem_to_gmem(scratch.dq.at[w, buffer], dq_ref.at[rows], reduction_op="add")
                 plgpu.wait_smem_to_gmem(2, wait_read_only=True)  # step t − 1's adds have read their buffer
 

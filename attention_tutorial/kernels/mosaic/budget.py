@@ -44,8 +44,8 @@ def kernel_head_dim(head_dim: int) -> int | None:
 class MosaicConfig:
     """Tile sizes: ``block_q`` rows per compute warpgroup (wgmma's M is 64), ``block_kv`` keys per step (a multiple
     of 16: p·v contracts over it, in runs of 64 keys at the 128-byte swizzle, of 32 at the 64-byte one, of 16 at
-    the 32-byte one), and ``stages`` k/v slots in flight; ``bwd_*`` the same for the backward kernels (both blocks 64: each compute
-    warpgroup there holds two float32 accumulators, dK and dV or dQ, plus two score-sized tiles).
+    the 32-byte one), and ``stages`` k/v slots in flight; ``bwd_*`` the same for the backward kernels (both blocks
+    64: each compute warpgroup there holds two float32 accumulators, dK and dV or dQ, plus two score-sized tiles).
     ``bwd_dq`` says how the backward makes dQ (:data:`BWD_DQ`): ``"pass"``, a kernel of its own that recomputes
     q·kᵀ and dO·vᵀ (seven matrix products per tile pair in all, deterministic); ``"atomic"``, the dK/dV kernel adds
     each step's share dS·k into a float32 dQ in global memory (TMA reduce-add, FlashAttention-2's way, which
@@ -53,8 +53,7 @@ class MosaicConfig:
     not the same bits twice); ``"split"``, atomic adds as FlashAttention-3 makes them: both warpgroups walk every
     query tile together, hand their dS over through shared memory, and each makes half the head dim of the CTA's
     share (one add per element a step instead of two, half the registers), staged in shared memory for the copy
-    warpgroup to add. ``schedule`` says how the two compute
-    warpgroups share the tensor cores
+    warpgroup to add. ``schedule`` says how the two compute warpgroups share the tensor cores
     (:data:`SCHEDULES`, :class:`~attention_tutorial.kernels.mosaic._common.Schedule`).
     ``registers`` and ``bwd_registers``: 32-bit registers per compute thread in the forward and in the backward
     kernels (``set_max_registers``; a multiple of 8 from 168 to 240). The copy warpgroup gets what the two compute
