@@ -9,6 +9,7 @@ length, S key length, N heads, K kv heads, H head dim.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 
@@ -146,6 +147,60 @@ def query_cta(cfg, T: int, rows: int):
     return padded_rows(T, rows) // rows - 1 - index if cfg.heavy_first else index
 
 
+INTERPRETED_CTAS = 3  # persistent CTAs off a GPU (the interpreter): few, so that each walks several query blocks
+
+
+def sm_count() -> int:
+    """The GPU's streaming multiprocessors (132 on an H100 SXM or an H200): how many persistent CTAs a kernel
+    launches, one per SM; off a GPU (the interpreter), :data:`INTERPRETED_CTAS`."""
+    device = jax.devices()[0]
+    return int(getattr(device, "core_count", 0) or 0) if device.platform == "gpu" else INTERPRETED_CTAS
+
+
+@dataclasses.dataclass(frozen=True)
+class Items:
+    """The query blocks a forward call computes, ``blocks`` per (batch, head), and the CTAs that compute them.
+
+    ``ctas=0``: a grid, one CTA per block (a CTA's first step waits for its q and k tiles, its last for its stores).
+    ``ctas=n``: ``n`` persistent CTAs, one per SM, each walking blocks ``cta, cta + n, …`` of the list ordered by
+    query block (outermost) then batch and head, so that its copy warpgroup fetches the next block's keys while
+    the compute warpgroups finish the last one's. ``heavy_first``: query blocks counted from the end (under a
+    causal mask, those with the most keys first)."""
+
+    heads: int
+    blocks: int
+    batch: int
+    heavy_first: bool = False
+    ctas: int = 0
+
+    @property
+    def grid(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """The launch grid and its axis names."""
+        if self.ctas:
+            return (self.ctas,), ("cta",)
+        return (self.heads, self.blocks, self.batch), ("heads", "q_seq", "batch")
+
+    def _block(self, index):
+        return self.blocks - 1 - index if self.heavy_first else index
+
+    def each(self, body, carry):
+        """``body(batch, head, block, carry) -> carry`` for each query block this CTA owns, in order."""
+        import jax.experimental.pallas as pl
+
+        if not self.ctas:
+            block = self._block(lax.axis_index("q_seq"))
+            return body(lax.axis_index("batch"), lax.axis_index("heads"), block, carry)
+        rows = self.heads * self.batch  # items of one query block
+
+        def item(w, carry):
+            block, row = lax.div(w, i32(rows)), lax.rem(w, i32(rows))
+            batch, head = lax.div(row, i32(self.heads)), lax.rem(row, i32(self.heads))
+            return body(batch, head, self._block(block), carry)
+
+        total = i32(self.blocks * rows)
+        return pl.loop(lax.axis_index("cta"), total, step=self.ctas, init_carry=carry)(item)
+
+
 def padded_rows(T: int, rows: int) -> int:
     """T rounded up to a multiple of ``rows``: the length of a per-row vector ((B, N, T): lse, D) that a kernel
     stores or loads ``rows`` at a time by TMA. A vector's last tile must not run past its end: TMA clips a slice of
@@ -203,14 +258,25 @@ class Walk:
     (:func:`~.masks.tile_lists`, copied into ``scratch.tiles``). ``own``: rows per compute warpgroup (queries, or
     keys in the dK/dV kernel); ``visit``: rows per tile walked; ``mask``: as the kernel walks (a band is
     transposed for the dK/dV kernel). ``shared``: both warpgroups own the same rows (the CTA owns ``own`` rows, not
-    2·``own``) and walk the same steps."""
+    2·``own``) and walk the same steps. ``again``: the CTA walks the ring again after this block (persistent CTAs),
+    so a warpgroup waits for the copies of every step, also of those it skips after its last tile."""
 
     def __init__(
-        self, mask, scratch, cta_rows, *, own: int, visit: int, stages: int, padded: int, shared: bool = False
+        self,
+        mask,
+        scratch,
+        cta_rows,
+        *,
+        own: int,
+        visit: int,
+        stages: int,
+        padded: int,
+        shared: bool = False,
+        again: bool = False,
     ):
         from . import masks as M
 
-        self.M, self.mask, self.scratch = M, mask, scratch
+        self.M, self.mask, self.scratch, self.again = M, mask, scratch, again
         self.own, self.visit, self.stages, self.padded = own, visit, stages, padded
         self.cta_own = own if shared else 2 * own  # rows a CTA owns
         self.lists = mask.has_arrays
@@ -323,23 +389,30 @@ class Walk:
         if mask.right is not None or mask.seq_kv % self.visit or ragged_owner:
             carry = lax.fori_loop(full_hi, hi, masked, carry)
         if mask.right is not None or mask.seq_q % self.cta_own:  # tiles past it (warpgroup 0 ends early)
-            skip(hi, n, trailing_readies)
+            skip(hi, n, readies if self.again else trailing_readies)
         return carry
 
 
-def copy_ring(parts, *, stages: int, steps, region, guard: bool = False, after=None):
+def copy_ring(parts, *, stages: int, steps, region, guard: bool = False, after=None, pending=None):
     """A copy warpgroup's ring of ``stages`` shared-memory slots over ``steps`` pipeline steps. ``parts``: pairs
     (free, copy): ``copy(t, slot)`` starts the TMA copies of step t into ``slot``, and ``free`` is the barrier both
     compute warpgroups release that slot's part on (k and v apart, so that k's refill need not wait for p·v). The
     first ``stages`` steps fill the ring (``guard``: only those that exist, when ``steps`` may be fewer).
     ``after(t)``: what the copy warpgroup does for step t once its slot is refilled (the last ``stages`` steps after
-    the ring), every step in order: the backward's stores of what the compute warpgroups staged."""
+    the ring), every step in order: the backward's stores of what the compute warpgroups staged.
+
+    ``pending`` (persistent CTAs, a ring run once per query block): the slots below it still hold a release the
+    copy warpgroup has not waited for (the last use of each slot by the blocks before), so filling one waits for it
+    first. Returns the ``pending`` of the next block (None without one)."""
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
     def fill(i):
-        with region("copy"):
-            for _, copy in parts:
+        for free, copy in parts:
+            if pending is not None:  # the slot's last use by the block before must be over
+                with region("wait"):
+                    pl.when(i < pending)(lambda free=free: plgpu.barrier_wait(free.at[i]))
+            with region("copy"):
                 copy(i32(i), i)
 
     for i in range(stages):
@@ -361,6 +434,9 @@ def copy_ring(parts, *, stages: int, steps, region, guard: bool = False, after=N
 
     if after is not None:
         pl.loop(jnp.maximum(steps - stages, 0), steps)(after)
+    if pending is None:
+        return None
+    return jnp.maximum(pending, jnp.minimum(i32(steps), i32(stages)))
 
 
 def regions(profile: bool):

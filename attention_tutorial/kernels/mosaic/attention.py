@@ -17,7 +17,7 @@ from ...inputs import AttentionShape, attention_shape
 from ._common import LOG2E, on_hopper, positive_scale
 from .backward import backward
 from .budget import NO_PROBE, MosaicConfig, Probe, default_config, kernel_head_dim, problem
-from .forward import forward
+from .forward import forward, why_not_persistent
 from .masks import Mask, make_mask
 
 
@@ -100,6 +100,8 @@ def mosaic_flash_attention(
             f"into shared memory, which takes whole 128-byte copies: block_kv must then be a multiple of 32; got "
             f"block_kv={cfg.block_kv} (pick 160 or 192)."
         )
+    if reason := why_not_persistent(cfg, mask):
+        raise ValueError(f"mosaic_flash_attention: {reason}")
     if cfg.pipeline and not mask.plain(cfg.block_q, cfg.block_kv):
         raise ValueError(
             "mosaic_flash_attention: the pipelined forward (config.pipeline=True) takes no mask but the "

@@ -65,6 +65,10 @@ class MosaicConfig:
     order); the dK/dV kernel then issues dV's product with dK's (and dQ's share) after dS, one wait for them all.
     ``heavy_first=True`` starts the query blocks from the last (under a causal mask, the ones with the most keys)
     in the forward and the dQ kernel (the dK/dV kernel's first key blocks are already its heaviest).
+    ``persistent=True`` launches the forward as one CTA per SM, each walking query blocks in turn
+    (:class:`~attention_tutorial.kernels.mosaic._common.Items`): its copy warpgroup fetches the next block's first
+    k and v while the compute warpgroups finish the last block (FlashAttention-3's persistent kernel, for short
+    sequences, where a CTA's start and end are a large part of its time); masks computed from positions alone.
 
     Ways to look inside the kernels (no exponentials, exponentials on the FMA units, the in-kernel profiler) are
     not part of the config: see :class:`Probe`."""
@@ -82,11 +86,18 @@ class MosaicConfig:
     schedule: str = "rendezvous"
     bwd_together: bool = False
     heavy_first: bool = False
+    persistent: bool = False
 
     def __post_init__(self):
         check_flag("MosaicConfig.pipeline", self.pipeline)
         check_flag("MosaicConfig.bwd_together", self.bwd_together)
         check_flag("MosaicConfig.heavy_first", self.heavy_first)
+        check_flag("MosaicConfig.persistent", self.persistent)
+        if self.persistent and self.pipeline:
+            raise ValueError(
+                "MosaicConfig: persistent=True runs the plain forward's steps; the pipelined one "
+                "(pipeline=True) runs a CTA's blocks one launch each. Set one of them to False."
+            )
         if self.schedule not in SCHEDULES:
             raise ValueError(f"MosaicConfig.schedule must be one of {SCHEDULES}; got {self.schedule!r}.")
         if self.bwd_dq not in BWD_DQ:

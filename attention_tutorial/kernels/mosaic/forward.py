@@ -29,18 +29,20 @@ from jax import lax
 from . import masks as M
 from ._common import (
     LOG2E,
+    Items,
     Schedule,
     Walk,
     call,
+    i32,
     load_vector,
     pad_rows,
     padded_rows,
-    query_cta,
     regions,
     rows_swizzle,
     schedule_barriers,
     shared_lowering,
     slot_of,
+    sm_count,
 )
 from ._common import copy_ring as _copy_ring
 from ._common import swizzled_tiles as _swizzled
@@ -112,6 +114,7 @@ class Plan:
     stages: int
     groups: int  # query heads per kv head
     operands: Operands
+    items: Items  # the query blocks, and the CTAs that compute them
     padded: int = 0  # tile-list length (masks with per-row arrays)
     probe: Probe = NO_PROBE
 
@@ -138,19 +141,18 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
     q_seg_ref, kv_seg_ref = (next(ins), next(ins)) if mask.segments else (None, None)
     extra_refs = tuple(ins)  # the operands' own inputs (FP8: the factors)
     bq, bkv, head_dim = cfg.block_q, cfg.block_kv, q_ref.shape[-1]
-    batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
-    cta = query_cta(cfg, q_ref.shape[1], 2 * bq)
-    cta_rows = cta * (2 * bq)  # first query row of this CTA
+    wg = lax.axis_index("wg")
     region = regions(plan.probe.profiling)  # named regions for the in-kernel profiler (nothing when it is off)
     exp2, exp2_tile = softmax_exp2(plan.probe, bkv)  # of alpha, of p
 
-    walk = Walk(mask, scratch, cta_rows, own=bq, visit=bkv, stages=stages, padded=plan.padded)
+    def walk_of(cta):  # the key tiles of query block ``cta`` (its 2·block_q rows)
+        again = plan.items.ctas > 0  # a persistent CTA walks the ring again for its next block
+        return Walk(mask, scratch, cta * (2 * bq), own=bq, visit=bkv, stages=stages, padded=plan.padded, again=again)
 
-    @pl.when(wg < 2)
-    def _compute():
-        plgpu.set_max_registers(cfg.registers, action="increase")  # from the copy warpgroup's
+    def compute_block(batch, head, cta, token):  # one compute warpgroup's block_q rows of query block ``cta``
+        walk = walk_of(cta)
         q_smem = scratch.q.at[wg]
-        row0 = cta_rows + wg * bq
+        row0 = cta * (2 * bq) + wg * bq
         schedule = Schedule(cfg.schedule, scratch.turns, wg)
         plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0, bq), head], q_smem, scratch.q_ready.at[wg])
         if mask.segments:
@@ -239,21 +241,8 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
         schedule.start()
         carry = (acc, m, l)
         if cfg.pipeline:  # FlashAttention-3's intra-warpgroup overlap on top of the ping-pong (plain masks only)
-            steps = M.band_steps(mask, row0, bq, bkv).hi
-            pl.when(steps > 0)(functools.partial(wait_k, 0))
-            carry = pipelined_steps(
-                carry,
-                q_smem,
-                scratch,
-                schedule,
-                plan,
-                row0=row0,
-                steps=steps,
-                cta_steps=walk.n_steps,
-                c=c,
-                exp2s=(exp2, exp2_tile),
-                region=region,
-            )
+            exp2s = (exp2, exp2_tile)
+            carry = pipelined_steps(carry, q_smem, scratch, schedule, plan, walk, row0, c, exp2s, wait_k, region)
         else:
             carry = walk.loops(step, carry, row0, frees=frees, readies=readies, schedule=schedule, wait_own=wait_k)
         acc, m, l = carry
@@ -267,18 +256,30 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
         plgpu.commit_smem()  # make the stores visible to the TMA engine
         plgpu.copy_smem_to_gmem(out_smem, o_ref.at[batch, pl.ds(row0, bq), head])
         plgpu.copy_smem_to_gmem(scratch.lse.at[wg], lse_ref.at[batch, head, pl.ds(row0, bq)])
-        plgpu.wait_smem_to_gmem(0)
+        plgpu.wait_smem_to_gmem(0)  # (a persistent CTA's next block loads its q into the tile the output left by)
+        return token
+
+    @pl.when(wg < 2)
+    def _compute():
+        plgpu.set_max_registers(cfg.registers, action="increase")  # from the copy warpgroup's
+        plan.items.each(compute_block, i32(0))
 
     @pl.when(wg == 2)
     def _copy():
         plgpu.set_max_registers(copy_registers(cfg.registers), action="decrease")
-        copy_warpgroup(plan, walk, scratch, k_ref, v_ref, tiles_ref, kv_seg_ref, batch, head, cta, region)
+
+        def copy_block(batch, head, cta, pending):
+            refs = (k_ref, v_ref, tiles_ref, kv_seg_ref)
+            return copy_warpgroup(plan, walk_of(cta), scratch, *refs, batch, head, cta, region, pending)
+
+        plan.items.each(copy_block, i32(0) if plan.items.ctas else None)
 
 
 def copy_warpgroup(
-    plan: Plan, walk: Walk, scratch: Scratch, k_ref, v_ref, tiles_ref, kv_seg_ref, batch, head, cta, region
+    plan: Plan, walk: Walk, scratch: Scratch, k_ref, v_ref, tiles_ref, kv_seg_ref, batch, head, cta, region, pending
 ):
-    """The copy warpgroup: the CTA's k and v tiles (and their keys' segment ids) by TMA into the ring of slots."""
+    """The copy warpgroup: query block ``cta``'s k and v tiles (and their keys' segment ids) by TMA into the ring of
+    slots. ``pending``: persistent CTAs' (see :func:`~._common.copy_ring`), returned for the next block; else None."""
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
@@ -296,12 +297,13 @@ def copy_warpgroup(
         index = plan.operands.v_tile(batch, kv_head, walk.block_of(t), bkv)
         plgpu.copy_gmem_to_smem(v_ref.at[index], scratch.v.at[slot], scratch.v_ready.at[slot])
 
-    _copy_ring(
+    return _copy_ring(
         ((scratch.k_free, copy_k), (scratch.v_free, copy_v)),
         stages=plan.stages,
         steps=steps,
         region=region,
         guard=not plan.plain,
+        pending=pending,
     )
 
 
@@ -360,16 +362,34 @@ def mask_inputs(plan: Plan, arrays: M.MaskArrays) -> tuple:
     return out
 
 
+def why_not_persistent(cfg: MosaicConfig, mask: M.Mask) -> str | None:
+    """Why persistent CTAs (``cfg.persistent``) cannot take ``mask``, or None."""
+    if cfg.persistent and mask.has_arrays:
+        return (
+            "persistent CTAs (config.persistent=True) take masks computed from positions alone (causal, a sliding "
+            "window, a softcap, none); this one has per-row arrays (segment ids, a prefix or sequence lengths), "
+            "whose tile lists are made per query block: pass persistent=False for it."
+        )
+    return None
+
+
 def make_plan(
-    cfg: MosaicConfig, mask: M.Mask, seq_kv: int, groups: int, operands: Operands, probe: Probe = NO_PROBE
+    cfg: MosaicConfig, mask: M.Mask, q_shape: tuple, groups: int, operands: Operands, probe: Probe = NO_PROBE
 ) -> Plan:
-    n_kv = -(-seq_kv // cfg.block_kv)
+    """The static plan of a forward call on q of ``q_shape`` (B, T, N, H)."""
+    B, T, N, _ = q_shape
+    n_kv = -(-mask.seq_kv // cfg.block_kv)
+    blocks = padded_rows(T, 2 * cfg.block_q) // (2 * cfg.block_q)
+    items = Items(N, blocks, B, heavy_first=cfg.heavy_first)
+    if cfg.persistent:  # one CTA per SM, or fewer when there are fewer blocks
+        items = dataclasses.replace(items, ctas=min(sm_count(), N * blocks * B))
     return Plan(
         cfg,
         mask,
         stages=min(cfg.stages, n_kv),
         groups=groups,
         operands=operands,
+        items=items,
         padded=M.padded_tiles(n_kv) if mask.has_arrays else 0,
         probe=probe,
     )
@@ -380,19 +400,17 @@ def forward(q, k, v, arrays: M.MaskArrays, *, scale: float, cfg: MosaicConfig, m
     """The forward kernel on q (B, T, N, H), k and v (B, S, K, H), checked by the caller: (out (B, T, N, H), lse2
     (B, N, T)), lse2 the base-2 log-sum-exp of the scaled scores (−inf for a row that keeps no key)."""
     B, T, N, H = q.shape
-    S, K = k.shape[1], k.shape[2]
+    K = k.shape[2]
     q, k, v = pad_rows(q), pad_rows(k), pad_rows(v)  # rows a multiple of 8 for the copies; the mask stops at T, S
-    plan = make_plan(cfg, mask, S, N // K, sixteen_bit(scale), probe)
+    plan = make_plan(cfg, mask, (B, T, N, H), N // K, sixteen_bit(scale), probe)
     kernel = functools.partial(forward_kernel, plan=plan)
     rows = padded_rows(T, 2 * cfg.block_q)  # lse is stored a CTA's rows at a time
     out_type = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, N, rows), jnp.float32)]
-    grid = (N, rows // (2 * cfg.block_q), B)
     out, lse2 = call(
         kernel,
         out_type,
         scratch_types(plan, H, q.dtype),
-        grid,
-        ("heads", "q_seq", "batch"),
+        *plan.items.grid,
         q,
         k,
         v,

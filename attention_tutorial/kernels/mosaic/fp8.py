@@ -35,7 +35,7 @@ import numpy as np
 from ...inputs import AttentionShape, attention_shape
 from ._common import LOG2E, call, on_hopper, pad_rows, padded_rows, positive_scale, shared_lowering, swizzled_tiles
 from .budget import FP8_HEAD_DIMS, NO_PROBE, MosaicConfig, Probe, fp8_problem
-from .forward import Operands, forward_kernel, make_plan, mask_inputs, scratch_types
+from .forward import Operands, forward_kernel, make_plan, mask_inputs, scratch_types, why_not_persistent
 from .masks import Mask, MaskArrays, make_mask
 
 __all__ = [
@@ -165,6 +165,8 @@ def mosaic_fp8_attention(
         key_value_seq_lengths=key_value_seq_lengths,
         softcap=softcap,
     )
+    if reason := why_not_persistent(cfg, mask):
+        raise ValueError(f"mosaic_fp8_attention: {reason}")
     if isinstance(p_scale, (bool, np.bool_)) or not isinstance(p_scale, numbers.Real) or not 1 <= p_scale <= E4M3_MAX:
         raise ValueError(
             f"p_scale must be a real number in [1, {E4M3_MAX:g}] (p <= 1 times it must stay within E4M3's "
@@ -255,10 +257,10 @@ def fp8_forward(
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
     B, T, N, H = q8.shape
-    S, K = k8.shape[1], k8.shape[2]
+    K = k8.shape[2]
     q8, k8 = pad_rows(q8), pad_rows(k8)  # rows a multiple of 8 for the copies; the mask stops at T, S
     bq, bkv = cfg.block_q, cfg.block_kv
-    plan = make_plan(cfg, mask, S, N // K, fp8_operands(cfg, p_scale, p_via), probe)
+    plan = make_plan(cfg, mask, (B, T, N, H), N // K, fp8_operands(cfg, p_scale, p_via), probe)
     extra = Extra(
         out=plgpu.SMEM((2, bq, H), jnp.bfloat16, transforms=swizzled_tiles()),
         p=plgpu.SMEM((2, bq, bkv), F8, transforms=_tile8(bkv)),
@@ -269,8 +271,5 @@ def fp8_forward(
     kernel = functools.partial(forward_kernel, plan=plan)
     rows = padded_rows(T, 2 * bq)  # lse is stored a CTA's rows at a time
     out_type = [jax.ShapeDtypeStruct(q8.shape, jnp.bfloat16), jax.ShapeDtypeStruct((B, N, rows), jnp.float32)]
-    grid = (N, rows // (2 * bq), B)
-    out, _ = call(
-        kernel, out_type, scratch, grid, ("heads", "q_seq", "batch"), q8, k8, vt8, *mask_inputs(plan, arrays), factors
-    )
+    out, _ = call(kernel, out_type, scratch, *plan.items.grid, q8, k8, vt8, *mask_inputs(plan, arrays), factors)
     return out[:, :T]

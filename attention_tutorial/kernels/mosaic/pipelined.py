@@ -9,9 +9,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._common import skip_steps
+from .masks import band_steps
 
 
-def pipelined_steps(carry, qo_smem, scratch, schedule, plan, *, row0, steps, cta_steps, c, exp2s, region):
+def pipelined_steps(carry, qo_smem, scratch, schedule, plan, walk, row0, c, exp2s, wait_k, region):
     """One compute warpgroup's loop over its key blocks: ``(acc, m, l)`` in, ``(acc, m, l)`` out.
 
     Step j issues s = q kᵀ of block j+1 and acc += p v of block j back to back, hands the tensor cores to the other
@@ -21,9 +22,10 @@ def pipelined_steps(carry, qo_smem, scratch, schedule, plan, *, row0, steps, cta
     barrier (after the matmuls are issued and after the softmax), so the two warpgroups keep alternating on the
     tensor cores; with ``schedule="turns"`` a warpgroup issues both matmuls in its turn and passes it on
     (FlashAttention-3's own arrangement). The price: block j's p (16-bit) stays in registers, read by the running p·v,
-    while block j+1's s and p are made. ``plan``: the forward's (its mask, tiles and stages); ``c``: base-2 logits per
-    unit of q·kᵀ; ``exp2s``: what exponentiates the row factors (alpha) and the score tile (p)
-    (:func:`~attention_tutorial.kernels.mosaic.exp2.softmax_exp2`).
+    while block j+1's s and p are made. ``plan``: the forward's (its mask, tiles and stages); ``walk``: the CTA's
+    (:class:`~._common.Walk`); ``c``: base-2 logits per unit of q·kᵀ; ``exp2s``: what exponentiates the row factors
+    (alpha) and the score tile (p) (:func:`~attention_tutorial.kernels.mosaic.exp2.softmax_exp2`); ``wait_k(t)``
+    waits for step t's k.
 
     Causal: a warpgroup's number of key blocks depends on its rows, but every loop here runs a trip count fixed when
     the kernel is built (:func:`static_trip_loop`), its steps past the bound skipped: with a trip count it cannot
@@ -38,6 +40,8 @@ def pipelined_steps(carry, qo_smem, scratch, schedule, plan, *, row0, steps, cta
     (bq, head_dim), bkv, dtype = acc.shape, k_smem.shape[1], qo_smem.dtype
     n_kv, causal, stages = plan.mask.seq_kv // bkv, plan.mask.causal, plan.stages
     exp2, exp2_tile = exp2s
+    steps, cta_steps = band_steps(plan.mask, row0, bq, bkv).hi, walk.n_steps  # this warpgroup's, the CTA's
+    pl.when(steps > 0)(functools.partial(wait_k, 0))
 
     def slot(j):
         return lax.rem(j, jnp.array(stages, jnp.int32))

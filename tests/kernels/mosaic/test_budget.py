@@ -178,6 +178,14 @@ def test_pipeline_flag_must_be_bool():
         MosaicConfig(pipeline="yes")
 
 
+def test_persistent_ctas_are_a_flag_of_the_plain_forward():
+    with pytest.raises(ValueError, match=r"MosaicConfig\.persistent must be True or False; got 1"):
+        MosaicConfig(persistent=1)
+    with pytest.raises(ValueError, match=r"persistent=True runs the plain forward.*Set one of them to False"):
+        MosaicConfig(persistent=True, pipeline=True)
+    assert MosaicConfig(persistent=True, heavy_first=True, schedule="turns").persistent
+
+
 def test_h256_fits_only_with_half_the_key_block():
     """With H = 128's key block, H = 256's tiles overflow shared memory at two stages and the tile registers at any
     number of stages; the pipelined tiles fill the tile registers at H = 256 as at H = 128."""

@@ -14,6 +14,7 @@ from attention_tutorial.inputs import AttentionShape, make_qkv
 from attention_tutorial.kernels.mosaic import forward
 from attention_tutorial.kernels.mosaic.attention import mosaic_flash_attention, why_not
 from attention_tutorial.kernels.mosaic.budget import NO_PROBE, MosaicConfig, Probe
+from attention_tutorial.kernels.mosaic.masks import make_mask
 from attention_tutorial.kernels.reference import reference_attention
 from attention_tutorial.measure.compiled import kernels_used
 from tests.kernels.mosaic.test_budget import CONFIGS
@@ -49,6 +50,38 @@ def test_configs_lower_with_x64_enabled(head_dim, cfg):
         fn = jax.jit(functools.partial(mosaic_flash_attention, is_causal=True, config=cfg))
         hlo = fn.trace(q, q, q).lower(lowering_platforms=("cuda",)).as_text()
     assert len(re.findall(r"custom_call @mosaic_gpu", hlo)) == 1
+
+
+PERSISTENT = [
+    (128, MosaicConfig(persistent=True)),
+    (128, MosaicConfig(persistent=True, heavy_first=True, schedule="turns", block_kv=176)),
+    (256, MosaicConfig(block_kv=80, persistent=True)),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("head_dim", "cfg"), PERSISTENT)
+@pytest.mark.parametrize("sms", [3, 132])
+def test_persistent_ctas_lower_to_one_mosaic_gpu_kernel(causal, head_dim, cfg, sms, monkeypatch):
+    """One CTA per SM (132 on an H200: fewer than the 2 · 4 · 8 = 64 query blocks here launch 64), each walking
+    its query blocks; T ragged."""
+    monkeypatch.setattr(forward, "sm_count", lambda: sms)
+    q = jax.ShapeDtypeStruct((2, 500, 8, head_dim), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((2, 500, 2, head_dim), jnp.bfloat16)
+    fn = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg))
+    hlo = fn.trace(q, kv, kv).lower(lowering_platforms=("cuda",)).as_text()
+    assert re.findall(r"custom_call @(mosaic_gpu\w*)", hlo) == ["mosaic_gpu_v2"]
+
+
+def test_persistent_ctas_launch_one_per_sm_or_one_per_block(monkeypatch):
+    monkeypatch.setattr(forward, "sm_count", lambda: 132)
+    mask = make_mask(2, 1000, 1000, is_causal=True)[0]
+    plan = forward.make_plan(MosaicConfig(persistent=True), mask, (2, 1000, 16, 128), 1, None)
+    assert plan.items.grid == ((132,), ("cta",)) and plan.items.blocks == 8  # 2 · 16 · 8 = 256 blocks
+    plan = forward.make_plan(MosaicConfig(persistent=True), mask, (1, 1000, 4, 128), 1, None)
+    assert plan.items.grid == ((32,), ("cta",))  # 32 blocks, one CTA each
+    plan = forward.make_plan(MosaicConfig(), mask, (2, 1000, 16, 128), 1, None)
+    assert plan.items.grid == ((16, 8, 2), ("heads", "q_seq", "batch"))
 
 
 def check_output(out, q, k, v, causal):
@@ -90,6 +123,20 @@ def test_gpu_longer_key_tiles_match_reference(causal, head_dim, block_kv):
         q, kk, v = make_qkv(b, t, n, head_dim, seq_kv=s, kv_heads=k, dtype=jnp.bfloat16, seed=t + s)
         fn = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg))
         check_output(fn(q, kk, v), q, kk, v, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("head_dim", "cfg"), PERSISTENT)
+def test_gpu_persistent_ctas_match_reference(causal, head_dim, cfg):
+    """132 CTAs walking 256 query blocks (two or three each), short and ragged sequences, GQA, T != S."""
+    if reason := why_not(AttentionShape(1, 1024, 1024, 8, 8, head_dim), jnp.bfloat16, causal):
+        pytest.skip(reason)
+    for b, t, s, n, k in ((4, 1000, 1000, 16, 16), (2, 520, 1500, 8, 2), (8, 256, 256, 4, 4)):
+        q, kk, v = make_qkv(b, t, n, head_dim, seq_kv=s, kv_heads=k, dtype=jnp.bfloat16, seed=t + s)
+        fn = jax.jit(functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg))
+        out = np.asarray(fn(q, kk, v), np.float32)  # every row: a block no CTA walked would be zeros
+        np.testing.assert_allclose(out, reference_attention(q, kk, v, is_causal=causal), atol=1e-2, rtol=1e-2)
 
 
 @pytest.mark.gpu

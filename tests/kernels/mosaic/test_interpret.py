@@ -52,6 +52,25 @@ def test_fp8_forward_runs_on_a_cpu():
     check_forward(functools.partial(mosaic_fp8_attention, is_causal=True), q, k, v, causal=True, tol=0.15)
 
 
+def test_persistent_ctas_walk_several_query_blocks_each():
+    """Three CTAs (off a GPU) walk the 2 · 2 · 3 = 12 query blocks of a ragged causal T, heaviest first, GQA: each
+    block's copies start while the last block's compute ends, and the ring's barriers carry on from block to block."""
+    q, k, v = qkv(300, 300, 4, 2, 64, seed=6)
+    q, k, v = (jnp.concatenate([x, x[:, ::-1]]) for x in (q, k, v))  # B = 2
+    cfg = MosaicConfig(block_kv=64, persistent=True, heavy_first=True)
+    check_forward(functools.partial(mosaic_flash_attention, is_causal=True, config=cfg), q, k, v, causal=True)
+
+
+def test_persistent_ctas_refuse_a_mask_with_per_row_arrays():
+    q, k, v = qkv(128, 128, 1, 1, 128)
+    with pytest.raises(ValueError, match="pass persistent=False for it"), interpret():
+        mosaic_flash_attention(
+            q, k, v, segment_ids=jnp.zeros((1, 128), jnp.int32), config=MosaicConfig(persistent=True)
+        )
+    with pytest.raises(ValueError, match="mosaic_fp8_attention: persistent CTAs"), interpret():
+        mosaic_fp8_attention(q, k, v, query_seq_lengths=jnp.array([100]), config=MosaicConfig(persistent=True))
+
+
 def test_outside_interpret_a_cpu_refuses_the_kernel():
     q, k, v = qkv(128, 128, 1, 1, 64)
     with pytest.raises(ValueError, match="interpret"):
@@ -154,6 +173,37 @@ def test_every_kernel_path_matches_float64(name, causal, head_dim, shape):
     fn = functools.partial(mosaic_flash_attention, is_causal=causal, config=cfg)
     check_forward(fn, q, kk, v, causal=causal)
     check_gradients(fn, q, kk, v, causal=causal)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("mask", "head_dim", "cfg"),
+    [
+        ({}, 128, MosaicConfig(persistent=True, schedule="turns", block_kv=176)),
+        ({"local_window_size": (70, 30)}, 64, MosaicConfig(block_kv=64, persistent=True)),
+        ({"is_causal": True, "causal_alignment": "bottom_right"}, 64, MosaicConfig(block_kv=64, persistent=True)),
+        ({"is_causal": True}, 256, MosaicConfig(block_kv=80, persistent=True, heavy_first=True)),
+    ],
+    ids=["turns, 176 keys", "window", "bottom-right causal", "H=256 causal"],
+)
+def test_persistent_ctas_match_float64_with_gradients(mask, head_dim, cfg):
+    """Values, and gradients through the log-sum-exp the persistent forward leaves; T < S, ragged, GQA."""
+    q, k, v = qkv(200, 260, 4, 2, head_dim, seed=head_dim)
+    with interpret():
+        out = np.asarray(mosaic_flash_attention(q, k, v, config=cfg, **mask).astype(jnp.float32))
+    f32 = (x.astype(jnp.float32) for x in (q, k, v))
+    np.testing.assert_allclose(out, reference_attention(*f32, **mask), atol=1e-2, rtol=1e-2)
+    if set(mask) <= {"is_causal"}:  # the float64 gradients know no other mask (test_interpret_masks has them)
+        check_gradients(
+            functools.partial(mosaic_flash_attention, config=cfg, **mask), q, k, v, causal=bool(mask.get("is_causal"))
+        )
+
+
+@pytest.mark.slow
+def test_persistent_fp8_forward_matches_float64():
+    q, k, v = qkv(300, 300, 4, 4, 128, seed=2)
+    fn = functools.partial(mosaic_fp8_attention, is_causal=True, config=MosaicConfig(persistent=True))
+    check_forward(fn, q, k, v, causal=True, tol=0.15)
 
 
 @pytest.mark.slow
