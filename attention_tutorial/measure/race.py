@@ -27,7 +27,7 @@ from ..inputs import make_qkv
 from .fp8 import rel_error
 from .timing import time_fn
 
-GROUPS = ("forward", "schedule", "masks", "masks_backward", "backward", "fa3")
+GROUPS = ("forward", "schedule", "short", "masks", "masks_backward", "backward", "fa3")
 ROUNDS = 3
 TOKENS = 32 * 1024  # B·T of each case at T = 8192
 N = 16
@@ -36,6 +36,7 @@ T = 8192
 # size 2048 (N·H), head dims 64/128/256, sequence lengths 512 to 16k, without a mask and causal.
 FA3_TOKENS, FA3_HIDDEN = 16 * 1024, 2048
 FA3_HEAD_DIMS, FA3_SEQ = (64, 128, 256), (512, 1024, 2048, 4096, 8192, 16384)
+SHORT_SEQ = (512, 1024, 2048)  # the "short" group: persistent CTAs where a CTA's start and end weigh most
 MAX_ERROR = 0.05  # relative error above which a contender is reported wrong and not timed
 
 
@@ -132,8 +133,8 @@ def mixed_lengths(seq: int, *, low: int = 256, high: int = 4096, seed: int = 0) 
 
 
 def cases(groups=GROUPS) -> list[Case]:
-    """The races of ``groups`` (see :data:`GROUPS`), at B·T = 32k tokens and N = 16 in bfloat16 (``fa3``: at
-    FlashAttention-3's shapes, :data:`FA3_TOKENS` and :data:`FA3_HIDDEN`)."""
+    """The races of ``groups`` (see :data:`GROUPS`), at B·T = 32k tokens and N = 16 in bfloat16 (``fa3`` and
+    ``short``: at FlashAttention-3's shapes, :data:`FA3_TOKENS` and :data:`FA3_HIDDEN`)."""
     unknown = set(groups) - set(GROUPS)
     if unknown:
         raise ValueError(f"unknown race groups {sorted(unknown)}; choose from {', '.join(GROUPS)}")
@@ -157,6 +158,17 @@ def cases(groups=GROUPS) -> list[Case]:
                         race["ours, 80 keys"] = ours(H, config={"block_kv": 80}, **m)
                 name = f"H={H} {'causal' if causal else 'no mask'}"
                 out.append(Case("forward", name, (B, T, T, N, N, H), m, race, "fwd", "cuDNN"))
+    if "short" in groups:  # persistent CTAs (under a causal mask heaviest first, as their static order needs)
+        for T_ in SHORT_SEQ:
+            for causal in (False, True):
+                m, H = {"is_causal": causal}, 128
+                race = {"cuDNN": cudnn(**m), "ours": ours(H, **m)}
+                if causal:
+                    race["ours, heavy first"] = ours(H, config={"heavy_first": True}, **m)
+                race["ours, persistent"] = ours(H, config={"persistent": True, "heavy_first": causal}, **m)
+                shape = (FA3_TOKENS // T_, T_, T_, FA3_HIDDEN // H, FA3_HIDDEN // H, H)
+                name = f"H={H} T={T_} {'causal' if causal else 'no mask'}"
+                out.append(Case("short", name, shape, m, race, "fwd", "cuDNN"))
     H = 128
     four = document_ids(T, [[T // 4] * 4] * B)
     mixed = document_ids(T, [mixed_lengths(T, seed=b) for b in range(B)])

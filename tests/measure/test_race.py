@@ -96,6 +96,17 @@ def test_masks_words_keep_document_lengths_and_prefixes():
     assert race._mask_words(m) == {"is_causal": True, "document_lengths": [[1, 3]], "prefix_length": [2]}
 
 
+def test_the_short_races_time_persistent_ctas_at_the_papers_short_lengths():
+    short = race.cases(("short",))
+    assert [c.shape[1] for c in short] == [512, 512, 1024, 1024, 2048, 2048]
+    for case in short:
+        B, T, S, N, K, H = case.shape
+        assert (B * T, N * H) == (16 * 1024, 2048)
+        config = case.contenders["ours, persistent"].keywords["config"]
+        assert config.persistent and config.heavy_first == case.mask["is_causal"]
+        assert ("ours, heavy first" in case.contenders) == case.mask["is_causal"]
+
+
 def test_the_fa3_grid_keeps_its_paper_shapes():
     grid = race.cases(("fa3",))
     assert len(grid) == 3 * 6 * 2
