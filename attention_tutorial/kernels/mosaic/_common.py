@@ -184,21 +184,24 @@ class Items:
         return self.blocks - 1 - index if self.heavy_first else index
 
     def each(self, body, carry):
-        """``body(batch, head, block, carry) -> carry`` for each query block this CTA owns, in order."""
+        """``body(batch, head, block, carry, then) -> carry`` for each query block this CTA owns, in order;
+        ``then``: the CTA's next block, ``(any, batch, head, block)`` (persistent CTAs), or None (a grid)."""
         import jax.experimental.pallas as pl
 
         if not self.ctas:
             block = self._block(lax.axis_index("q_seq"))
-            return body(lax.axis_index("batch"), lax.axis_index("heads"), block, carry)
-        rows = self.heads * self.batch  # items of one query block
+            return body(lax.axis_index("batch"), lax.axis_index("heads"), block, carry, None)
+        rows, total = self.heads * self.batch, self.blocks * self.heads * self.batch  # blocks per query block, in all
+
+        def at(w):  # block w of the launch: (batch, head, query block)
+            block, row = lax.div(w, i32(rows)), lax.rem(w, i32(rows))
+            return lax.div(row, i32(self.heads)), lax.rem(row, i32(self.heads)), self._block(block)
 
         def item(w, carry):
-            block, row = lax.div(w, i32(rows)), lax.rem(w, i32(rows))
-            batch, head = lax.div(row, i32(self.heads)), lax.rem(row, i32(self.heads))
-            return body(batch, head, self._block(block), carry)
+            then = w + self.ctas
+            return body(*at(w), carry, (then < total, *at(jnp.minimum(then, total - 1))))
 
-        total = i32(self.blocks * rows)
-        return pl.loop(lax.axis_index("cta"), total, step=self.ctas, init_carry=carry)(item)
+        return pl.loop(lax.axis_index("cta"), i32(total), step=self.ctas, init_carry=carry)(item)
 
 
 def padded_rows(T: int, rows: int) -> int:

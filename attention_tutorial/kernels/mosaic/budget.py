@@ -67,8 +67,9 @@ class MosaicConfig:
     in the forward and the dQ kernel (the dK/dV kernel's first key blocks are already its heaviest).
     ``persistent=True`` launches the forward as one CTA per SM, each walking query blocks in turn
     (:class:`~attention_tutorial.kernels.mosaic._common.Items`): its copy warpgroup fetches the next block's first
-    k and v while the compute warpgroups finish the last block (FlashAttention-3's persistent kernel, for short
-    sequences, where a CTA's start and end are a large part of its time); masks computed from positions alone.
+    k and v while the compute warpgroups finish the last block, and where shared memory holds a second q tile
+    (:func:`q_tiles`) the next block's q loads while this one runs (FlashAttention-3's persistent kernel, for
+    short sequences, where a CTA's start and end are a large part of its time); masks computed from positions alone.
 
     Ways to look inside the kernels (no exponentials, exponentials on the FMA units, the in-kernel profiler) are
     not part of the config: see :class:`Probe`."""
@@ -213,6 +214,14 @@ def smem_bytes(cfg: MosaicConfig, head_dim: int, dtype) -> int:
     block_kv = 64 with 2 stages 128 KiB (192.5 KiB in all)."""
     item = jnp.dtype(dtype).itemsize
     return (2 * cfg.block_q + 2 * cfg.stages * cfg.block_kv) * head_dim * item + 2 * cfg.block_q * 4
+
+
+def q_tiles(cfg: MosaicConfig, smem: int, head_dim: int, itemsize: int) -> int:
+    """q tiles per compute warpgroup in the forward: 2 for persistent CTAs where shared memory holds a second beside
+    ``smem`` bytes of the other tiles (the next block's q then loads while this block runs: H = 128 in 16 bits,
+    160.5 + 32 KiB), else 1."""
+    second = 2 * cfg.block_q * head_dim * itemsize
+    return 2 if cfg.persistent and smem + second + SMEM_RESERVE <= SMEM_BYTES else 1
 
 
 def bwd_smem_bytes(cfg: MosaicConfig, head_dim: int, dtype) -> int:

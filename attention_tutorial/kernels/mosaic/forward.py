@@ -46,7 +46,7 @@ from ._common import (
 )
 from ._common import copy_ring as _copy_ring
 from ._common import swizzled_tiles as _swizzled
-from .budget import NO_PROBE, MosaicConfig, Probe, copy_registers
+from .budget import NO_PROBE, MosaicConfig, Probe, copy_registers, profile_bytes, q_tiles, smem_bytes
 from .exp2 import softmax_exp2
 from .pipelined import pipelined_steps
 
@@ -54,11 +54,12 @@ from .pipelined import pipelined_steps
 class Scratch(NamedTuple):
     """The forward's shared memory and barriers (fields None where a call does not need them)."""
 
-    q: Any  # (2, block_q, H): each compute warpgroup's q tile (16-bit: its output goes out through it too)
+    q: Any  # (2 · q_buffers, block_q, H): each compute warpgroup's q tile(s), warpgroup w's at w, w + 2 (16-bit: its
+    # output goes out through it too)
     k: Any  # (stages, block_kv, H): the k ring
     v: Any  # (stages, block_kv, H): the v ring (FP8: vᵀ, (stages, H, block_kv))
     lse: Any  # (2, block_q) float32: each warpgroup's log-sum-exp on its way out
-    q_ready: Any  # (2,): q (and its segment ids) landed
+    q_ready: Any  # (2 · q_buffers,): q (and its segment ids) landed in a tile
     k_ready: Any  # (stages,): k (and its segment ids) landed in a slot
     v_ready: Any  # (stages,)
     k_free: Any  # (stages,), two arrivals: both compute warpgroups are done with a slot's k
@@ -78,7 +79,8 @@ class Operands(NamedTuple):
     ``setup(refs, scratch, wg)`` -> (c, out_factor): base-2 logits per unit of q·kᵀ and the output's factor per unit of
     acc/l (called once, before the loop); ``to_operand(p, scratch, wg)``: p (float32) as the p·v matmul's left
     operand (a value in registers, or a shared-memory ref written here); ``v_operand(v_slot)``: the v tile as its
-    right operand; ``out_tile(scratch, wg)``: the shared-memory tile the output leaves through; ``v_tile(batch,
+    right operand; ``out_tile(scratch, wg, q_smem)``: the shared-memory tile the output leaves through (q's, done
+    with, or one of its own); ``v_tile(batch,
     kv_head, block, block_kv)``: the index of key tile ``block`` in the v array."""
 
     setup: Callable
@@ -100,7 +102,7 @@ def sixteen_bit(scale: float) -> Operands:
         setup=_setup16(scale),
         to_operand=lambda p, scratch, wg: p.astype(scratch.q.dtype),
         v_operand=lambda v: v,
-        out_tile=lambda scratch, wg: scratch.q.at[wg],
+        out_tile=lambda scratch, wg, q_smem: q_smem,
         v_tile=lambda batch, kv_head, block, bkv: (batch, pl.ds(block * bkv, bkv), kv_head),
     )
 
@@ -115,6 +117,7 @@ class Plan:
     groups: int  # query heads per kv head
     operands: Operands
     items: Items  # the query blocks, and the CTAs that compute them
+    q_buffers: int = 1  # q tiles per compute warpgroup: 2 when the next block's q loads while this one runs
     padded: int = 0  # tile-list length (masks with per-row arrays)
     probe: Probe = NO_PROBE
 
@@ -149,19 +152,27 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
         again = plan.items.ctas > 0  # a persistent CTA walks the ring again for its next block
         return Walk(mask, scratch, cta * (2 * bq), own=bq, visit=bkv, stages=stages, padded=plan.padded, again=again)
 
-    def compute_block(batch, head, cta, token):  # one compute warpgroup's block_q rows of query block ``cta``
+    def load_q(batch, head, cta, buffer):  # this warpgroup's q rows of query block ``cta`` (and their segment ids)
+        rows = pl.ds(cta * (2 * bq) + wg * bq, bq)
+        plgpu.copy_gmem_to_smem(q_ref.at[batch, rows, head], scratch.q.at[buffer], scratch.q_ready.at[buffer])
+        if mask.segments:
+            plgpu.copy_gmem_to_smem(q_seg_ref.at[batch, rows], scratch.q_segment.at[wg], scratch.q_ready.at[buffer])
+
+    def compute_block(batch, head, cta, count, then):  # one compute warpgroup's block_q rows of query block ``cta``
         walk = walk_of(cta)
-        q_smem = scratch.q.at[wg]
+        turn = lax.rem(count, i32(plan.q_buffers))  # which of this warpgroup's q tiles holds this block's q
+        buffer = wg + 2 * turn
+        q_smem = scratch.q.at[buffer]
         row0 = cta * (2 * bq) + wg * bq
         schedule = Schedule(cfg.schedule, scratch.turns, wg)
-        plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0, bq), head], q_smem, scratch.q_ready.at[wg])
-        if mask.segments:
-            plgpu.copy_gmem_to_smem(
-                q_seg_ref.at[batch, pl.ds(row0, bq)], scratch.q_segment.at[wg], scratch.q_ready.at[wg]
-            )
+        if plan.q_buffers == 1:
+            load_q(batch, head, cta, buffer)
+        else:  # the block before loaded this one's q; load the next one's in the other tile
+            pl.when(count == 0)(lambda: load_q(batch, head, cta, buffer))
+            pl.when(then[0])(lambda: load_q(*then[1:], wg + 2 * (1 - turn)))
         c, out_factor = plan.operands.setup(extra_refs, scratch, wg)
         with region("wait"):
-            plgpu.barrier_wait(scratch.q_ready.at[wg])
+            plgpu.barrier_wait(scratch.q_ready.at[buffer])
         q_segment = None
         if mask.segments:
             q_segment = load_vector(scratch.q_segment.at[wg], plgpu.Layout.WGMMA.reduce(1))
@@ -250,14 +261,14 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
         inv_l = out_factor / l
         if guard:  # a row that kept no key: output 0, log-sum-exp -inf
             inv_l = jnp.where(l == 0.0, 0.0, inv_l)
-        out_smem = plan.operands.out_tile(scratch, wg)
+        out_smem = plan.operands.out_tile(scratch, wg, q_smem)
         out_smem[...] = (acc * lax.broadcast_in_dim(inv_l, acc.shape, [0])).astype(out_smem.dtype)
         scratch.lse.at[wg][...] = m + jnp.log(l) * LOG2E  # base-2 log-sum-exp: the backward's residual
         plgpu.commit_smem()  # make the stores visible to the TMA engine
         plgpu.copy_smem_to_gmem(out_smem, o_ref.at[batch, pl.ds(row0, bq), head])
         plgpu.copy_smem_to_gmem(scratch.lse.at[wg], lse_ref.at[batch, head, pl.ds(row0, bq)])
-        plgpu.wait_smem_to_gmem(0)  # (a persistent CTA's next block loads its q into the tile the output left by)
-        return token
+        plgpu.wait_smem_to_gmem(0)  # (a persistent CTA's later block loads its q into the tile the output left by)
+        return count + 1
 
     @pl.when(wg < 2)
     def _compute():
@@ -268,7 +279,7 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
     def _copy():
         plgpu.set_max_registers(copy_registers(cfg.registers), action="decrease")
 
-        def copy_block(batch, head, cta, pending):
+        def copy_block(batch, head, cta, pending, then):
             refs = (k_ref, v_ref, tiles_ref, kv_seg_ref)
             return copy_warpgroup(plan, walk_of(cta), scratch, *refs, batch, head, cta, region, pending)
 
@@ -328,7 +339,7 @@ def scratch_types(
     bq, bkv = cfg.block_q, cfg.block_kv
     kv_copies = 2 if plan.mask.segments else 1  # k and its segment ids land on one barrier
     return Scratch(
-        q=plgpu.SMEM((2, bq, head_dim), dtype, transforms=_tiles()),
+        q=plgpu.SMEM((2 * plan.q_buffers, bq, head_dim), dtype, transforms=_tiles()),
         k=plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=_tiles()),
         v=plgpu.SMEM(
             (stages, *(v_shape or (bkv, head_dim))),
@@ -336,7 +347,7 @@ def scratch_types(
             transforms=v_transforms or transforms or _swizzled(rows_swizzle(bkv)),
         ),
         lse=plgpu.SMEM((2, bq), jnp.float32),
-        q_ready=plgpu.Barrier(num_arrivals=kv_copies, num_barriers=2),
+        q_ready=plgpu.Barrier(num_arrivals=kv_copies, num_barriers=2 * plan.q_buffers),
         k_ready=plgpu.Barrier(num_arrivals=kv_copies, num_barriers=stages),
         v_ready=plgpu.Barrier(num_barriers=stages),
         k_free=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
@@ -374,9 +385,18 @@ def why_not_persistent(cfg: MosaicConfig, mask: M.Mask) -> str | None:
 
 
 def make_plan(
-    cfg: MosaicConfig, mask: M.Mask, q_shape: tuple, groups: int, operands: Operands, probe: Probe = NO_PROBE
+    cfg: MosaicConfig,
+    mask: M.Mask,
+    q_shape: tuple,
+    groups: int,
+    operands: Operands,
+    probe: Probe = NO_PROBE,
+    *,
+    smem: int = 0,
+    itemsize: int = 2,
 ) -> Plan:
-    """The static plan of a forward call on q of ``q_shape`` (B, T, N, H)."""
+    """The static plan of a forward call on q of ``q_shape`` (B, T, N, H), whose tiles take ``smem`` bytes of shared
+    memory with one q tile per warpgroup (q's elements ``itemsize`` bytes): a second where it fits (:func:`q_tiles`)."""
     B, T, N, _ = q_shape
     n_kv = -(-mask.seq_kv // cfg.block_kv)
     blocks = padded_rows(T, 2 * cfg.block_q) // (2 * cfg.block_q)
@@ -390,6 +410,7 @@ def make_plan(
         groups=groups,
         operands=operands,
         items=items,
+        q_buffers=q_tiles(cfg, smem, q_shape[-1], itemsize),
         padded=M.padded_tiles(n_kv) if mask.has_arrays else 0,
         probe=probe,
     )
@@ -402,7 +423,8 @@ def forward(q, k, v, arrays: M.MaskArrays, *, scale: float, cfg: MosaicConfig, m
     B, T, N, H = q.shape
     K = k.shape[2]
     q, k, v = pad_rows(q), pad_rows(k), pad_rows(v)  # rows a multiple of 8 for the copies; the mask stops at T, S
-    plan = make_plan(cfg, mask, (B, T, N, H), N // K, sixteen_bit(scale), probe)
+    smem = smem_bytes(cfg, H, q.dtype) + profile_bytes(probe)
+    plan = make_plan(cfg, mask, (B, T, N, H), N // K, sixteen_bit(scale), probe, smem=smem, itemsize=q.dtype.itemsize)
     kernel = functools.partial(forward_kernel, plan=plan)
     rows = padded_rows(T, 2 * cfg.block_q)  # lse is stored a CTA's rows at a time
     out_type = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, N, rows), jnp.float32)]

@@ -34,7 +34,7 @@ import numpy as np
 
 from ...inputs import AttentionShape, attention_shape
 from ._common import LOG2E, call, on_hopper, pad_rows, padded_rows, positive_scale, shared_lowering, swizzled_tiles
-from .budget import FP8_HEAD_DIMS, NO_PROBE, MosaicConfig, Probe, fp8_problem
+from .budget import FP8_HEAD_DIMS, NO_PROBE, MosaicConfig, Probe, fp8_problem, smem_bytes_fp8
 from .forward import Operands, forward_kernel, make_plan, mask_inputs, scratch_types, why_not_persistent
 from .masks import Mask, MaskArrays, make_mask
 
@@ -224,7 +224,7 @@ def fp8_operands(cfg: MosaicConfig, p_scale: float, p_via: str) -> Operands:
         setup=setup,
         to_operand=to_operand,
         v_operand=lambda v: v.transpose((1, 0)),  # vᵀ tiles (H, block_kv): K-major for FP8's p·v
-        out_tile=lambda scratch, wg: scratch.extra.out.at[wg],
+        out_tile=lambda scratch, wg, q_smem: scratch.extra.out.at[wg],
         v_tile=lambda batch, kv_head, block, bkv: (batch, kv_head, slice(None), pl.ds(block * bkv, bkv)),
     )
 
@@ -260,7 +260,8 @@ def fp8_forward(
     K = k8.shape[2]
     q8, k8 = pad_rows(q8), pad_rows(k8)  # rows a multiple of 8 for the copies; the mask stops at T, S
     bq, bkv = cfg.block_q, cfg.block_kv
-    plan = make_plan(cfg, mask, (B, T, N, H), N // K, fp8_operands(cfg, p_scale, p_via), probe)
+    operands, smem = fp8_operands(cfg, p_scale, p_via), smem_bytes_fp8(cfg, H)
+    plan = make_plan(cfg, mask, (B, T, N, H), N // K, operands, probe, smem=smem, itemsize=1)
     extra = Extra(
         out=plgpu.SMEM((2, bq, H), jnp.bfloat16, transforms=swizzled_tiles()),
         p=plgpu.SMEM((2, bq, bkv), F8, transforms=_tile8(bkv)),

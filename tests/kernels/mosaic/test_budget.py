@@ -27,7 +27,9 @@ from attention_tutorial.kernels.mosaic.budget import (
     fp8_problem,
     problem,
     profile_bytes,
+    q_tiles,
     smem_bytes,
+    smem_bytes_fp8,
     tile_registers,
 )
 
@@ -184,6 +186,16 @@ def test_persistent_ctas_are_a_flag_of_the_plain_forward():
     with pytest.raises(ValueError, match=r"persistent=True runs the plain forward.*Set one of them to False"):
         MosaicConfig(persistent=True, pipeline=True)
     assert MosaicConfig(persistent=True, heavy_first=True, schedule="turns").persistent
+
+
+def test_persistent_ctas_keep_a_second_q_tile_where_it_fits():
+    """The next block's q loads early where 2 · block_q × H more fits: H = 128 in 16 bits (160.5 + 32 KiB) and in
+    FP8, not H = 256 (its k/v ring already takes 160 KiB at 80 keys)."""
+    on, h256 = MosaicConfig(persistent=True), MosaicConfig(persistent=True, block_kv=80)
+    assert q_tiles(on, smem_bytes(on, 128, jnp.bfloat16), 128, 2) == 2
+    assert q_tiles(on, smem_bytes_fp8(on, 128), 128, 1) == 2
+    assert q_tiles(h256, smem_bytes(h256, 256, jnp.bfloat16), 256, 2) == 1
+    assert q_tiles(MosaicConfig(), smem_bytes(MosaicConfig(), 128, jnp.bfloat16), 128, 2) == 1  # a grid: one each
 
 
 def test_h256_fits_only_with_half_the_key_block():
