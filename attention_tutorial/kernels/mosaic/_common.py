@@ -240,19 +240,31 @@ def slot_of(t, stages: int):
 def skip_steps(start, stop, stages: int, frees, schedule: Schedule | None = None, readies=()):
     """Steps ``[start, stop)`` of a warpgroup that computes none of them: release each slot (``frees``: the
     barriers the copy warpgroup waits on) after waiting for the copies into it (``readies``: needed when the
-    warpgroup will wait on those barriers again, so that it sees every phase), and take the turns of each step."""
+    warpgroup will wait on those barriers again, so that it sees every phase), and take the turns of each step, in
+    a computed step's order: the first part (k) and q·kᵀ's turn, then the others (v) and p·v's. (With one slot,
+    waiting for v before releasing k would wait on the other warpgroup's p·v, which waits for this one's turn.)"""
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    def wait(i, slot):
+        if i < len(readies):
+            plgpu.barrier_wait(readies[i].at[slot])
 
     @pl.loop(start, stop)
     def _(t):
         slot = slot_of(t, stages)
-        for ready in readies:
-            plgpu.barrier_wait(ready.at[slot])
-        for free in frees:
-            plgpu.barrier_arrive(free.at[slot])
+        wait(0, slot)
         if schedule is not None:
-            schedule.skip()
+            schedule.before_qk()
+            schedule.after_qk()
+            schedule.softmax_done()
+        plgpu.barrier_arrive(frees[0].at[slot])
+        for i in range(1, len(frees)):
+            wait(i, slot)
+        if schedule is not None:
+            schedule.before_pv()
+        for free in frees[1:]:
+            plgpu.barrier_arrive(free.at[slot])
 
 
 class Walk:

@@ -152,6 +152,8 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
         again = plan.items.ctas > 0  # a persistent CTA walks the ring again for its next block
         return Walk(mask, scratch, cta * (2 * bq), own=bq, visit=bkv, stages=stages, padded=plan.padded, again=again)
 
+    schedule = Schedule(cfg.schedule, scratch.turns, wg)  # turns pass on from block to block (persistent CTAs)
+
     def load_q(batch, head, cta, buffer):  # this warpgroup's q rows of query block ``cta`` (and their segment ids)
         rows = pl.ds(cta * (2 * bq) + wg * bq, bq)
         plgpu.copy_gmem_to_smem(q_ref.at[batch, rows, head], scratch.q.at[buffer], scratch.q_ready.at[buffer])
@@ -164,7 +166,6 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
         buffer = wg + 2 * turn
         q_smem = scratch.q.at[buffer]
         row0 = cta * (2 * bq) + wg * bq
-        schedule = Schedule(cfg.schedule, scratch.turns, wg)
         if plan.q_buffers == 1:
             load_q(batch, head, cta, buffer)
         else:  # the block before loaded this one's q; load the next one's in the other tile
@@ -249,7 +250,6 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
             return acc, m_new, l
 
         frees, readies = (scratch.k_free, scratch.v_free), (scratch.k_ready, scratch.v_ready)
-        schedule.start()
         carry = (acc, m, l)
         if cfg.pipeline:  # FlashAttention-3's intra-warpgroup overlap on top of the ping-pong (plain masks only)
             exp2s = (exp2, exp2_tile)
@@ -257,7 +257,6 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
         else:
             carry = walk.loops(step, carry, row0, frees=frees, readies=readies, schedule=schedule, wait_own=wait_k)
         acc, m, l = carry
-        schedule.finish()
         inv_l = out_factor / l
         if guard:  # a row that kept no key: output 0, log-sum-exp -inf
             inv_l = jnp.where(l == 0.0, 0.0, inv_l)
@@ -273,7 +272,9 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
     @pl.when(wg < 2)
     def _compute():
         plgpu.set_max_registers(cfg.registers, action="increase")  # from the copy warpgroup's
+        schedule.start()
         plan.items.each(compute_block, i32(0))
+        schedule.finish()
 
     @pl.when(wg == 2)
     def _copy():
@@ -313,7 +314,7 @@ def copy_warpgroup(
         stages=plan.stages,
         steps=steps,
         region=region,
-        guard=not plan.plain,
+        guard=True,  # a block may have fewer steps than slots (under a causal mask): fill only what it walks
         pending=pending,
     )
 
