@@ -53,11 +53,11 @@ def test_fp8_forward_runs_on_a_cpu():
 
 
 def test_persistent_ctas_walk_several_query_blocks_each():
-    """Three CTAs (off a GPU) walk the 2 · 2 · 3 = 12 query blocks of a ragged causal T, heaviest first, GQA: each
-    block's copies start while the last block's compute ends, and the ring's barriers carry on from block to block."""
-    q, k, v = qkv(300, 300, 4, 2, 64, seed=6)
-    q, k, v = (jnp.concatenate([x, x[:, ::-1]]) for x in (q, k, v))  # B = 2
-    cfg = MosaicConfig(block_kv=64, persistent=True, heavy_first=True)
+    """Three CTAs (off a GPU) walk the 4 · 4 = 16 query blocks of a causal T = S = 512 in whole tiles, heaviest first,
+    GQA, turns: the first block walks one key tile of two slots, the ring's barriers and the turns carry on from
+    block to block."""
+    q, k, v = qkv(512, 512, 4, 2, 64, seed=6)
+    cfg = MosaicConfig(persistent=True, heavy_first=True, schedule="turns")
     check_forward(functools.partial(mosaic_flash_attention, is_causal=True, config=cfg), q, k, v, causal=True)
 
 
@@ -180,14 +180,16 @@ def test_every_kernel_path_matches_float64(name, causal, head_dim, shape):
     ("mask", "head_dim", "cfg"),
     [
         ({}, 128, MosaicConfig(persistent=True, schedule="turns", block_kv=176)),
-        ({"local_window_size": (70, 30)}, 64, MosaicConfig(block_kv=64, persistent=True)),
+        ({"local_window_size": (70, 30)}, 64, MosaicConfig(block_kv=64, persistent=True, stages=1)),
         ({"is_causal": True, "causal_alignment": "bottom_right"}, 64, MosaicConfig(block_kv=64, persistent=True)),
         ({"is_causal": True}, 256, MosaicConfig(block_kv=80, persistent=True, heavy_first=True)),
+        ({"is_causal": True}, 64, MosaicConfig(block_kv=64, persistent=True, stages=3)),
     ],
-    ids=["turns, 176 keys", "window", "bottom-right causal", "H=256 causal"],
+    ids=["turns, 176 keys", "window, one slot", "bottom-right causal", "H=256 causal", "causal, 3 slots"],
 )
 def test_persistent_ctas_match_float64_with_gradients(mask, head_dim, cfg):
-    """Values, and gradients through the log-sum-exp the persistent forward leaves; T < S, ragged, GQA."""
+    """Values, and gradients through the log-sum-exp the persistent forward leaves; T < S, ragged, GQA (a window
+    with one slot: a warpgroup skipping a step releases k before it waits for v)."""
     q, k, v = qkv(200, 260, 4, 2, head_dim, seed=head_dim)
     with interpret():
         out = np.asarray(mosaic_flash_attention(q, k, v, config=cfg, **mask).astype(jnp.float32))
@@ -197,6 +199,21 @@ def test_persistent_ctas_match_float64_with_gradients(mask, head_dim, cfg):
         check_gradients(
             functools.partial(mosaic_flash_attention, config=cfg, **mask), q, k, v, causal=bool(mask.get("is_causal"))
         )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["rendezvous", "turns"])
+def test_persistent_ctas_take_blocks_that_see_no_key(schedule):
+    """Bottom-right causal with T = 700 > S = 200: the first query blocks keep no key (rows 0-499), so a warpgroup
+    walks blocks of no step; the turns must still pass in order, one slot."""
+    q, k, v = qkv(700, 200, 2, 1, 64, seed=5)
+    mask = {"is_causal": True, "causal_alignment": "bottom_right"}
+    cfg = MosaicConfig(block_kv=64, stages=1, persistent=True, heavy_first=True, schedule=schedule)
+    with interpret():
+        out = np.asarray(mosaic_flash_attention(q, k, v, config=cfg, **mask).astype(jnp.float32))
+    f32 = (x.astype(jnp.float32) for x in (q, k, v))
+    np.testing.assert_allclose(out, reference_attention(*f32, **mask), atol=1e-2, rtol=1e-2)
+    assert not out[:, :500].any()  # rows that keep no key: zeros
 
 
 @pytest.mark.slow
