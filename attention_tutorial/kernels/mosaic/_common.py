@@ -143,8 +143,12 @@ def query_cta(cfg, T: int, rows: int):
     """The query block a CTA owns (``rows`` query rows each): its grid index, or with ``cfg.heavy_first`` counted
     from the end, so that the blocks a causal mask leaves the most keys start first and a short one ends the
     kernel (FlashAttention-3's longest-first order)."""
-    index = lax.axis_index("q_seq")
-    return padded_rows(T, rows) // rows - 1 - index if cfg.heavy_first else index
+    return launch_order(lax.axis_index("q_seq"), padded_rows(T, rows) // rows, cfg.heavy_first)
+
+
+def launch_order(index, blocks: int, heavy_first: bool):
+    """The query block at ``index`` of ``blocks`` in launch order: from the last with ``heavy_first``."""
+    return blocks - 1 - index if heavy_first else index
 
 
 INTERPRETED_CTAS = 3  # persistent CTAs off a GPU (the interpreter): few, so that each walks several query blocks
@@ -180,22 +184,23 @@ class Items:
             return (self.ctas,), ("cta",)
         return (self.heads, self.blocks, self.batch), ("heads", "q_seq", "batch")
 
-    def _block(self, index):
-        return self.blocks - 1 - index if self.heavy_first else index
-
     def each(self, body, carry):
         """``body(batch, head, block, carry, then) -> carry`` for each query block this CTA owns, in order;
         ``then``: the CTA's next block, ``(any, batch, head, block)`` (persistent CTAs), or None (a grid)."""
         import jax.experimental.pallas as pl
 
         if not self.ctas:
-            block = self._block(lax.axis_index("q_seq"))
+            block = launch_order(lax.axis_index("q_seq"), self.blocks, self.heavy_first)
             return body(lax.axis_index("batch"), lax.axis_index("heads"), block, carry, None)
         rows, total = self.heads * self.batch, self.blocks * self.heads * self.batch  # blocks per query block, in all
 
         def at(w):  # block w of the launch: (batch, head, query block)
             block, row = lax.div(w, i32(rows)), lax.rem(w, i32(rows))
-            return lax.div(row, i32(self.heads)), lax.rem(row, i32(self.heads)), self._block(block)
+            return (
+                lax.div(row, i32(self.heads)),
+                lax.rem(row, i32(self.heads)),
+                launch_order(block, self.blocks, self.heavy_first),
+            )
 
         def item(w, carry):
             then = w + self.ctas

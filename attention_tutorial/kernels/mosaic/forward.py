@@ -80,8 +80,8 @@ class Operands(NamedTuple):
     acc/l (called once, before the loop); ``to_operand(p, scratch, wg)``: p (float32) as the p·v matmul's left
     operand (a value in registers, or a shared-memory ref written here); ``v_operand(v_slot)``: the v tile as its
     right operand; ``out_tile(scratch, wg, q_smem)``: the shared-memory tile the output leaves through (q's, done
-    with, or one of its own); ``v_tile(batch,
-    kv_head, block, block_kv)``: the index of key tile ``block`` in the v array."""
+    with, or one of its own); ``v_tile(batch, kv_head, block, block_kv)``: the index of key tile ``block`` in the v
+    array."""
 
     setup: Callable
     to_operand: Callable
@@ -124,10 +124,6 @@ class Plan:
     @property
     def lists(self) -> bool:
         return self.mask.has_arrays
-
-    @property
-    def plain(self) -> bool:
-        return self.mask.plain(self.cfg.block_q, self.cfg.block_kv)
 
 
 def forward_kernel(q_ref, k_ref, v_ref, *refs, plan: Plan):
