@@ -114,13 +114,6 @@ class Schedule:
         if self.kind == "rendezvous":
             plgpu.barrier_wait(self.barriers)
 
-    def skip(self):
-        """A step this warpgroup does not compute: the same turns, no matmul."""
-        self.before_qk()
-        self.after_qk()
-        self.softmax_done()
-        self.before_pv()
-
     def finish(self):
         """After the last step: warpgroup 0 takes the turn warpgroup 1 left it."""
         import jax.experimental.pallas as pl
