@@ -96,8 +96,8 @@ class MosaicConfig:
         check_flag("MosaicConfig.persistent", self.persistent)
         if self.persistent and self.pipeline:
             raise ValueError(
-                "MosaicConfig: persistent=True runs the plain forward's steps; the pipelined one "
-                "(pipeline=True) runs a CTA's blocks one launch each. Set one of them to False."
+                "MosaicConfig: persistent=True runs the plain forward's steps, not the pipelined forward's "
+                "(pipeline=True). Set one of them to False."
             )
         if self.schedule not in SCHEDULES:
             raise ValueError(f"MosaicConfig.schedule must be one of {SCHEDULES}; got {self.schedule!r}.")
